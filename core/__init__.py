@@ -1,0 +1,1 @@
+"""Shared plumbing: configs, sharding, checkpoints, the training loop, metrics, reports and data."""

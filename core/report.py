@@ -1,0 +1,131 @@
+"""Markdown reports with PNG plots (matplotlib, Agg backend) and JSON metrics.
+
+Each experiment writes ``<workdir>/<experiment>/metrics.json``, its plots as PNG in the same
+folder, and returns a :class:`Section` that ``experiments.main`` assembles into
+``<workdir>/report.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "tolist") and callable(x.tolist):  # numpy / jax arrays and scalars
+        return _jsonable(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)  # JSON has no NaN/inf; keep them visible as strings
+    return x
+
+
+def write_json(path: str, obj: Any) -> str:
+    """Writes ``obj`` as indented JSON atomically (temporary file, then rename). Returns ``path``."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(_jsonable(obj), f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+class JsonLinesWriter:
+    """Appends one JSON object per line (metrics streams such as per-step training logs)."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.path = path
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(_jsonable(dict(record)), sort_keys=True) + "\n")
+
+
+def read_json_lines(path: str) -> list[dict[str, Any]]:
+    """Reads a JSON-lines file written by :class:`JsonLinesWriter`."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def save_figure(fig: plt.Figure, path: str) -> str:
+    """Saves ``fig`` as PNG at ``path`` (dpi 120), closes it, and returns ``path``."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = ".4g") -> str:
+    """A GitHub-flavoured markdown table; floats are formatted with ``fmt``."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, (float, np.floating)):
+            return format(float(v), fmt)
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class Section:
+    """One experiment's part of ``report.md``.
+
+    Attributes:
+      title: the section heading.
+      body: markdown text (tables, numbers, commands).
+      figures: PNG paths, relative to the report's folder or absolute.
+      headline: one row for the report's opening table, keys ``method``, ``claim``, ``ours``,
+        ``reproduces`` (``"yes"``, ``"no"``, ``"partly"``) — optional.
+    """
+
+    title: str
+    body: str = ""
+    figures: list[str] = dataclasses.field(default_factory=list)
+    headline: dict[str, str] | None = None
+
+    def to_markdown(self, report_dir: str) -> str:
+        parts = [f"## {self.title}", "", self.body.strip(), ""]
+        for fig in self.figures:
+            rel = os.path.relpath(fig, report_dir) if os.path.isabs(fig) else fig
+            parts += [f"![{os.path.basename(fig)}]({rel})", ""]
+        return "\n".join(parts)
+
+
+def write_report(path: str, title: str, sections: Sequence[Section], preamble: str = "") -> str:
+    """Writes ``report.md``: a headline table (method, claim, ours, reproduces), then sections."""
+    report_dir = os.path.dirname(os.path.abspath(path))
+    rows = [
+        [s.headline.get(k, "") for k in ("method", "claim", "ours", "reproduces")]
+        for s in sections
+        if s.headline
+    ]
+    parts = [f"# {title}", ""]
+    if preamble:
+        parts += [preamble.strip(), ""]
+    if rows:
+        parts += [markdown_table(["method", "paper's claim", "ours", "reproduces"], rows), ""]
+    parts += [s.to_markdown(report_dir) for s in sections]
+    os.makedirs(report_dir, exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(parts))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,1 @@
+"""Experiments: configs, one module per experiment, the main job, benchmarks and notebooks."""

@@ -1,0 +1,1 @@
+"""Run configurations: one ``get_config(arg)`` module per experiment (variants ``tiny``, ``paper``)."""

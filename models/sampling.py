@@ -1,0 +1,67 @@
+"""Autoregressive sampling with the KV cache (jitted prefill + ``lax.scan`` decode).
+
+Dimensions: B batch, P prompt length, N new tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import kv_cache as kvc
+
+
+def sample_logits(key: jax.Array, logits: jax.Array, temperature: float) -> jax.Array:
+    """Samples ids from ``logits`` [..., V] at ``temperature`` (0 = greedy argmax). int32 [...]."""
+    if temperature == 0.0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature",
+                                              "backend"))
+def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, key: jax.Array, *,
+             max_new_tokens: int, temperature: float = 1.0,
+             backend: kvc.KVCacheBackend = kvc.DENSE) -> tuple[jax.Array, jax.Array]:
+    """Samples ``max_new_tokens`` continuations of ``prompt`` with the KV cache.
+
+    Args:
+      graphdef, params: from ``nnx.split`` of a causal :class:`models.transformer.Transformer`.
+      prompt: int32 [B, P], P >= 1.
+      key: PRNG key.
+      max_new_tokens: N >= 1; P + N must not exceed the model's ``max_len``.
+      temperature: softmax temperature; 0 is greedy.
+      backend: KV-cache backend (hashable, static).
+
+    Returns:
+      (tokens int32 [B, N], log-probabilities float32 [B, N] of the sampled tokens under the
+      temperature-1 model).
+
+    Raises:
+      ValueError: P + N exceeds ``max_len`` or N < 1 (at trace time).
+    """
+    model = nnx.merge(graphdef, params)
+    b, p = prompt.shape
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+    if p + max_new_tokens > model.cfg.max_len:
+        raise ValueError(
+            f"prompt length {p} + max_new_tokens {max_new_tokens} exceeds max_len={model.cfg.max_len}"
+        )
+    cache = model.init_cache(b, p + max_new_tokens, backend)
+    logits, cache = model.decode(prompt, cache, jnp.zeros((b,), jnp.int32), backend)
+    last = logits[:, -1]
+
+    def body(carry, key_t):
+        cache, last, pos = carry
+        tok = sample_logits(key_t, last, temperature)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
+        logits, cache = model.decode(tok[:, None], cache, pos, backend)
+        return (cache, logits[:, 0], pos + 1), (tok, logp)
+
+    keys = jax.random.split(key, max_new_tokens)
+    _, (toks, logps) = jax.lax.scan(body, (cache, last, jnp.full((b,), p, jnp.int32)), keys)
+    return toks.T, logps.T

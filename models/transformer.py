@@ -1,0 +1,411 @@
+"""A decoder-only (or bidirectional) transformer in Flax NNX, used functionally.
+
+Dimensions: B batch, L sequence (query) length, S cache length (key slots), H query heads,
+K key/value heads (GQA: H = G * K), G queries per kv head, D head dim, E model width (d_model),
+F MLP hidden width, V vocabulary, C conditioning width.
+
+Architecture: token embedding; pre-norm blocks (RMSNorm -> grouped-query attention with rotary
+position embeddings (RoPE, Su et al. 2021) -> residual; RMSNorm -> SwiGLU MLP -> residual); a final
+RMSNorm and an untied output head. With ``time_conditioning`` every block is modulated by
+adaLN-zero (Peebles & Xie 2023, "Scalable Diffusion Models with Transformers", Sec. 3.2): a
+conditioning vector c (a sinusoidal embedding of a per-example scalar, e.g. the diffusion time)
+gives shift, scale and gate for each sub-layer through a zero-initialised linear map, so every
+block is the identity at initialisation.
+
+Use it functionally (DESIGN.md): ``graphdef, params = nnx.split(Transformer(cfg, rngs=...))`` once,
+then inside jitted functions ``model = nnx.merge(graphdef, params)``.
+
+Decoding goes through a KV-cache backend (see :mod:`models.kv_cache`): :meth:`Transformer.decode`
+appends new keys/values to each layer's cache and computes attention of the new queries over it with
+``backend.attend``. The dense backend is the reference; the sparse-decode (FFD, Quest) and
+quantized (QVG, KIVI) kernels implement the same protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import kv_cache as kvc
+from models.rope import apply_rope
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Static hyper-parameters (hashable, safe as a jit static argument).
+
+    Attributes:
+      vocab_size: V.
+      max_len: the longest sequence (and KV cache) the model accepts.
+      d_model: E.
+      num_layers: number of blocks.
+      num_heads: H.
+      num_kv_heads: K (GQA); must divide H. Defaults to H (multi-head attention).
+      head_dim: D; defaults to E // H.
+      mlp_dim: F (SwiGLU hidden width); defaults to 4 * E rounded to a multiple of 8 after x2/3.
+      causal: causal mask in :meth:`__call__` (False gives a bidirectional encoder, e.g. MDLM).
+      time_conditioning: adaLN-zero modulation by a per-example scalar (diffusion time).
+      cond_dim: C, width of the conditioning vector; defaults to E.
+      rope_base: RoPE base frequency.
+      norm_eps: RMSNorm epsilon.
+      dtype: computation dtype (parameters are float32).
+    """
+
+    vocab_size: int
+    max_len: int
+    d_model: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    mlp_dim: int | None = None
+    causal: bool = True
+    time_conditioning: bool = False
+    cond_dim: int | None = None
+    rope_base: float = 10_000.0
+    norm_eps: float = 1e-6
+    dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TransformerConfig.{name}={getattr(self, name)}: must be >= 1")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(
+                f"TransformerConfig: num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.kv_heads} (grouped-query attention needs H = G * K)"
+            )
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"TransformerConfig: d_model={self.d_model} not divisible by "
+                f"num_heads={self.num_heads}; set head_dim explicitly"
+            )
+        if self.dim_per_head % 2:
+            raise ValueError(f"TransformerConfig: head_dim={self.dim_per_head} must be even (RoPE)")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.d_model // self.num_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.mlp_dim:
+            return self.mlp_dim
+        return 8 * ((int(4 * self.d_model * 2 / 3) + 7) // 8)
+
+    @property
+    def cond_width(self) -> int:
+        return self.cond_dim or self.d_model
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOPs
+
+
+def forward_flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:
+    """Analytic forward FLOPs per token for a sequence of ``seq_len`` tokens (multiply-add = 2).
+
+    Counts every matrix multiply: Q/K/V/O projections, QK^T and AV over the full ``seq_len`` keys
+    (the dense computation, as executed; a causal mask does not halve it), the SwiGLU MLP, the output
+    head, and with time conditioning the adaLN maps (once per sequence, so divided by ``seq_len``).
+    Embedding lookups, norms, RoPE and softmax are not counted (O(E) per token). The training
+    compute of the scaling-law literature is ``C = 3 * F_fwd * tokens`` (Kaplan et al. 2020).
+
+    Returns:
+      FLOPs per token (float).
+    """
+    e, h, k, d, f, v = (cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head,
+                        cfg.hidden_dim, cfg.vocab_size)
+    proj = 2 * e * (h * d + 2 * k * d) + 2 * h * d * e
+    attn = 2 * 2 * seq_len * h * d
+    mlp = 2 * 3 * e * f
+    per_layer = proj + attn + mlp
+    total = cfg.num_layers * per_layer + 2 * e * v
+    if cfg.time_conditioning:
+        c = cfg.cond_width
+        adaln = cfg.num_layers * 2 * c * 6 * e + 2 * c * 2 * e
+        time_mlp = 2 * (c * c + c * c)  # frequency features (width C) -> C -> C
+        total += (adaln + time_mlp) / seq_len
+    return float(total)
+
+
+def param_count(params) -> int:
+    """Number of scalars in a parameter pytree."""
+    return int(sum(x.size for x in jax.tree.leaves(params)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+
+
+def _dense(rngs: nnx.Rngs, din: int, dout: int, cfg: TransformerConfig, *, zero: bool = False,
+           std: float | None = None) -> nnx.Linear:
+    init = (nnx.initializers.zeros_init() if zero
+            else nnx.initializers.normal(std if std is not None else 1.0 / math.sqrt(din)))
+    return nnx.Linear(din, dout, use_bias=zero, kernel_init=init, dtype=cfg.dtype,
+                      param_dtype=jnp.float32, rngs=rngs)
+
+
+def _modulate(x: jax.Array, shift: jax.Array, scale: jax.Array) -> jax.Array:
+    # x [B, L, E]; shift, scale [B, E]
+    return x * (1.0 + scale[:, None, :]) + shift[:, None, :]
+
+
+def timestep_embedding(t: jax.Array, dim: int, max_period: float = 10_000.0) -> jax.Array:
+    """Sinusoidal features of a per-example scalar: t [B] float -> [B, dim].
+
+    ``t`` is scaled by 1000 first so that t in [0, 1] (diffusion time) spans the frequency range,
+    as in DDPM-style time embeddings.
+    """
+    half = dim // 2
+    freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
+    args = 1000.0 * t.astype(jnp.float32)[:, None] * freqs[None, :]
+    emb = jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
+    if dim % 2:
+        emb = jnp.pad(emb, ((0, 0), (0, 1)))
+    return emb
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        e, h, k, d = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.dim_per_head
+        self.q_proj = _dense(rngs, e, h * d, cfg)
+        self.k_proj = _dense(rngs, e, k * d, cfg)
+        self.v_proj = _dense(rngs, e, k * d, cfg)
+        self.o_proj = _dense(rngs, h * d, e, cfg, std=1.0 / math.sqrt(h * d * 2 * cfg.num_layers))
+
+    def qkv(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """x [B, L, E], positions [B, L] -> q [B, H, L, D], k, v [B, K, L, D] (RoPE on q, k)."""
+        cfg = self.cfg
+        b, l, _ = x.shape
+        q = self.q_proj(x).reshape(b, l, cfg.num_heads, cfg.dim_per_head)
+        k = self.k_proj(x).reshape(b, l, cfg.kv_heads, cfg.dim_per_head)
+        v = self.v_proj(x).reshape(b, l, cfg.kv_heads, cfg.dim_per_head)
+        q = apply_rope(q, positions, cfg.rope_base)
+        k = apply_rope(k, positions, cfg.rope_base)
+        return (q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        """Full-sequence attention. x [B, L, E]; positions [B, L] int; mask [B or 1, L, L] bool
+        (True = query may attend to key). Returns [B, L, E]."""
+        q, k, v = self.qkv(x, positions)
+        out = kvc.grouped_attention(q, k, v, mask[:, None, None, :, :])
+        b, _, l, _ = out.shape
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, l, -1))
+
+    def decode(self, x: jax.Array, positions: jax.Array, layer_cache: Any,
+               backend: kvc.KVCacheBackend) -> tuple[jax.Array, Any]:
+        """Incremental attention: appends the new keys/values and attends over the cache.
+
+        x [B, T, E]; positions [B, T] int32 (absolute positions of the new tokens, contiguous).
+        Returns ([B, T, E], updated layer cache).
+        """
+        q, k, v = self.qkv(x, positions)
+        start = positions[:, 0]
+        layer_cache = backend.update(layer_cache, k, v, start)
+        out = backend.attend(layer_cache, q, start)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, t, -1)), layer_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        e, f = cfg.d_model, cfg.hidden_dim
+        self.gate = _dense(rngs, e, f, cfg)
+        self.up = _dense(rngs, e, f, cfg)
+        self.down = _dense(rngs, f, e, cfg, std=1.0 / math.sqrt(f * 2 * cfg.num_layers))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block, optionally adaLN-zero modulated."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.norm1 = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=cfg.dtype, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.norm2 = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=cfg.dtype, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+        self.ada = (_dense(rngs, cfg.cond_width, 6 * cfg.d_model, cfg, zero=True)
+                    if cfg.time_conditioning else None)
+
+    def _mods(self, c: jax.Array | None):
+        if self.ada is None:
+            return None
+        if c is None:
+            raise ValueError("this model is time-conditioned: pass cond (a per-example scalar [B])")
+        return jnp.split(self.ada(jax.nn.silu(c)), 6, axis=-1)
+
+    def __call__(self, x, positions, mask, c=None):
+        mods = self._mods(c)
+        if mods is None:
+            x = x + self.attn(self.norm1(x), positions, mask)
+            return x + self.mlp(self.norm2(x))
+        sh1, sc1, g1, sh2, sc2, g2 = mods
+        x = x + g1[:, None, :] * self.attn(_modulate(self.norm1(x), sh1, sc1), positions, mask)
+        return x + g2[:, None, :] * self.mlp(_modulate(self.norm2(x), sh2, sc2))
+
+    def decode(self, x, positions, layer_cache, backend, c=None):
+        mods = self._mods(c)
+        if mods is None:
+            a, layer_cache = self.attn.decode(self.norm1(x), positions, layer_cache, backend)
+            x = x + a
+            return x + self.mlp(self.norm2(x)), layer_cache
+        sh1, sc1, g1, sh2, sc2, g2 = mods
+        a, layer_cache = self.attn.decode(_modulate(self.norm1(x), sh1, sc1), positions,
+                                          layer_cache, backend)
+        x = x + g1[:, None, :] * a
+        return x + g2[:, None, :] * self.mlp(_modulate(self.norm2(x), sh2, sc2)), layer_cache
+
+
+class Transformer(nnx.Module):
+    """The language model. See the module docstring for the architecture and dimensions."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype,
+                               embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=cfg.dtype,
+                                      rngs=rngs)
+        self.head = _dense(rngs, cfg.d_model, cfg.vocab_size, cfg,
+                           std=1.0 / math.sqrt(cfg.d_model))
+        if cfg.time_conditioning:
+            c = cfg.cond_width
+            self.time_in = _dense(rngs, c, c, cfg)
+            self.time_out = _dense(rngs, c, c, cfg)
+            self.final_ada = _dense(rngs, c, 2 * cfg.d_model, cfg, zero=True)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _check_tokens(self, tokens: jax.Array, where: str) -> None:
+        if tokens.ndim != 2:
+            raise ValueError(f"{where}: tokens must be [B, L] integers, got shape {tokens.shape}")
+        if tokens.shape[1] > self.cfg.max_len:
+            raise ValueError(
+                f"{where}: sequence length {tokens.shape[1]} exceeds the model's "
+                f"max_len={self.cfg.max_len}"
+            )
+
+    def condition(self, cond: jax.Array | None) -> jax.Array | None:
+        """Conditioning vector c [B, C] from a per-example scalar cond [B] (None if unconditioned).
+
+        Raises:
+          ValueError: the model is time-conditioned and ``cond`` is None, or the reverse.
+        """
+        if not self.cfg.time_conditioning:
+            if cond is not None:
+                raise ValueError("cond was given but the model has time_conditioning=False")
+            return None
+        if cond is None:
+            raise ValueError("this model is time-conditioned: pass cond (a per-example scalar [B])")
+        feats = timestep_embedding(jnp.atleast_1d(cond), self.cfg.cond_width)
+        return self.time_out(jax.nn.silu(self.time_in(feats)))
+
+    def _head(self, x: jax.Array, c: jax.Array | None) -> jax.Array:
+        x = self.final_norm(x)
+        if c is not None:
+            shift, scale = jnp.split(self.final_ada(jax.nn.silu(c)), 2, axis=-1)
+            x = _modulate(x, shift, scale)
+        return self.head(x).astype(jnp.float32)
+
+    # -- full forward ---------------------------------------------------------------------------
+
+    def __call__(self, tokens: jax.Array, cond: jax.Array | None = None, *,
+                 positions: jax.Array | None = None, mask: jax.Array | None = None,
+                 return_hidden: bool = False) -> jax.Array:
+        """Logits for every position.
+
+        Args:
+          tokens: int [B, L], L <= max_len.
+          cond: float [B] per-example scalar (diffusion time / noise level); required iff
+            ``time_conditioning``.
+          positions: int [B, L] RoPE positions; defaults to 0..L-1.
+          mask: bool [B or 1, L, L] attention mask (True = may attend) overriding the config's
+            causal / bidirectional default (e.g. Eso-LM's permuted causal order).
+          return_hidden: return the final hidden states [B, L, E] (before the final norm) instead.
+
+        Returns:
+          float32 logits [B, L, V].
+
+        Raises:
+          ValueError: wrong rank, L > max_len, or ``cond`` inconsistent with the config.
+        """
+        self._check_tokens(tokens, "Transformer.__call__")
+        b, l = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+        if mask is None:
+            mask = (jnp.tril(jnp.ones((l, l), bool)) if self.cfg.causal
+                    else jnp.ones((l, l), bool))[None]
+        c = self.condition(cond)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, positions, mask, c)
+        if return_hidden:
+            return x
+        return self._head(x, c)
+
+    # -- KV-cache decoding ----------------------------------------------------------------------
+
+    def init_cache(self, batch_size: int, max_len: int | None = None,
+                   backend: kvc.KVCacheBackend | None = None) -> list[Any]:
+        """An empty cache: one backend-specific pytree per layer.
+
+        Raises:
+          ValueError: ``max_len`` exceeds the model's ``max_len``.
+        """
+        backend = backend or kvc.DenseKVCache()
+        max_len = max_len or self.cfg.max_len
+        if max_len > self.cfg.max_len:
+            raise ValueError(f"cache length {max_len} exceeds the model's max_len={self.cfg.max_len}")
+        return [backend.init(batch_size, max_len, self.cfg.kv_heads, self.cfg.dim_per_head,
+                             self.cfg.dtype) for _ in range(self.cfg.num_layers)]
+
+    def decode(self, tokens: jax.Array, cache: list[Any], start: jax.Array,
+               backend: kvc.KVCacheBackend | None = None, cond: jax.Array | None = None
+               ) -> tuple[jax.Array, list[Any]]:
+        """Appends ``tokens`` at positions ``start .. start + T - 1`` and returns their logits.
+
+        Prefill is ``decode`` of the whole prompt with ``start = 0``; generation then decodes one
+        token at a time. Attention is causal over the cache (a new token sees every earlier slot and
+        the new tokens up to itself).
+
+        Args:
+          tokens: int [B, T].
+          cache: from :meth:`init_cache` (same backend).
+          start: int32 [B], number of tokens already in each row's cache (ragged rows allowed).
+          backend: the KV-cache backend (default dense).
+          cond: as in :meth:`__call__`.
+
+        Returns:
+          (float32 logits [B, T, V], the updated cache).
+        """
+        backend = backend or kvc.DenseKVCache()
+        self._check_tokens(tokens, "Transformer.decode")
+        b, t = tokens.shape
+        start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (b,))
+        positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+        c = self.condition(cond)
+        x = self.embed(tokens)
+        new_cache = []
+        for block, layer_cache in zip(self.blocks, cache, strict=True):
+            x, layer_cache = block.decode(x, positions, layer_cache, backend, c)
+            new_cache.append(layer_cache)
+        return self._head(x, c), new_cache
