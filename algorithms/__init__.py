@@ -1,0 +1,1 @@
+"""Method implementations: pure, jitted algorithm modules (no I/O, no flags)."""

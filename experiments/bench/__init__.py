@@ -1,0 +1,1 @@
+"""Benchmarks: each module has run() -> markdown; run_all writes BENCHMARKS.md."""
