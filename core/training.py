@@ -102,7 +102,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
         (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
     return step

@@ -1,0 +1,63 @@
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import lm, registry
+from experiments.configs import lm as lm_config
+
+
+def test_unknown_experiment_lists_known_ones():
+    with pytest.raises(ValueError, match="unknown experiment 'nope'; known experiments: lm"):
+        registry.resolve("lm,nope")
+    assert registry.resolve("all")[0] == "lm"
+
+
+def test_main_exit_code_on_unknown_experiment(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "experiments.main", "--experiments=bogus",
+                           f"--workdir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown experiment 'bogus'" in proc.stderr and "lm" in proc.stderr
+
+
+def test_ngram_baselines_closed_form():
+    # a deterministic alternating sequence: the bigram model predicts it almost perfectly
+    train = np.tile(np.array([1, 2], np.int32), 5000)
+    windows = np.tile(np.array([1, 2], np.int32), 8)[None, :]
+    uni, big = lm.ngram_bpb(train, windows, vocab=4)
+    # unigram with add-one over 4 symbols: p(2) = p(1) = 5001 / 10004 -> about 1 bit
+    assert math.isclose(uni, -math.log2(5001 / 10004), rel_tol=1e-9)
+    # bigram: p(2|1) = 5001 / 5004 (add-one over 4 successors)
+    assert big < 0.01
+
+
+def test_lm_run_end_to_end(tmp_path):
+    config = lm_config.get_config(
+        "tiny,steps=6,log_every=2,checkpoint_every=3,eval_windows=4,sample_len=8,batch_size=4,"
+        "seq_len=32,model.d_model=32,model.num_layers=1,model.num_heads=2,model.num_kv_heads=1,"
+        "model.max_len=64")
+    section = lm.run(config, str(tmp_path))
+    metrics = json.loads((tmp_path / "lm" / "metrics.json").read_text())
+    for key in ("val_bpb", "unigram_bpb", "bigram_bpb", "train_tokens_per_s", "params", "steps"):
+        assert key in metrics
+    assert metrics["steps"] == 6 and metrics["params"] > 0
+    # an untrained-ish model is near uniform over 258 tokens (8.01 bits), never below the entropy 0
+    assert 0.0 < metrics["val_bpb"] < 9.0
+    assert metrics["bigram_bpb"] < metrics["unigram_bpb"] < 8.0
+    assert (tmp_path / "lm" / "loss.png").stat().st_size > 1000
+    assert section.headline["method"].startswith("Transformer LM")
+
+
+def test_lm_missing_corpus_names_the_path(tmp_path):
+    config = lm_config.get_config(f"tiny,corpus={tmp_path}/missing.txt")
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        lm.run(config, str(tmp_path))
+
+
+def test_lm_sequence_longer_than_model_raises(tmp_path):
+    config = lm_config.get_config("tiny,seq_len=512")
+    with pytest.raises(ValueError, match="seq_len=512 exceeds model.max_len=256"):
+        lm.run(config, str(tmp_path))
