@@ -1,0 +1,56 @@
+"""Benchmarks as a Stackelberg game (Chen, Zhang & Hardt, "Leaderboard Incentives", ICML 2026).
+
+A designer picks the amount ``Delta`` of tune-before-test training; providers then choose extra
+benchmark-specific effort and are paid by leaderboard rank. ``game`` builds payoff tensors, pure
+equilibria and best-response dynamics; ``mixed`` does two-player support enumeration; ``designer``
+gives the threshold ``Delta*`` (closed form and numeric) and the designer's objective.
+"""
+
+from algorithms.benchmark_game.designer import (
+    Sweep,
+    delta_star_closed_form,
+    delta_star_numeric,
+    designer_objective,
+    fidelity,
+    pair_thresholds,
+    refine_delta_star,
+    sweep_deltas,
+)
+from algorithms.benchmark_game.game import (
+    AdditiveSaturating,
+    Contest,
+    Dynamics,
+    Equilibria,
+    LogitLogSteps,
+    PowerCost,
+    best_response,
+    best_response_dynamics,
+    best_response_mask,
+    cycle_taus,
+    kendall_tau_to_quality,
+    linear_rewards,
+    make_contest,
+    observed_scores,
+    payoff_tensor,
+    profile_ranks,
+    pure_equilibria,
+    pure_nash_mask,
+    winner_take_all,
+)
+from algorithms.benchmark_game.mixed import (
+    MixedEquilibria,
+    contest_bimatrix,
+    distinct,
+    strictly_dominated,
+    support_enumeration,
+)
+
+__all__ = [
+    "AdditiveSaturating", "Contest", "Dynamics", "Equilibria", "LogitLogSteps", "MixedEquilibria",
+    "PowerCost", "Sweep", "best_response", "best_response_dynamics", "best_response_mask",
+    "contest_bimatrix", "cycle_taus", "delta_star_closed_form", "delta_star_numeric",
+    "designer_objective", "distinct", "fidelity", "kendall_tau_to_quality", "linear_rewards",
+    "make_contest", "observed_scores", "pair_thresholds", "payoff_tensor", "profile_ranks",
+    "pure_equilibria", "pure_nash_mask", "refine_delta_star", "strictly_dominated",
+    "support_enumeration", "sweep_deltas", "winner_take_all",
+]

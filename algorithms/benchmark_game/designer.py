@@ -1,0 +1,161 @@
+"""The designer's problem: how much tune-before-test training ``Delta`` to give every model.
+
+The designer moves first (a Stackelberg leader) and picks ``Delta``; the providers then play the
+subgame of :mod:`algorithms.benchmark_game.game`. The designer wants the equilibrium leaderboard to
+rank models by latent quality and pays ``cost_per_unit`` per unit of ``Delta`` (Chen, Zhang & Hardt,
+ICML 2026, Sec. 3-4):
+
+    J(Delta) = fidelity(Delta) - cost_per_unit * Delta,
+
+with fidelity the Kendall tau between the equilibrium ranking and the quality order.
+
+Threshold ``Delta*``. With everybody at zero effort, provider ``j`` gains ``R = r_k - r_j`` by
+overtaking a better provider ``k < j``; in the continuum the cheapest way is to just overtake,
+which needs the effort ``e_jk(Delta)`` solving ``v(theta_j, Delta + e) = v(theta_k, Delta)``
+(increasing in ``Delta``). Zero effort is an equilibrium once, for every pair, overtaking is
+impossible (``e_jk = inf``) or unprofitable (``c(e_jk) >= R``, i.e. ``e_jk >= c^{-1}(R)``):
+
+    Delta* = max_{k < j} max(0, D_jk),   D_jk = the Delta with e_jk(Delta) = c^{-1}(r_k - r_j).
+
+For the additive family ``v = theta + A (1 - exp(-rate t))`` this is ``D_jk = log((A / g) (1 -
+exp(-rate c^{-1}(R)))) / rate`` with ``g = theta_k - theta_j``, below the impossibility threshold
+``log(A / g) / rate``; for the logit-in-log-steps family ``D_jk = c^{-1}(R) / (exp(g / slope) - 1)
+- 1``. The numeric threshold is read off the equilibria on a grid of ``Delta``.
+
+Dimension legend: N providers, M effort levels, G grid points of Delta, K equilibrium slots.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from algorithms.benchmark_game.game import (
+    Contest,
+    ScoreFamily,
+    best_response_dynamics,
+    cycle_taus,
+    pure_equilibria,
+)
+
+
+def pair_thresholds(score: ScoreFamily, cost, theta, rewards) -> np.ndarray:
+    """``max(0, D_jk)`` for every pair ``k < j`` (zero elsewhere) [N, N] float64 (host).
+
+    Args:
+      score: a score family with ``threshold_for_effort``.
+      cost: a cost with ``inverse`` (e.g. :class:`~algorithms.benchmark_game.game.PowerCost`).
+      theta: [N] qualities, strictly decreasing.
+      rewards: [N] reward per rank, non-increasing.
+
+    Raises:
+      ValueError: ``theta`` not strictly decreasing, or ``rewards`` of the wrong length.
+    """
+    theta = np.asarray(theta, np.float64)
+    rewards = np.asarray(rewards, np.float64)
+    if theta.ndim != 1 or np.any(np.diff(theta) >= 0):
+        raise ValueError(f"the closed form needs strictly decreasing theta, got {theta}")
+    if rewards.shape != theta.shape:
+        raise ValueError(f"rewards must have shape {theta.shape}, got {rewards.shape}")
+    n = theta.shape[0]
+    out = np.zeros((n, n))
+    for k in range(n):
+        for j in range(k + 1, n):
+            gain = rewards[k] - rewards[j]
+            if gain <= 0:
+                continue  # nothing to win by overtaking
+            d = score.threshold_for_effort(theta[j], theta[k], cost.inverse(gain))
+            out[j, k] = max(0.0, float(d)) if np.isfinite(d) else (np.inf if d > 0 else 0.0)
+    return out
+
+
+def delta_star_closed_form(score: ScoreFamily, cost, theta, rewards) -> float:
+    """The continuum threshold ``Delta*`` above which zero effort is an equilibrium (module doc)."""
+    return float(np.max(pair_thresholds(score, cost, theta, rewards)))
+
+
+class Sweep(NamedTuple):
+    """Pure-equilibrium statistics on a grid of ``Delta`` (leading axis G)."""
+
+    deltas: jax.Array  # [G] f32
+    count: jax.Array  # [G] int32 number of pure equilibria
+    zero_effort_unique: jax.Array  # [G] bool
+    mean_tau: jax.Array  # [G] f32 mean Kendall tau over the enumerated equilibria (NaN if none)
+    min_tau: jax.Array  # [G] f32
+
+
+@functools.partial(jax.jit, static_argnames=("score", "max_equilibria"))
+def sweep_deltas(score: ScoreFamily, contest: Contest, deltas: jax.Array,
+                 max_equilibria: int = 16) -> Sweep:
+    """Pure equilibria at every ``Delta`` in ``deltas`` [G] (sequential ``lax.map``: the payoff
+    tensor of one ``Delta`` is built at a time, so memory stays ``N * M**N`` floats)."""
+
+    def one(delta):
+        eq = pure_equilibria(score, contest, delta, max_equilibria)
+        return eq.count, eq.zero_effort_unique, jnp.nanmean(eq.taus), jnp.nanmin(eq.taus)
+
+    count, zero, mean_tau, min_tau = jax.lax.map(one, deltas)
+    return Sweep(deltas, count, zero, mean_tau, min_tau)
+
+
+def delta_star_numeric(deltas, good) -> float:
+    """Smallest grid ``Delta`` from which ``good`` (e.g. ``zero_effort_unique``) holds on the rest of
+    the grid; ``inf`` when it fails at the last grid point.
+
+    Raises:
+      ValueError: ``deltas`` not strictly increasing or shapes differ.
+    """
+    deltas = np.asarray(deltas, np.float64)
+    good = np.asarray(good, bool)
+    if deltas.shape != good.shape or deltas.ndim != 1 or np.any(np.diff(deltas) <= 0):
+        raise ValueError("deltas must be a strictly increasing vector with one flag each")
+    if not good[-1]:
+        return float("inf")
+    bad = np.flatnonzero(~good)
+    return float(deltas[0] if bad.size == 0 else deltas[bad[-1] + 1])
+
+
+def refine_delta_star(score: ScoreFamily, contest: Contest, lo: float, hi: float,
+                      iters: int = 30) -> float:
+    """Bisection on ``[lo, hi]`` for the point where ``zero_effort_unique`` switches on (expects it
+    off at ``lo`` and on at ``hi``, e.g. the grid neighbours of :func:`delta_star_numeric`)."""
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if bool(pure_equilibria(score, contest, mid).zero_effort_unique):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def fidelity(score: ScoreFamily, contest: Contest, deltas, sweep: Sweep,
+             max_rounds: int = 64) -> tuple[np.ndarray, list[str]]:
+    """Ranking fidelity per grid ``Delta`` [G] and where it came from.
+
+    The mean Kendall tau over the pure equilibria when there are some ("pure_ne"); otherwise the
+    mean over the end-of-round profiles of the best-response cycle reached from zero effort
+    ("br_cycle") - the leaderboards a designer would actually see when no equilibrium exists.
+    """
+    taus, source = [], []
+    start = jnp.zeros(contest.num_players, jnp.int32)
+    for g, delta in enumerate(np.asarray(deltas)):
+        if int(sweep.count[g]) > 0:
+            taus.append(float(sweep.mean_tau[g]))
+            source.append("pure_ne")
+            continue
+        dyn = best_response_dynamics(score, contest, float(delta), start, max_rounds)
+        t = cycle_taus(score, contest, float(delta), dyn)
+        taus.append(float(np.mean(t)) if t.size else float("nan"))
+        source.append("br_cycle" if t.size else "unresolved")
+    return np.asarray(taus), source
+
+
+def designer_objective(deltas, fidelities, cost_per_unit: float) -> np.ndarray:
+    """``J(Delta) = fidelity(Delta) - cost_per_unit * Delta`` [G] (the leader's payoff)."""
+    if cost_per_unit < 0:
+        raise ValueError(f"cost_per_unit must be non-negative, got {cost_per_unit}")
+    return np.asarray(fidelities, np.float64) - cost_per_unit * np.asarray(deltas, np.float64)
