@@ -1,0 +1,509 @@
+"""Judge-aware Bradley-Terry-Luce model: likelihood, derivatives and a jitted Newton fit.
+
+Dimension legend: M aggregated rows, N models, J judges, P reduced (free) parameters,
+D = N + J + 1 full parameters laid out as ``x = [s (N), alpha (J), tau (1)]``, R posterior draws.
+
+Model (Xu et al., 2026, "A Judge-Aware Ranking Framework for Evaluating Large Language Models
+without Ground Truth", eq. for the judge-aware BTL likelihood): judge ``k`` prefers model ``i`` to
+model ``j`` with probability
+
+    P(i > j | k) = sigmoid(gamma_k (s_i - s_j)),   gamma_k = exp(alpha_k) > 0,
+
+normalised by ``sum_i s_i = 0`` and ``sum_k alpha_k = 0`` (geometric-mean discrimination 1), which
+fixes the location of ``s`` and the scale shared by ``s`` and ``gamma``. Plain BTL (Bradley and Terry,
+1952) is ``alpha = 0``. Ties, with ``d = gamma_k (s_i - s_j)``:
+
+* ``"half"``: a tie counts as half a win for each side (a pseudo-likelihood; default).
+* ``"davidson"`` (Davidson, 1970): ``P(i) : P(j) : P(tie) = e^{d/2} : e^{-d/2} : nu``, ``nu = e^tau``.
+* ``"rao_kupper"`` (Rao and Kupper, 1967): ``P(i) = sigmoid(d - eta)``, ``P(j) = sigmoid(-d - eta)``,
+  ``P(tie)`` the rest, ``eta = e^tau > 0``.
+
+The fit maximises the log-likelihood (minus optional Gaussian priors ``ridge_scores/2 |s|^2`` and
+``ridge_alpha/2 |alpha|^2``, i.e. the MAP) in reduced coordinates ``x = B theta``, where ``B`` is
+block-diagonal with orthonormal bases of the zero-sum subspaces (Helmert contrasts). Newton's method
+uses the exact Hessian, assembled from per-row 4x4 blocks; eigenvalues are replaced by their absolute
+values (saddle-free Newton) because the joint likelihood is not concave in ``(s, alpha)``, and an Armijo
+backtracking line search guarantees descent. It stops when the Newton decrement ``g^T H^-1 g / 2``
+falls below ``tol`` (an affine-invariant criterion, in nats of total log-likelihood).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from algorithms.ranking.data import ComparisonTable
+
+TIE_MODELS = ("half", "davidson", "rao_kupper")
+
+
+class Params(NamedTuple):
+    """Model parameters (a pytree).
+
+    Attributes:
+      scores: float [N], latent quality ``s`` (sum 0).
+      log_discrimination: float [J], ``alpha`` (sum 0 in the judge-aware model, else all 0).
+      tie: float [], ``tau``: log of the Davidson ``nu`` or of the Rao-Kupper ``eta``; 0 for ``"half"``.
+    """
+
+    scores: jax.Array
+    log_discrimination: jax.Array
+    tie: jax.Array
+
+    @property
+    def discrimination(self) -> jax.Array:
+        """``gamma = exp(alpha)``, float [J]."""
+        return jnp.exp(self.log_discrimination)
+
+
+class Convergence(NamedTuple):
+    """Convergence report of :func:`solve`.
+
+    Attributes:
+      iterations: int32 [], Newton iterations (both stages together).
+      converged: bool [], the Newton decrement fell below ``tol`` within ``max_iter``.
+      decrement: float [], the last Newton decrement ``g^T H^-1 g / 2`` (nats).
+      grad_norm: float [], max-norm of the reduced gradient at the returned point.
+      objective: float [], negative (penalised) log-likelihood at the returned point (nats).
+    """
+
+    iterations: jax.Array
+    converged: jax.Array
+    decrement: jax.Array
+    grad_norm: jax.Array
+    objective: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+    """Static hyper-parameters of the fit (hashable: a jit static argument).
+
+    Attributes:
+      judge_aware: fit ``alpha`` (judge-aware BTL); ``False`` is plain BTL (``gamma = 1``).
+      tie_model: ``"half"``, ``"davidson"`` or ``"rao_kupper"``.
+      ridge_scores: weight of the Gaussian prior ``ridge/2 |s|^2`` (0 = maximum likelihood).
+      ridge_alpha: weight of the Gaussian prior on ``alpha`` (0 = maximum likelihood).
+      max_iter: Newton iterations per stage (plain BTL first, then joint when judge-aware).
+      tol: stop when the Newton decrement is below this (nats of total log-likelihood).
+      max_halvings: Armijo line-search halvings per iteration.
+    """
+
+    judge_aware: bool = True
+    tie_model: str = "half"
+    ridge_scores: float = 0.0
+    ridge_alpha: float = 0.0
+    max_iter: int = 100
+    tol: float = 1e-12
+    max_halvings: int = 40
+
+    def __post_init__(self):
+        if self.tie_model not in TIE_MODELS:
+            raise ValueError(f"FitConfig.tie_model={self.tie_model!r}; expected one of {TIE_MODELS}")
+        for name in ("ridge_scores", "ridge_alpha"):
+            v = getattr(self, name)
+            if not (v >= 0 and v < float("inf")):
+                raise ValueError(f"FitConfig.{name}={v!r}; expected a finite value >= 0")
+        if self.max_iter < 1 or self.max_halvings < 1:
+            raise ValueError("FitConfig.max_iter and max_halvings must be >= 1")
+        if not self.tol > 0:
+            raise ValueError(f"FitConfig.tol={self.tol!r}; expected > 0")
+
+    @property
+    def has_tie_param(self) -> bool:
+        return self.tie_model != "half"
+
+
+# ----------------------------------------------------------------------------------------------
+# Likelihood per row
+# ----------------------------------------------------------------------------------------------
+
+
+def outcome_logprobs(d: jax.Array, tau: jax.Array, tie_model: str) -> jax.Array:
+    """Log-probabilities of (i wins, j wins, tie) given ``d = gamma_k (s_i - s_j)``.
+
+    Args:
+      d: float [...], the discriminated score difference.
+      tau: float [] or [...], the tie parameter (ignored for ``"half"``).
+      tie_model: see the module docstring.
+
+    Returns:
+      float [..., 3]. For ``"half"`` the third entry is the tie pseudo-log-likelihood
+      ``(log sigmoid(d) + log sigmoid(-d)) / 2``, so the three do not sum to one in probability.
+    """
+    if tie_model == "half":
+        lw, ll = jax.nn.log_sigmoid(d), jax.nn.log_sigmoid(-d)
+        return jnp.stack([lw, ll, 0.5 * (lw + ll)], axis=-1)
+    tau = jnp.broadcast_to(tau, jnp.shape(d))
+    if tie_model == "davidson":
+        logits = jnp.stack([d / 2, -d / 2, tau], axis=-1)
+        return logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    if tie_model == "rao_kupper":
+        eta = jnp.exp(tau)
+        lw, ll = jax.nn.log_sigmoid(d - eta), jax.nn.log_sigmoid(-d - eta)
+        # P(tie) = (e^{2 eta} - 1) / ((1 + e^{eta - d}) (1 + e^{eta + d})).
+        lt = jnp.log(jnp.expm1(2 * eta)) - jax.nn.softplus(eta - d) - jax.nn.softplus(eta + d)
+        return jnp.stack([lw, ll, lt], axis=-1)
+    raise ValueError(f"tie_model={tie_model!r}; expected one of {TIE_MODELS}")
+
+
+def _local_logprobs(u: jax.Array, tie_model: str) -> jax.Array:
+    """``u = (s_i, s_j, alpha_k, tau)`` [4] -> outcome log-probabilities [3]."""
+    d = jnp.exp(u[2]) * (u[0] - u[1])
+    return outcome_logprobs(d, u[3], tie_model)
+
+
+def _row_index(table: ComparisonTable) -> jax.Array:
+    """Positions of ``(s_i, s_j, alpha_k, tau)`` of every row in the full vector: int32 [M, 4]."""
+    n, nj = table.n_models, table.n_judges
+    return jnp.stack([table.i, table.j, n + table.judge, jnp.full_like(table.i, n + nj)], axis=-1)
+
+
+def _row_counts(table: ComparisonTable) -> jax.Array:
+    return jnp.stack([table.wins, table.losses, table.ties], axis=-1)
+
+
+def flatten(params: Params) -> jax.Array:
+    """``Params`` -> full vector ``x = [s, alpha, tau]``, float [D]."""
+    return jnp.concatenate([params.scores, params.log_discrimination, params.tie[None]])
+
+
+def unflatten(x: jax.Array, n_models: int, n_judges: int) -> Params:
+    """Full vector [..., D] -> ``Params`` (leading axes kept)."""
+    return Params(x[..., :n_models], x[..., n_models:n_models + n_judges], x[..., n_models + n_judges])
+
+
+def loglik(params: Params, table: ComparisonTable, tie_model: str = "half") -> jax.Array:
+    """Total log-likelihood (pseudo-log-likelihood for ``"half"``), float [] in nats."""
+    x = flatten(params)
+    u = x[_row_index(table)]
+    lp = jax.vmap(lambda v: _local_logprobs(v, tie_model))(u)
+    return jnp.sum(_row_counts(table) * lp)
+
+
+def win_probability(params: Params, i, j, judge=None) -> jax.Array:
+    """``P(i beats j | judge)`` under the ``"half"`` convention (ties split), float [...]."""
+    a = 0.0 if judge is None else params.log_discrimination[judge]
+    return jax.nn.sigmoid(jnp.exp(a) * (params.scores[i] - params.scores[j]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Reduced coordinates
+# ----------------------------------------------------------------------------------------------
+
+
+def zero_sum_basis(n: int, dtype=None) -> jax.Array:
+    """Orthonormal basis of ``{x in R^n : sum x = 0}`` (Helmert contrasts), float [n, n-1].
+
+    Column ``k`` (0-based) is ``(1, ..., 1, -(k+1), 0, ..., 0) / sqrt((k+1)(k+2))`` with ``k+1`` ones.
+
+    Raises:
+      ValueError: ``n < 1``.
+    """
+    if n < 1:
+        raise ValueError(f"zero_sum_basis: n={n}; expected >= 1")
+    dtype = dtype or jnp.result_type(float)
+    r = jnp.arange(n)[:, None]
+    k = jnp.arange(n - 1)[None, :]
+    val = jnp.where(r <= k, 1.0, jnp.where(r == k + 1, -(k + 1.0), 0.0))
+    return (val / jnp.sqrt((k + 1.0) * (k + 2.0))).astype(dtype)
+
+
+def reduced_basis(n_models: int, n_judges: int, config: FitConfig, dtype=None) -> jax.Array:
+    """``B``, float [D, P]: maps reduced coordinates to ``x = [s, alpha, tau]``.
+
+    Blocks: zero-sum basis of ``s``; zero-sum basis of ``alpha`` if judge-aware (else ``alpha`` is
+    fixed at 0); the identity on ``tau`` if the tie model has a parameter.
+    """
+    dtype = dtype or jnp.result_type(float)
+    d = n_models + n_judges + 1
+    blocks = [jnp.zeros((d, n_models - 1), dtype).at[:n_models].set(zero_sum_basis(n_models, dtype))]
+    if config.judge_aware and n_judges > 1:
+        blocks.append(jnp.zeros((d, n_judges - 1), dtype)
+                      .at[n_models:n_models + n_judges].set(zero_sum_basis(n_judges, dtype)))
+    if config.has_tie_param:
+        blocks.append(jnp.zeros((d, 1), dtype).at[d - 1, 0].set(1.0))
+    return jnp.concatenate(blocks, axis=1)
+
+
+def _ridge_diag(n_models: int, n_judges: int, config: FitConfig, dtype) -> jax.Array:
+    return jnp.concatenate([jnp.full(n_models, config.ridge_scores, dtype),
+                            jnp.full(n_judges, config.ridge_alpha, dtype), jnp.zeros(1, dtype)])
+
+
+# ----------------------------------------------------------------------------------------------
+# Derivatives
+# ----------------------------------------------------------------------------------------------
+
+
+def objective(x: jax.Array, table: ComparisonTable, config: FitConfig) -> jax.Array:
+    """Negative penalised log-likelihood at the full vector ``x`` [D], float [] (nats)."""
+    n, nj = table.n_models, table.n_judges
+    nll = -loglik(unflatten(x, n, nj), table, config.tie_model)
+    return nll + 0.5 * jnp.sum(_ridge_diag(n, nj, config, x.dtype) * x * x)
+
+
+def _phi_derivs(d: jax.Array, tau: jax.Array, cnt: jax.Array, tie_model: str):
+    """Row negative log-likelihood ``phi(d, tau)`` and its first and second partials, each [M].
+
+    Closed form for ``"half"`` (``phi_d = n sigmoid(d) - y``, ``phi_dd = n sigmoid(d) sigmoid(-d)``
+    with ``y`` the wins plus half the ties); autodiff of the two-variable function otherwise.
+    """
+    if tie_model == "half":
+        n = jnp.sum(cnt, axis=-1)
+        y = cnt[:, 0] + 0.5 * cnt[:, 2]
+        p = jax.nn.sigmoid(d)
+        phi = -(y * jax.nn.log_sigmoid(d) + (n - y) * jax.nn.log_sigmoid(-d))
+        z = jnp.zeros_like(d)
+        return phi, n * p - y, z, n * p * (1 - p), z, z
+
+    def phi_fn(dt, c):
+        return -jnp.dot(c, outcome_logprobs(dt[0], dt[1], tie_model))
+
+    dt = jnp.stack([d, jnp.broadcast_to(tau, d.shape)], axis=-1)
+    phi = jax.vmap(phi_fn)(dt, cnt)
+    g = jax.vmap(jax.grad(phi_fn))(dt, cnt)
+    h = jax.vmap(jax.hessian(phi_fn))(dt, cnt)
+    return phi, g[:, 0], g[:, 1], h[:, 0, 0], h[:, 0, 1], h[:, 1, 1]
+
+
+def _local_geometry(x: jax.Array, table: ComparisonTable):
+    """``d`` [M], its gradient [M, 4] and Hessian [M, 4, 4] in ``u = (s_i, s_j, alpha_k, tau)``."""
+    n = table.n_models
+    gamma = jnp.exp(x[n + table.judge])
+    d = gamma * (x[table.i] - x[table.j])
+    z = jnp.zeros_like(d)
+    gd = jnp.stack([gamma, -gamma, d, z], axis=-1)
+    # hess d = gamma * C1 + d * C2 with constant 4x4 patterns (cheaper to compile than scatters).
+    c1 = jnp.asarray([[0, 0, 1, 0], [0, 0, -1, 0], [1, -1, 0, 0], [0, 0, 0, 0]], x.dtype)
+    c2 = jnp.zeros((4, 4), x.dtype).at[2, 2].set(1.0)
+    hd = gamma[:, None, None] * c1 + d[:, None, None] * c2
+    return d, gd, hd
+
+
+def derivatives(x: jax.Array, table: ComparisonTable, config: FitConfig):
+    """Objective, gradient and Hessian of :func:`objective` in full coordinates.
+
+    A row depends on ``x`` only through ``d = exp(alpha_k) (s_i - s_j)`` and ``tau``, so by the chain
+    rule its gradient in ``u = (s_i, s_j, alpha_k, tau)`` is ``phi_d grad d + phi_tau e_tau`` and its
+    Hessian ``phi_dd grad d grad d^T + phi_d hess d + phi_dtau (grad d e_tau^T + e_tau grad d^T)
+    + phi_tautau e_tau e_tau^T``. These per-row 4-vectors and 4x4 blocks are scatter-added into the
+    gradient [D] and Hessian [D, D] (O(M) work plus the D^2 buffer).
+
+    Returns:
+      (f [], g [D], H [D, D]), float.
+    """
+    n, nj = table.n_models, table.n_judges
+    idx = _row_index(table)
+    d, gd, hd = _local_geometry(x, table)
+    phi, p_d, p_t, p_dd, p_dt, p_tt = _phi_derivs(d, x[-1], _row_counts(table), config.tie_model)
+    e = jnp.zeros(4, x.dtype).at[3].set(1.0)
+    g_rows = p_d[:, None] * gd + p_t[:, None] * e
+    h_rows = (p_dd[:, None, None] * gd[:, :, None] * gd[:, None, :] + p_d[:, None, None] * hd
+              + p_dt[:, None, None] * (gd[:, :, None] * e[None, None, :] + e[None, :, None] * gd[:, None, :])
+              + p_tt[:, None, None] * (e[:, None] * e[None, :]))
+    dim = x.shape[0]
+    ridge = _ridge_diag(n, nj, config, x.dtype)
+    f = jnp.sum(phi) + 0.5 * jnp.sum(ridge * x * x)
+    g = jnp.zeros(dim, x.dtype).at[idx].add(g_rows) + ridge * x
+    h = jnp.zeros((dim, dim), x.dtype).at[idx[:, :, None], idx[:, None, :]].add(h_rows)
+    return f, g, h + jnp.diag(ridge)
+
+
+def score_outer(x: jax.Array, table: ComparisonTable, config: FitConfig) -> jax.Array:
+    """``sum over comparisons of grad log p grad log p^T`` in full coordinates, float [D, D].
+
+    The "meat" of the sandwich covariance (Huber, 1967; White, 1982): one score per individual
+    comparison, each outcome of a row weighted by its count. For ``"half"`` a tie's score is the
+    gradient of its pseudo-log-likelihood ``(log sigmoid(d) + log sigmoid(-d)) / 2``.
+    """
+    idx = _row_index(table)
+    cnt = _row_counts(table)
+    d, gd, _ = _local_geometry(x, table)
+    jac = jax.vmap(jax.jacfwd(lambda dd, tt: outcome_logprobs(dd, tt, config.tie_model),
+                              argnums=(0, 1)), in_axes=(0, None))(d, x[-1])  # 2 x [M, 3]
+    e = jnp.zeros(4, x.dtype).at[3].set(1.0)
+    score = jac[0][:, :, None] * gd[:, None, :] + jac[1][:, :, None] * e  # [M, 3, 4]
+    local = jnp.einsum("mo,moa,mob->mab", cnt, score, score)
+    dim = x.shape[0]
+    return jnp.zeros((dim, dim), x.dtype).at[idx[:, :, None], idx[:, None, :]].add(local)
+
+
+# ----------------------------------------------------------------------------------------------
+# Newton's method
+# ----------------------------------------------------------------------------------------------
+
+
+def _newton(x0: jax.Array, table: ComparisonTable, config: FitConfig, basis: jax.Array,
+            stage_one: jax.Array | None = None):
+    """Saddle-free damped Newton from ``x0`` along the span of ``basis`` [D, P].
+
+    ``stage_one`` (bool [P]) marks coordinates held fixed until a first convergence (plain BTL before
+    the joint fit); one loop runs both stages so the derivatives are traced and compiled once.
+
+    Returns:
+      (x [D], iterations, last Newton decrement, converged).
+    """
+    dtype = x0.dtype
+    eps = jnp.finfo(dtype).eps
+    p = basis.shape[1]
+    frozen0 = jnp.zeros(p, bool) if stage_one is None else stage_one
+
+    def obj(theta):
+        return objective(x0 + basis @ theta, table, config)
+
+    def cond(state):
+        return (state["it"] < config.max_iter) & ~state["done"]
+
+    def body(state):
+        theta = state["theta"]
+        frozen = frozen0 & (state["stage"] == 0)
+        f, g_full, h_full = derivatives(x0 + basis @ theta, table, config)
+        g = jnp.where(frozen, 0.0, basis.T @ g_full)
+        h = basis.T @ h_full @ basis
+        h = jnp.where(frozen[:, None] | frozen[None, :], jnp.diag(frozen.astype(dtype)), h)
+        w, v = jnp.linalg.eigh(h)
+        floor = jnp.maximum(jnp.max(jnp.abs(w)), 1.0) * eps * p
+        step = -v @ ((v.T @ g) / jnp.maximum(jnp.abs(w), floor))
+        dec = 0.5 * jnp.dot(-g, step)
+        small = dec < config.tol
+
+        def ls_cond(carry):
+            t, k, fn = carry
+            return (k < config.max_halvings) & ~(fn <= f + 1e-4 * t * jnp.dot(g, step))
+
+        def ls_body(carry):
+            t, k, _ = carry
+            t = 0.5 * t
+            return t, k + 1, obj(theta + t * step)
+
+        one = jnp.ones((), dtype)
+        t, _, fn = jax.lax.while_loop(ls_cond, ls_body, (one, 0, obj(theta + step)))
+        accept = ~small & jnp.isfinite(fn) & (fn <= f)
+        theta = jnp.where(accept, theta + t * step, theta)
+        # No decrease at all: the objective is flat to rounding; converged if the decrement is at
+        # the level of that rounding, otherwise stuck (reported as not converged).
+        stalled = ~small & ~accept
+        ok = small | (stalled & (dec < 1e3 * eps * jnp.maximum(jnp.abs(f), 1.0)))
+        stop = small | stalled
+        last_stage = (state["stage"] == 1) | ~jnp.any(frozen0)
+        return dict(theta=theta, it=state["it"] + 1, dec=dec, ok=ok,
+                    stage=jnp.where(stop, 1, state["stage"]), done=stop & last_stage)
+
+    state = dict(theta=jnp.zeros(p, dtype), it=jnp.zeros((), jnp.int32),
+                 dec=jnp.asarray(jnp.inf, dtype), ok=jnp.zeros((), bool),
+                 stage=jnp.zeros((), jnp.int32), done=jnp.zeros((), bool))
+    out = jax.lax.while_loop(cond, body, state)
+    return x0 + basis @ out["theta"], out["it"], out["dec"], out["ok"] & out["done"]
+
+
+def initial_tie(table: ComparisonTable, tie_model: str, dtype) -> jax.Array:
+    """Method-of-moments ``tau`` at ``s = 0``: the tie fraction ``p_t`` gives ``nu = 2 p_t / (1 - p_t)``
+    (Davidson) or ``eta = 2 artanh(p_t)`` (Rao-Kupper); 0 for ``"half"``."""
+    if tie_model == "half":
+        return jnp.zeros((), dtype)
+    p = jnp.clip(jnp.sum(table.ties) / jnp.maximum(jnp.sum(_row_counts(table)), 1.0), 1e-3, 0.95)
+    if tie_model == "davidson":
+        return jnp.log(2 * p / (1 - p)).astype(dtype)
+    return jnp.log(2 * jnp.arctanh(p)).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def solve(table: ComparisonTable, config: FitConfig, init: Params | None = None
+          ) -> tuple[Params, Convergence]:
+    """Fits the model by Newton's method; jitted, no validation (see :func:`fit` for the checked
+    entry point). Safe to ``jax.vmap`` over tables of one shape (e.g. simulated or bootstrap data).
+
+    Args:
+      table: the counts (float dtype sets the precision: use float64 for reference-grade fits).
+      config: static hyper-parameters.
+      init: starting point; default ``s = 0``, ``alpha = 0``, moment estimate of ``tau``. Without
+        ``init`` and judge-aware, plain BTL is fitted first and the joint fit starts from it.
+
+    Returns:
+      (params, convergence); ``params`` satisfy both zero-sum normalisations exactly (up to rounding).
+    """
+    n, nj = table.n_models, table.n_judges
+    dtype = jnp.result_type(table.wins.dtype, jnp.float32)
+    basis = reduced_basis(n, nj, config, dtype)
+    stage_one = None
+    if init is None:
+        x = jnp.concatenate([jnp.zeros(n + nj, dtype), initial_tie(table, config.tie_model, dtype)[None]])
+        if config.judge_aware and nj > 1:  # plain BTL first: alpha columns frozen at 0
+            stage_one = jnp.zeros(basis.shape[1], bool).at[n - 1:n - 1 + nj - 1].set(True)
+    else:
+        x = flatten(init).astype(dtype)
+    x, iters, dec, ok = _newton(x, table, config, basis, stage_one)
+    f, g, _ = derivatives(x, table, config)
+    conv = Convergence(iterations=iters, converged=ok,
+                       decrement=dec, grad_norm=jnp.max(jnp.abs(basis.T @ g)), objective=f)
+    return unflatten(x, n, nj), conv
+
+
+# ----------------------------------------------------------------------------------------------
+# Checked entry point
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """Output of :func:`fit`: parameters, convergence report, and what produced them."""
+
+    params: Params
+    convergence: Convergence
+    config: FitConfig
+    table: ComparisonTable
+
+
+def fit(table: ComparisonTable, config: FitConfig = FitConfig(), *, init: Params | None = None,
+        precision: str = "float64", model_names=None, judge_names=None) -> FitResult:
+    """Checks identifiability, then fits (maximum likelihood, or MAP with ridges) by Newton's method.
+
+    Args:
+      table: aggregated comparisons (:func:`algorithms.ranking.data.aggregate`).
+      config: the model and solver settings.
+      init: optional starting point (e.g. a previous fit).
+      precision: ``"float64"`` (default; enables 64-bit JAX for this call only) or ``"float32"``.
+      model_names, judge_names: used in error messages only.
+
+    Returns:
+      :class:`FitResult`; its arrays are in the requested precision.
+
+    Raises:
+      ValueError: the data do not identify the model (see
+        :func:`algorithms.ranking.data.check_identifiable`), or the fit diverges (parameters running to
+        infinity, e.g. a judge whose every comparison agrees with the fitted order: its discrimination
+        MLE is infinite; the message names them and suggests a ridge).
+    """
+    import warnings
+
+    import numpy as np
+
+    from algorithms.ranking.data import check_identifiable
+
+    if precision not in ("float64", "float32"):
+        raise ValueError(f"precision={precision!r}; expected 'float64' or 'float32'")
+    check_identifiable(table, judge_aware=config.judge_aware, ridge_scores=config.ridge_scores,
+                       ridge_alpha=config.ridge_alpha, model_names=model_names, judge_names=judge_names)
+    with jax.enable_x64(precision == "float64"):
+        t = table.astype(np.float64 if precision == "float64" else np.float32)
+        params, conv = solve(t, config, init)
+        params, conv = jax.device_get(params), jax.device_get(conv)
+    if not bool(conv.converged):
+        s = np.asarray(params.scores)
+        a = np.asarray(params.log_discrimination)
+        big_s, big_a = np.flatnonzero(np.abs(s) > 25), np.flatnonzero(np.abs(a) > 8)
+        if big_s.size or big_a.size or not np.all(np.isfinite(s)):
+            from algorithms.ranking.data import _names
+            raise ValueError(
+                "the fit diverges (the MLE is at infinity): "
+                + (f"scores of models {_names(big_s, model_names)} " if big_s.size else "")
+                + (f"log-discriminations of judges {_names(big_a, judge_names)} " if big_a.size else "")
+                + "grow without bound; set ridge_alpha > 0 (and/or ridge_scores > 0) for a MAP fit")
+        warnings.warn(f"judge-aware BTL fit did not converge in {int(conv.iterations)} iterations "
+                      f"(Newton decrement {float(conv.decrement):.3g}, tol {config.tol:g})",
+                      RuntimeWarning, stacklevel=2)
+    return FitResult(params=params, convergence=conv, config=config, table=table)
