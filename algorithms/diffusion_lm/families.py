@@ -1,0 +1,232 @@
+"""The six model families compared by Sahoo et al. 2026 and their shared entry points.
+
+Dimensions: B batch, L sequence, V vocabulary, T sampling steps.
+
+A :class:`FamilySpec` (frozen, hashable) names a family and fixes its forward process, objective,
+time conditioning and attention. For any spec:
+
+* :func:`transformer_config` gives the backbone's :class:`models.transformer.TransformerConfig`;
+* :func:`train_loss` ``(spec, model, x, key) -> (loss, aux)`` is the training objective (for
+  ``core.training.make_train_step``);
+* :func:`nelbo_per_token` ``(spec, model, x, key) -> [B, L]`` is the true NELBO (exact NLL for AR)
+  used for every validation number: perplexity bound ``exp(mean)``, bits per byte ``mean / ln 2``;
+* :func:`sample` ``(spec, graphdef, params, key, B, L, num_steps) -> int32 [B, L]`` generates.
+
+Families: ``ar`` (causal, exact NLL), ``mdlm`` (masked, NELBO-weighted loss), ``mdlm_ce`` (masked,
+plain cross-entropy loss), ``duo`` (uniform state, closed-form NELBO, conditioned on
+``sigma = -log alpha_t``), ``esolm`` (AR <-> masked, ``alpha_0``), ``gidd`` (mask <-> uniform,
+``p_u``, clipped ELBO weights for training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from algorithms.diffusion_lm import esolm
+from algorithms.diffusion_lm.losses import (ar_nll, duo_nelbo, masked_ce, masked_nelbo,
+                                            mixing_nelbo, shift_right)
+from algorithms.diffusion_lm.processes import Process, antithetic_times, denoiser_log_probs
+from models.transformer import TransformerConfig
+
+FAMILIES = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "gidd")
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    """Static description of a family.
+
+    Attributes:
+      name: one of :data:`FAMILIES`.
+      vocab_size: V (data ids ``0..num_classes-1`` plus ``[MASK]`` and ``[BOS]``).
+      num_classes: N data ids.
+      mask_id, bos_id: special ids (``>= num_classes``).
+      eps: schedule floor (``alpha_1 = eps``), in (0, 1).
+      t_min: smallest training / evaluation time (MDLM's sampling eps).
+      alpha0: Eso-LM's clean fraction at ``t = 0``.
+      p_uniform: GIDD's uniform share.
+      gidd_max_weight: clip of GIDD's ELBO weights in the training loss.
+
+    Raises:
+      ValueError: unknown name; invalid process parameters (see :class:`Process`).
+    """
+
+    name: str
+    vocab_size: int = 258
+    num_classes: int = 256
+    mask_id: int = 256
+    bos_id: int = 257
+    eps: float = 1e-3
+    t_min: float = 1e-3
+    alpha0: float = 0.5
+    p_uniform: float = 0.1
+    gidd_max_weight: float = 2.0
+
+    def __post_init__(self):
+        if self.name not in FAMILIES:
+            raise ValueError(f"FamilySpec.name={self.name!r}: expected one of {FAMILIES}")
+        if not self.num_classes <= self.bos_id < self.vocab_size:
+            raise ValueError(f"FamilySpec: bos_id={self.bos_id} must be a non-data id in "
+                             f"[{self.num_classes}, {self.vocab_size})")
+        self.process  # validates the process parameters
+
+    @property
+    def process(self) -> Process | None:
+        """The forward process (``None`` for AR)."""
+        common = dict(vocab_size=self.vocab_size, num_classes=self.num_classes, eps=self.eps)
+        if self.name == "ar":
+            return None
+        if self.name in ("mdlm", "mdlm_ce"):
+            return Process("masked", mask_id=self.mask_id, **common)
+        if self.name == "esolm":
+            return Process("masked", mask_id=self.mask_id, alpha0=self.alpha0, **common)
+        if self.name == "duo":
+            return Process("uniform", **common)
+        return Process("gidd", mask_id=self.mask_id, p_uniform=self.p_uniform, **common)
+
+    @property
+    def time_conditioning(self) -> bool:
+        """Duo and GIDD condition on sigma; masked models infer t from the mask count (MDLM)."""
+        return self.name in ("duo", "gidd")
+
+    @property
+    def causal(self) -> bool:
+        return self.name == "ar"
+
+
+def transformer_config(spec: FamilySpec, seq_len: int, **kw) -> TransformerConfig:
+    """The backbone for ``spec`` (``max_len = 2 seq_len``: room for the BOS-prompted AR sampler and
+    Eso-LM's 2L training sequence). ``kw`` are the size fields (d_model, num_layers, ...)."""
+    return TransformerConfig(vocab_size=spec.vocab_size, max_len=2 * seq_len, causal=spec.causal,
+                             time_conditioning=spec.time_conditioning, **kw)
+
+
+def _apply(spec: FamilySpec, model, z: jax.Array, t: jax.Array) -> jax.Array:
+    cond = spec.process.sigma(t) if spec.time_conditioning else None
+    return model(z, cond)
+
+
+def _eso_apply(model):
+    return lambda tokens, positions, mask: model(tokens, positions=positions, mask=mask)
+
+
+def per_token_terms(spec: FamilySpec, model, x: jax.Array, key: jax.Array, t: jax.Array
+                    ) -> tuple[jax.Array, jax.Array]:
+    """(training integrand, true NELBO integrand), float32 [B, L] each, at times ``t`` [B]."""
+    if spec.name == "ar":
+        nll = ar_nll(model(shift_right(x, spec.bos_id)), x)
+        return nll, nll
+    proc = spec.process
+    if spec.name == "esolm":
+        diff, ar = esolm.nelbo_terms(_eso_apply(model), proc, x, key, t)
+        return diff + ar, diff + ar
+    z_t = proc.sample(key, x, t)
+    logp = denoiser_log_probs(proc, _apply(spec, model, z_t, t), z_t)
+    if spec.name in ("mdlm", "mdlm_ce"):
+        nelbo = masked_nelbo(proc, logp, x, z_t, t)
+        return (masked_ce(proc, logp, x, z_t) if spec.name == "mdlm_ce" else nelbo), nelbo
+    if spec.name == "duo":
+        nelbo = duo_nelbo(proc, logp, x, z_t, t)
+        return nelbo, nelbo
+    nelbo = mixing_nelbo(proc, logp, x, z_t, t)
+    return mixing_nelbo(proc, logp, x, z_t, t, max_weight=spec.gidd_max_weight), nelbo
+
+
+def train_loss(spec: FamilySpec, model, x: jax.Array, key: jax.Array,
+               ce_mix: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Mean training objective over the batch and positions (antithetic times), with the true
+    NELBO per token as an auxiliary metric (``nelbo``).
+
+    Args:
+      ce_mix: masked families only: a (traced) scalar in [0, 1] selecting the objective,
+        ``ce_mix * CE + (1 - ce_mix) * NELBO``, so that ``mdlm`` and ``mdlm_ce`` share one
+        compiled step (``None``: the spec's own objective).
+    """
+    k_t, k_z = jax.random.split(key)
+    t = antithetic_times(k_t, x.shape[0], spec.t_min)
+    train, nelbo = per_token_terms(spec, model, x, k_z, t)
+    if ce_mix is not None:
+        if spec.name not in ("mdlm", "mdlm_ce"):
+            raise ValueError(f"train_loss: ce_mix applies to the masked families, not {spec.name!r}")
+        weight = -spec.process.alpha_prime(t) / (1.0 - spec.process.alpha(t))
+        ce = nelbo / weight[:, None]  # masked_nelbo = weight * masked_ce exactly
+        train = ce_mix * ce + (1.0 - ce_mix) * nelbo
+    return train.mean(), {"nelbo": nelbo.mean()}
+
+
+def nelbo_per_token(spec: FamilySpec, model, x: jax.Array, key: jax.Array) -> jax.Array:
+    """The true per-token NELBO integrand at antithetic times (exact NLL for AR). float32 [B, L];
+    its mean over many batches / keys estimates the NELBO in nats per token."""
+    k_t, k_z = jax.random.split(key)
+    t = antithetic_times(k_t, x.shape[0], spec.t_min)
+    return per_token_terms(spec, model, x, k_z, t)[1]
+
+
+def sample(spec: FamilySpec, graphdef: nnx.GraphDef, params: nnx.State, key: jax.Array, *,
+           batch_size: int, seq_len: int, num_steps: int) -> jax.Array:
+    """Unconditional samples int32 [B, L] (data ids only; no ``[MASK]`` left).
+
+    AR decodes with the KV cache from a ``[BOS]`` prompt (``num_steps`` is ignored: L steps);
+    ``esolm`` uses :func:`esolm.sample`; the others the ancestral sampler
+    ``z_s ~ q(z_s | z_t, x_theta)`` over ``num_steps`` uniform steps from ``t = 1`` to 0 (MDLM Eq. 7;
+    Duo's exact posterior; GIDD's). ``num_steps`` (int32 scalar, >= 1) is traced, so one
+    compilation serves every steps setting.
+
+    Raises:
+      ValueError: ``num_steps < 1``, ``batch_size < 1`` or ``seq_len < 1``.
+    """
+    if int(num_steps) < 1:
+        raise ValueError(f"sample: num_steps={num_steps} must be >= 1")
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"sample: batch_size={batch_size}, seq_len={seq_len} must be >= 1")
+    if spec.name == "mdlm_ce":  # same sampler as mdlm: share the compilation
+        spec = dataclasses.replace(spec, name="mdlm")
+    return _sample(spec, graphdef, params, key, batch_size=batch_size, seq_len=seq_len,
+                   num_steps=jnp.asarray(num_steps, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "graphdef", "batch_size", "seq_len"))
+def _sample(spec, graphdef, params, key, *, batch_size, seq_len, num_steps):
+    model = nnx.merge(graphdef, params)
+    if spec.name == "ar":
+        return _ar_sample(spec, model, key, batch_size, seq_len)
+    proc = spec.process
+    if spec.name == "esolm":
+        return esolm.sample(_eso_apply(model), proc, key, batch_size, seq_len, num_steps)
+    num_steps = jnp.asarray(num_steps, jnp.int32)
+    k0, kl = jax.random.split(key)
+
+    def step(i, z):
+        t = jnp.full((batch_size,), 1.0 - i / num_steps, jnp.float32)
+        s = jnp.full((batch_size,), 1.0 - (i + 1) / num_steps, jnp.float32)
+        logp = denoiser_log_probs(proc, _apply(spec, model, z, t), z)
+        probs = proc.posterior(z, jnp.exp(logp), s[:, None], t[:, None])
+        return jax.random.categorical(jax.random.fold_in(kl, i), jnp.log(probs)).astype(jnp.int32)
+
+    # At s = 0 every process has alpha = 1 and q_0(.|x_theta) = x_theta: no [MASK] survives.
+    return jax.lax.fori_loop(0, num_steps, step, proc.prior_sample(k0, (batch_size, seq_len)))
+
+
+def _ar_sample(spec: FamilySpec, model, key: jax.Array, batch_size: int, seq_len: int
+               ) -> jax.Array:
+    """KV-cache ancestral decoding from ``[BOS]`` at temperature 1 over data ids only (the same
+    prefill + ``lax.scan`` structure as :func:`models.sampling.generate`, whose sampler may emit
+    special ids)."""
+    data = jnp.arange(spec.vocab_size) < spec.num_classes
+    cache = model.init_cache(batch_size, seq_len + 1)
+    bos = jnp.full((batch_size, 1), spec.bos_id, jnp.int32)
+    logits, cache = model.decode(bos, cache, jnp.zeros((batch_size,), jnp.int32))
+
+    def body(carry, key_i):
+        cache, last, pos = carry
+        tok = jax.random.categorical(key_i, jnp.where(data, last, -jnp.inf)).astype(jnp.int32)
+        logits, cache = model.decode(tok[:, None], cache, pos)
+        return (cache, logits[:, 0], pos + 1), tok
+
+    keys = jax.random.split(key, seq_len)
+    init = (cache, logits[:, 0], jnp.ones((batch_size,), jnp.int32))
+    return jax.lax.scan(body, init, keys)[1].T

@@ -1,0 +1,114 @@
+"""Per-token NELBOs and training objectives of the diffusion LM families.
+
+Dimensions: B batch, L sequence, V vocabulary. All per-token quantities are float32 [B, L] in nats;
+times ``t`` are float32 [B]. ``log_x_theta`` is :func:`processes.denoiser_log_probs` of the logits.
+
+* :func:`masked_nelbo` (MDLM, Sahoo et al. 2024, Eq. 10): ``-alpha'_t / (1 - alpha_t) *
+  (-log x_theta(x))`` on masked positions; ``= (1/t) CE`` for the log-linear schedule.
+  :func:`masked_ce` drops the weight: the cross-entropy ("low-variance") objective of Sahoo et al.
+  2026, so that ``CE loss = t * NELBO`` per sample.
+* :func:`duo_nelbo` (UDLM, Schiff et al. 2025, Eq. 18; Duo, Sahoo et al. 2025, Eq. 6): the closed
+  form for the uniform process, with ``xbar = N alpha_t x + (1 - alpha_t)``,
+  ``xbar_theta = N alpha_t x_theta + (1 - alpha_t)`` and ``i = z_t``::
+
+      -alpha'_t / (N alpha_t) * [ N / xbar_theta_i - N / xbar_i
+                                  + sum_j (xbar_j / xbar_i) log(xbar_theta_i xbar_j
+                                                                / (xbar_theta_j xbar_i)) ].
+
+* :func:`mixing_nelbo` (any process of :mod:`processes`, GIDD Thm. 3.6):
+  ``w_t(z_t, x) [KL(q_t(.|x) || q_t(.|x_theta)) + r - log r - 1]``, ``r = q_t(z_t|x) /
+  q_t(z_t|x_theta)``, ``w_t = g_t(z_t) / q_t(z_t|x)``. It equals the two closed forms above.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from algorithms.diffusion_lm.processes import Process
+
+
+def _gather(a: jax.Array, idx: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(a, idx[..., None], axis=-1)[..., 0]
+
+
+def _check(process: Process, kind: str | tuple[str, ...], where: str) -> None:
+    kinds = (kind,) if isinstance(kind, str) else kind
+    if process.kind not in kinds:
+        raise ValueError(f"{where}: needs a process of kind {kinds}, got {process.kind!r}")
+
+
+def masked_ce(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.Array
+              ) -> jax.Array:
+    """Cross-entropy ``-log x_theta(x)`` on masked positions, 0 elsewhere. float32 [B, L]."""
+    _check(process, "masked", "masked_ce")
+    ce = -_gather(log_x_theta, x)
+    return jnp.where(z_t == process.mask_id, ce, 0.0)
+
+
+def masked_weight(process: Process, t: jax.Array) -> jax.Array:
+    """The NELBO weight ``-alpha'_t / (1 - alpha_t)`` [B] (``1/t`` for MDLM's schedule)."""
+    _check(process, "masked", "masked_weight")
+    return -process.alpha_prime(t) / (1.0 - process.alpha(t))
+
+
+def masked_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.Array,
+                 t: jax.Array) -> jax.Array:
+    """MDLM's per-token continuous-time NELBO integrand at time ``t`` [B]. float32 [B, L] (>= 0)."""
+    return masked_weight(process, t)[:, None] * masked_ce(process, log_x_theta, x, z_t)
+
+
+def duo_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.Array,
+              t: jax.Array) -> jax.Array:
+    """Uniform-state per-token NELBO integrand (closed form, see the module docstring).
+
+    Returns float32 [B, L], >= 0, and exactly 0 where ``x_theta`` is the one-hot of ``x``.
+    """
+    _check(process, "uniform", "duo_nelbo")
+    n = process.num_classes
+    alpha = process.alpha(t)[:, None, None]
+    dalpha = process.alpha_prime(t)[:, None, None]
+    x_theta = jnp.exp(log_x_theta[..., :n])
+    xbar = n * alpha * jax.nn.one_hot(x, n) + (1.0 - alpha)
+    xbar_th = n * alpha * x_theta + (1.0 - alpha)
+    xbar_i, xbar_th_i = _gather(xbar, z_t)[..., None], _gather(xbar_th, z_t)[..., None]
+    log_ratio = jnp.log(xbar_th_i) - jnp.log(xbar_th) + jnp.log(xbar) - jnp.log(xbar_i)
+    inner = (n / xbar_th_i - n / xbar_i)[..., 0] + jnp.sum(xbar / xbar_i * log_ratio, axis=-1)
+    return (-dalpha / (n * alpha))[..., 0] * inner
+
+
+def _xlogy_ratio(p: jax.Array, logp: jax.Array, logq: jax.Array) -> jax.Array:
+    return jnp.where(p > 0, p * (logp - jnp.where(p > 0, logq, 0.0)), 0.0)
+
+
+def mixing_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.Array,
+                 t: jax.Array, max_weight: float | None = None) -> jax.Array:
+    """General interpolating-process NELBO integrand (GIDD form). float32 [B, L] (>= 0).
+
+    Args:
+      max_weight: clip ``w_t`` at this value (GIDD's clipped training weighting); ``None`` = the
+        true ELBO weights (always used for validation).
+    """
+    q = process.marginal(jax.nn.one_hot(x, process.vocab_size), t[:, None])       # [B, L, V]
+    q_th = process.marginal(jnp.exp(log_x_theta), t[:, None])
+    logq = jnp.log(jnp.where(q > 0, q, 1.0))
+    logq_th = jnp.log(jnp.clip(q_th, 1e-30, None))
+    kl = jnp.sum(_xlogy_ratio(q, logq, logq_th), axis=-1)
+    log_r = _gather(logq, z_t) - _gather(logq_th, z_t)
+    is_div = jnp.expm1(log_r) - log_r
+    g = _gather(process.rate_mass(t[:, None]), z_t)                                # [B, L]
+    w = g / jnp.clip(_gather(q, z_t), 1e-30, None)
+    if max_weight is not None:
+        w = jnp.minimum(w, max_weight)
+    return w * (kl + is_div)
+
+
+def ar_nll(logits: jax.Array, x: jax.Array) -> jax.Array:
+    """Per-token NLL of ``x`` [B, L] under a causal model fed ``[BOS, x_1 .. x_{L-1}]`` that
+    returned ``logits`` [B, L, V] (every one of the L tokens is predicted). float32 [B, L]."""
+    return -_gather(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), x)
+
+
+def shift_right(x: jax.Array, bos_id: int) -> jax.Array:
+    """``[BOS, x_1 .. x_{L-1}]`` for int [B, L]."""
+    return jnp.concatenate([jnp.full_like(x[:, :1], bos_id), x[:, :-1]], axis=1)

@@ -1,0 +1,219 @@
+"""Discrete forward (noising) processes of the diffusion LM families, as one interpolating family.
+
+Dimensions: B batch, L sequence, V model vocabulary (outputs), N data classes (ids ``0..N-1``;
+ids ``>= N`` such as ``[MASK]`` and ``[BOS]`` are never data).
+
+Every process here has the marginal (Sahoo et al. 2026, "Scaling Beyond Masked Diffusion Language
+Models", Sec. 2; von Rütte et al. 2025, GIDD, Eq. 1)
+
+    q_t(z | x) = alpha_t * x + beta_t * pi_t,        beta_t = 1 - alpha_t,
+
+with ``x`` one-hot (or a probability vector for the model's prediction ``x_theta``) and ``pi_t`` a
+distribution over the vocabulary:
+
+* ``masked`` (MDLM, Sahoo et al. 2024; Eso-LM's diffusion part): ``pi = [MASK]``,
+  ``alpha_t = alpha_0 * (1 - (1 - eps) t)`` (log-linear; ``alpha_0 = 1`` is MDLM);
+* ``uniform`` (UDLM / Duo, Schiff et al. 2025, Sahoo et al. 2025): ``pi = Uniform(N)``,
+  ``alpha_t = 1 - (1 - eps) t``;
+* ``gidd`` (GIDD mask <-> uniform): unnormalised weights ``a_t`` on ``x``, ``1 - a_t`` on
+  ``[MASK]`` and ``c_t`` spread uniformly, divided by ``1 + c_t``; ``a_t = 1 - (1 - eps) t``,
+  ``c_t = B sqrt(t (1 - t))`` with ``B = 2 p_u / (1 - p_u)`` so that the uniform share at ``t = 1/2``
+  is ``p_u``; ``p_u = 0`` is exactly the masked process.
+
+``beta_t pi_t`` is exposed as one vector ("prior mass") so a time-dependent ``pi_t`` (GIDD) needs
+no special case. From it follow the transition ``q(z_t | z_s) = alpha_{t|s} 1[z_t = z_s] +
+gamma_{t|s}(z_t)`` with ``gamma_{t|s} = beta_t pi_t - alpha_{t|s} beta_s pi_s``, the posterior
+``q(z_s | z_t, x)`` (Bayes) and the continuous-time NELBO weight ``w_t(z, x) = g_t(z) / q_t(z|x)``,
+``g_t = d/dt(beta_t pi_t) - (alpha'_t / alpha_t) beta_t pi_t`` (GIDD, Thm. 3.6; derived here from
+the reverse-rate form of the continuous-time ELBO), evaluated with ``jax.jvp``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+KINDS = ("masked", "uniform", "gidd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Process:
+    """A forward process (static, hashable: safe as a ``jit`` static argument).
+
+    Attributes:
+      kind: ``"masked"``, ``"uniform"`` or ``"gidd"``.
+      vocab_size: V, the model's output width.
+      num_classes: N, data ids are ``0..N-1``; the uniform prior spreads over them.
+      mask_id: the ``[MASK]`` id (``>= N``, ``< V``); required for ``masked`` and ``gidd``.
+      eps: ``alpha_1 = alpha_0 * eps`` (masked, uniform) or ``a_1 = eps`` (gidd); in (0, 1).
+      alpha0: Eso-LM's clean fraction at ``t = 0`` (masked only); in (0, 1].
+      p_uniform: GIDD's uniform share at ``t = 1/2``; in [0, 1).
+
+    Raises:
+      ValueError: an unknown kind, no mask slot in the vocabulary (``mask_id`` missing, ``< N`` or
+        ``>= V``), ``eps`` outside (0, 1), ``alpha0`` outside (0, 1], ``p_uniform`` outside [0, 1).
+    """
+
+    kind: str
+    vocab_size: int
+    num_classes: int
+    mask_id: int | None = None
+    eps: float = 1e-3
+    alpha0: float = 1.0
+    p_uniform: float = 0.0
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Process.kind={self.kind!r}: expected one of {KINDS}")
+        if not 1 <= self.num_classes <= self.vocab_size:
+            raise ValueError(f"Process: num_classes={self.num_classes} must be in "
+                             f"[1, vocab_size={self.vocab_size}]")
+        if self.kind in ("masked", "gidd"):
+            if self.mask_id is None or not self.num_classes <= self.mask_id < self.vocab_size:
+                raise ValueError(
+                    f"Process({self.kind}): the vocabulary has no mask slot: mask_id="
+                    f"{self.mask_id} must be a non-data id in [{self.num_classes}, "
+                    f"{self.vocab_size}) (data ids are 0..{self.num_classes - 1})")
+        if not 0.0 < self.eps < 1.0:
+            raise ValueError(f"Process: eps={self.eps} must be in (0, 1)")
+        if not 0.0 < self.alpha0 <= 1.0:
+            raise ValueError(f"Process: alpha0={self.alpha0} must be in (0, 1]")
+        if self.alpha0 != 1.0 and self.kind != "masked":
+            raise ValueError("Process: alpha0 != 1 (Eso-LM) is defined for kind='masked' only")
+        if not 0.0 <= self.p_uniform < 1.0:
+            raise ValueError(f"Process: p_uniform={self.p_uniform} must be in [0, 1)")
+
+    # -- schedule ---------------------------------------------------------------------------------
+
+    def _a(self, t: jax.Array) -> jax.Array:
+        return 1.0 - (1.0 - self.eps) * t
+
+    def _c(self, t: jax.Array) -> jax.Array:
+        b = 2.0 * self.p_uniform / (1.0 - self.p_uniform)
+        return b * jnp.sqrt(jnp.clip(t * (1.0 - t), 0.0, None))
+
+    def alpha(self, t: jax.Array) -> jax.Array:
+        """alpha_t (same shape as ``t``, float32); t in [0, 1]."""
+        t = jnp.asarray(t, jnp.float32)
+        if self.kind == "gidd":
+            return self._a(t) / (1.0 + self._c(t))
+        return self.alpha0 * self._a(t)
+
+    def alpha_prime(self, t: jax.Array) -> jax.Array:
+        """d alpha_t / dt (same shape as ``t``)."""
+        t = jnp.asarray(t, jnp.float32)
+        return jax.jvp(self.alpha, (t,), (jnp.ones_like(t),))[1]
+
+    def sigma(self, t: jax.Array) -> jax.Array:
+        """Noise level ``-log alpha_t`` (the time conditioning of Duo / GIDD)."""
+        return -jnp.log(self.alpha(t))
+
+    def prior_mass(self, t: jax.Array) -> jax.Array:
+        """``beta_t pi_t``: float32 [..., V] for ``t`` [...]; sums to ``1 - alpha_t``."""
+        t = jnp.asarray(t, jnp.float32)[..., None]
+        ids = jnp.arange(self.vocab_size)
+        is_data = (ids < self.num_classes).astype(jnp.float32)
+        if self.kind == "uniform":
+            return (1.0 - self.alpha(t)) * is_data / self.num_classes
+        is_mask = (ids == self.mask_id).astype(jnp.float32)
+        if self.kind == "masked":
+            return (1.0 - self.alpha(t)) * is_mask
+        c = self._c(t)
+        return ((1.0 - self._a(t)) * is_mask + c * is_data / self.num_classes) / (1.0 + c)
+
+    def rate_mass(self, t: jax.Array) -> jax.Array:
+        """``g_t = d/dt(beta_t pi_t) - (alpha'_t / alpha_t) beta_t pi_t`` [..., V] (>= 0): the
+        forward jump rate into each state."""
+        t = jnp.asarray(t, jnp.float32)
+        mass, dmass = jax.jvp(self.prior_mass, (t,), (jnp.ones_like(t),))
+        return dmass - (self.alpha_prime(t) / self.alpha(t))[..., None] * mass
+
+    # -- distributions ----------------------------------------------------------------------------
+
+    def marginal(self, x_probs: jax.Array, t: jax.Array) -> jax.Array:
+        """``q_t(. | x)`` [..., V] for ``x_probs`` [..., V] (one-hot or a distribution), ``t`` [...]
+        broadcastable to ``x_probs.shape[:-1]``."""
+        t = jnp.asarray(t, jnp.float32)
+        return self.alpha(t)[..., None] * x_probs + self.prior_mass(t)
+
+    def posterior(self, z_t: jax.Array, x_probs: jax.Array, s: jax.Array, t: jax.Array
+                  ) -> jax.Array:
+        """``q(z_s | z_t, x)`` [..., V] for s < t: ``q(z_t | z_s) q_s(z_s | x) / q_t(z_t | x)``.
+
+        With the model's ``x_theta`` in place of ``x`` this is the ancestral sampler's reverse step
+        (MDLM Eq. 7 for the masked process; Duo's exact posterior for the uniform one).
+
+        Args:
+          z_t: int [...] current states.
+          x_probs: float [..., V].
+          s, t: float, broadcastable to ``z_t.shape``; ``0 <= s < t <= 1``.
+        """
+        s = jnp.broadcast_to(jnp.asarray(s, jnp.float32), z_t.shape)
+        t = jnp.broadcast_to(jnp.asarray(t, jnp.float32), z_t.shape)
+        a_ts = self.alpha(t) / self.alpha(s)
+        gamma = self.prior_mass(t) - a_ts[..., None] * self.prior_mass(s)   # [..., V] over z_t
+        gamma_zt = jnp.take_along_axis(gamma, z_t[..., None], axis=-1)      # [..., 1]
+        onehot = jax.nn.one_hot(z_t, self.vocab_size, dtype=jnp.float32)
+        trans = a_ts[..., None] * onehot + gamma_zt
+        joint = jnp.clip(trans, 0.0, None) * self.marginal(x_probs, s)
+        return joint / jnp.clip(joint.sum(-1, keepdims=True), 1e-30, None)
+
+    def sample(self, key: jax.Array, x: jax.Array, t: jax.Array) -> jax.Array:
+        """Draws ``z_t ~ q_t(. | x)`` for int tokens ``x`` [B, L] and times ``t`` [B]. int32 [B, L]."""
+        t = jnp.asarray(t, jnp.float32)[:, None]
+        if self.kind == "masked":
+            keep = jax.random.uniform(key, x.shape) < self.alpha(t)
+            return jnp.where(keep, x, self.mask_id).astype(jnp.int32)
+        if self.kind == "uniform":
+            k1, k2 = jax.random.split(key)
+            keep = jax.random.uniform(k1, x.shape) < self.alpha(t)
+            noise = jax.random.randint(k2, x.shape, 0, self.num_classes)
+            return jnp.where(keep, x, noise).astype(jnp.int32)
+        probs = self.marginal(jax.nn.one_hot(x, self.vocab_size), t)
+        return jax.random.categorical(key, jnp.log(probs)).astype(jnp.int32)
+
+    def prior_sample(self, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+        """``z_1`` from the limit distribution: all ``[MASK]`` (masked, gidd up to ``eps``) or
+        uniform data ids (uniform). int32 ``shape``."""
+        if self.kind == "uniform":
+            return jax.random.randint(key, shape, 0, self.num_classes).astype(jnp.int32)
+        return jnp.full(shape, self.mask_id, jnp.int32)
+
+
+def antithetic_times(key: jax.Array, batch_size: int, t_min: float = 1e-3,
+                     t_max: float = 1.0) -> jax.Array:
+    """Stratified ("antithetic", MDLM Sec. 3.5) diffusion times: one uniform offset ``u``, then
+    ``t_i = t_min + (t_max - t_min) * ((u + i / B) mod 1)``: exactly one time per stratum of width
+    ``1/B``. float32 [B].
+
+    Raises:
+      ValueError: ``batch_size < 1`` or not ``0 <= t_min < t_max <= 1``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"antithetic_times: batch_size={batch_size} must be >= 1")
+    if not 0.0 <= t_min < t_max <= 1.0:
+        raise ValueError(f"antithetic_times: need 0 <= t_min < t_max <= 1, got {t_min}, {t_max}")
+    u = jax.random.uniform(key, ())
+    frac = jnp.mod(u + jnp.arange(batch_size, dtype=jnp.float32) / batch_size, 1.0)
+    return t_min + (t_max - t_min) * frac
+
+
+def denoiser_log_probs(process: Process, logits: jax.Array, z_t: jax.Array) -> jax.Array:
+    """``log x_theta`` [B, L, V] float32 from raw logits: non-data ids (``[MASK]``, ``[BOS]``) get
+    probability 0 (the "mask logit forced off"); for the masked process an unmasked ``z_t`` is
+    carried over (``x_theta = onehot(z_t)``, MDLM's SUBS parametrisation)."""
+    ids = jnp.arange(process.vocab_size)
+    logits = jnp.where(ids < process.num_classes, logits.astype(jnp.float32), -jnp.inf)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    if process.kind == "masked":
+        carry = jnp.where(ids == z_t[..., None], 0.0, -jnp.inf)
+        logp = jnp.where((z_t != process.mask_id)[..., None], carry, logp)
+    return logp
+
+
+def nats_to_bpb(nats_per_token: float, bytes_per_token: float = 1.0) -> float:
+    """Nats per token -> bits per byte."""
+    return nats_per_token / math.log(2.0) / bytes_per_token

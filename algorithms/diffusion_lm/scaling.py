@@ -1,0 +1,153 @@
+"""IsoFLOP scaling-law fits (Hoffmann et al. 2022, "Chinchilla", Approach 2; as used by Sahoo et
+al. 2026, Sec. 4).
+
+Dimensions: S model sizes per budget, K budgets, R bootstrap replicates.
+
+For each compute budget C (FLOPs, ``C = 3 F_fwd tokens``) the losses of S model sizes N (parameters)
+are fitted by a parabola in ``log N``; its vertex gives the compute-optimal size ``N*(C)`` and loss
+``L*(C)``. Across budgets, ``N*(C) = k C^a`` and ``L*(C) = A C^-b`` are fitted by least squares in
+log-log space. Two loss frontiers give the compute ratio at equal loss: the ``C'`` at which family 1
+reaches family 2's ``L*(C)``, ``C' / C = (A_1 / L*_2(C))^(1/b_1) / C``. Uncertainty comes from a
+parametric bootstrap that perturbs every measured loss by its standard error.
+
+Pure NumPy (host-side analysis of a few dozen numbers); no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class IsoFlopFit:
+    """Result of :func:`fit_isoflop`.
+
+    Attributes:
+      budgets: [K] FLOPs.
+      n_opt: [K] compute-optimal parameter counts (parabola vertices, clipped to the sampled range).
+      loss_opt: [K] losses at the vertices.
+      concave: [K] bool, True where the parabola opened downward (vertex replaced by the best
+        measured size).
+      exponent: a in ``N* = k C^a``.
+      coef: k.
+      loss_exponent: b in ``L* = A C^-b``.
+      loss_coef: A.
+    """
+
+    budgets: np.ndarray
+    n_opt: np.ndarray
+    loss_opt: np.ndarray
+    concave: np.ndarray
+    exponent: float
+    coef: float
+    loss_exponent: float
+    loss_coef: float
+
+    def loss_at(self, c: np.ndarray | float) -> np.ndarray:
+        """Frontier loss ``A C^-b``."""
+        return self.loss_coef * np.asarray(c, np.float64) ** (-self.loss_exponent)
+
+    def compute_for_loss(self, loss: np.ndarray | float) -> np.ndarray:
+        """Inverse of :meth:`loss_at`: the FLOPs at which the frontier reaches ``loss``."""
+        return (self.loss_coef / np.asarray(loss, np.float64)) ** (1.0 / self.loss_exponent)
+
+
+def parabola_vertex(log_n: np.ndarray, loss: np.ndarray) -> tuple[float, float, bool]:
+    """Least-squares ``loss = a x^2 + b x + c`` in ``x = log N``; returns (x*, loss(x*), concave).
+
+    The vertex is clipped to the sampled range; a concave fit (a <= 0) returns the best measured
+    point and ``concave = True``.
+
+    Raises:
+      ValueError: fewer than 3 points or mismatched shapes.
+    """
+    log_n, loss = np.asarray(log_n, np.float64), np.asarray(loss, np.float64)
+    if log_n.shape != loss.shape or log_n.ndim != 1 or log_n.size < 3:
+        raise ValueError(f"parabola_vertex: need >= 3 matching points, got shapes {log_n.shape}, "
+                         f"{loss.shape}")
+    a, b, c = np.polyfit(log_n, loss, 2)
+    if a <= 0:
+        i = int(np.argmin(loss))
+        return float(log_n[i]), float(loss[i]), True
+    x = float(np.clip(-b / (2 * a), log_n.min(), log_n.max()))
+    return x, float(a * x * x + b * x + c), False
+
+
+def power_law(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares fit ``y = k x^a`` in log-log space; returns (a, k).
+
+    Raises:
+      ValueError: fewer than 2 points or non-positive values.
+    """
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if x.size < 2 or x.shape != y.shape or np.any(x <= 0) or np.any(y <= 0):
+        raise ValueError(f"power_law: need >= 2 matching positive points, got {x}, {y}")
+    a, logk = np.polyfit(np.log(x), np.log(y), 1)
+    return float(a), float(np.exp(logk))
+
+
+def fit_isoflop(budgets: Sequence[float], sizes: np.ndarray, losses: np.ndarray) -> IsoFlopFit:
+    """Chinchilla Approach 2 on a grid.
+
+    Args:
+      budgets: [K] FLOPs.
+      sizes: [S] parameter counts (the same sizes at every budget) or [K, S].
+      losses: [K, S] validation losses (e.g. NELBO in nats per token).
+
+    Raises:
+      ValueError: shapes disagree, fewer than 2 budgets or 3 sizes.
+    """
+    budgets = np.asarray(budgets, np.float64)
+    losses = np.asarray(losses, np.float64)
+    sizes = np.broadcast_to(np.asarray(sizes, np.float64), losses.shape)
+    if losses.ndim != 2 or losses.shape[0] != budgets.size or budgets.size < 2:
+        raise ValueError(f"fit_isoflop: losses {losses.shape} must be [K>=2, S>=3] with K = "
+                         f"{budgets.size} budgets")
+    verts = [parabola_vertex(np.log(sizes[k]), losses[k]) for k in range(budgets.size)]
+    n_opt = np.exp([v[0] for v in verts])
+    loss_opt = np.array([v[1] for v in verts])
+    a, k = power_law(budgets, n_opt)
+    neg_b, big_a = power_law(budgets, loss_opt)
+    return IsoFlopFit(budgets, n_opt, loss_opt, np.array([v[2] for v in verts]), a, k, -neg_b,
+                      big_a)
+
+
+def matched_compute_ratio(fit_1: IsoFlopFit, fit_2: IsoFlopFit, budgets: np.ndarray | None = None
+                          ) -> float:
+    """``C_1 / C_2`` at equal frontier loss, geometric mean over ``budgets`` (default: fit_2's):
+    < 1 means family 1 needs fewer FLOPs than family 2 for the same loss."""
+    c2 = fit_2.budgets if budgets is None else np.asarray(budgets, np.float64)
+    c1 = fit_1.compute_for_loss(fit_2.loss_at(c2))
+    return float(np.exp(np.mean(np.log(c1 / c2))))
+
+
+def bootstrap_ratio(budgets: Sequence[float], sizes: np.ndarray, losses_1: np.ndarray,
+                    se_1: np.ndarray, losses_2: np.ndarray, se_2: np.ndarray, *,
+                    num_samples: int = 1000, seed: int = 0) -> dict[str, float]:
+    """:func:`matched_compute_ratio` with a parametric bootstrap over the measured losses.
+
+    Each replicate adds independent Gaussian noise with the given standard errors ([K, S] each) to
+    both loss grids and refits everything. Returns ``ratio`` (point estimate), ``median``, ``lo``
+    and ``hi`` (16th / 84th percentiles: a 68% interval) and ``std`` of the replicates.
+    """
+    rng = np.random.default_rng(seed)
+    point = matched_compute_ratio(fit_isoflop(budgets, sizes, losses_1),
+                                  fit_isoflop(budgets, sizes, losses_2))
+    reps = []
+    for _ in range(num_samples):
+        l1 = losses_1 + rng.standard_normal(np.shape(losses_1)) * se_1
+        l2 = losses_2 + rng.standard_normal(np.shape(losses_2)) * se_2
+        try:
+            r = matched_compute_ratio(fit_isoflop(budgets, sizes, l1),
+                                      fit_isoflop(budgets, sizes, l2))
+        except (ValueError, FloatingPointError):
+            continue
+        if np.isfinite(r):
+            reps.append(r)
+    reps = np.asarray(reps)
+    return {"ratio": point, "median": float(np.median(reps)),
+            "lo": float(np.percentile(reps, 16)), "hi": float(np.percentile(reps, 84)),
+            "std": float(np.std(reps)), "replicates": int(reps.size)}
