@@ -33,6 +33,10 @@ def base() -> ml_collections.ConfigDict:
 
 VARIANTS = {
     "tiny": {},
+    # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    "smoke": {"steps": 4, "log_every": 2, "checkpoint_every": 2, "eval_windows": 4, "sample_len": 8,
+              "batch_size": 4, "seq_len": 32, "model.d_model": 32, "model.num_layers": 1,
+              "model.num_heads": 2, "model.num_kv_heads": 1, "model.max_len": 64},
     "paper": {
         "model.d_model": 768, "model.num_layers": 12, "model.num_heads": 12,
         "model.num_kv_heads": 4, "model.max_len": 1024, "seq_len": 1024, "batch_size": 256,
