@@ -1,0 +1,1 @@
+"""EntroKV: attention-entropy per-head KV budgets with SnapKV-style token selection."""

@@ -1,0 +1,101 @@
+"""A budgeted KV cache for :meth:`models.transformer.Transformer.decode`, and prompt statistics.
+
+Dimensions: B batch, K kv heads, H query heads, P prompt tokens, S cache slots, D head dim,
+L layers.
+
+:class:`BudgetedKVCache` is the dense cache plus a keep mask ``[B, K, S]``: evicted prompt slots
+are masked out of attention, new tokens are always kept. It measures the quality of a budget
+(which tokens each head may see) exactly; the memory saving itself would come from compacting the
+kept slots, which this reference does not do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from algorithms.kv_budget import entrokv
+from models import kv_cache as kvc
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetedKVCache:
+    """Dense ``[B, K, S, D]`` cache with a per-head keep mask (see the module docstring)."""
+
+    def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
+        cache = kvc.DenseKVCache().init(batch_size, max_len, num_kv_heads, head_dim, dtype)
+        cache["keep"] = jnp.ones((batch_size, num_kv_heads, max_len), bool)
+        return cache
+
+    def update(self, layer_cache, k, v, start):
+        new = kvc.DenseKVCache().update({"k": layer_cache["k"], "v": layer_cache["v"]}, k, v, start)
+        return {**new, "keep": layer_cache["keep"]}
+
+    def attend(self, layer_cache, q, start):
+        s = layer_cache["k"].shape[2]
+        mask = kvc.causal_cache_mask(start, q.shape[2], s) & layer_cache["keep"][:, :, None, None, :]
+        return kvc.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
+
+
+def with_keep(cache: list[dict], keep: list[jax.Array]) -> list[dict]:
+    """Installs keep masks bool [B, K, P] (one per layer) on the first P slots of each layer."""
+    out = []
+    for layer, m in zip(cache, keep, strict=True):
+        full = layer["keep"].at[:, :, :m.shape[2]].set(m)
+        out.append({**layer, "keep": full})
+    return out
+
+
+def prompt_queries_keys(model, tokens: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
+    """Per layer (q [B, H, P, D], k [B, K, P, D]) of a causal, unconditioned transformer on
+    ``tokens`` [B, P] (RoPE applied), from the same computation as its forward pass."""
+    b, p = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    mask = jnp.tril(jnp.ones((p, p), bool))[None]
+    x = model.embed(tokens)
+    out = []
+    for block in model.blocks:
+        q, k, _ = block.attn.qkv(block.norm1(x), positions)
+        out.append((q, k))
+        x = block(x, positions, mask)
+    return out
+
+
+def budgets_and_keep(qk: list[tuple[jax.Array, jax.Array]], cfg: entrokv.EntroKVConfig,
+                     fraction: float, method: str) -> tuple[jax.Array, list[jax.Array]]:
+    """Budgets over all layers x kv heads (jointly) and SnapKV keep masks.
+
+    Args:
+      qk: from :func:`prompt_queries_keys`.
+      fraction: budget as a fraction of the prompt, per head on average (0, 1].
+      method: ``"entrokv"`` (entropy-proportional) or ``"uniform"`` (SnapKV).
+
+    Returns:
+      (budgets int32 [B, L * K], keep masks: L arrays bool [B, K, P]).
+
+    Raises:
+      ValueError: unknown method, fraction out of range, or a total below one slot per head.
+    """
+    if method not in ("entrokv", "uniform"):
+        raise ValueError(f"budgets_and_keep: unknown method {method!r}")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"budgets_and_keep: fraction={fraction} must be in (0, 1]")
+    b, kh, p, _ = qk[0][1].shape
+    nl = len(qk)
+    per_head = max(1, round(fraction * p))
+    total = per_head * nl * kh
+    probs = [entrokv.observation_probs(q, k, cfg.window) for q, k in qk]
+    ent = jnp.concatenate([entrokv.head_entropy(pr, valid) for pr, valid in probs], axis=1)
+    if method == "entrokv":
+        scores = entrokv.blend_scores(ent, cfg)
+        budgets = jax.vmap(lambda s: entrokv.allocate_budgets(s, total, cfg.min_budget, p))(scores)
+    else:
+        budgets = jnp.broadcast_to(entrokv.uniform_budgets(nl * kh, total, p), (b, nl * kh))
+    keep = []
+    for i, (pr, _) in enumerate(probs):
+        votes = entrokv.snapkv_votes(pr.sum(axis=2), cfg.window, cfg.pool)  # [B, K, P]
+        bud = budgets[:, i * kh:(i + 1) * kh]
+        keep.append(jax.vmap(entrokv.select_tokens)(votes, bud))
+    return budgets, keep

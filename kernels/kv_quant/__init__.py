@@ -1,0 +1,1 @@
+"""Quantized KV cache: QVG (k-means smoothing + progressive residual quantization) and KIVI."""

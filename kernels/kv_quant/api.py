@@ -1,0 +1,284 @@
+"""Quantized KV-cache backends for :meth:`models.transformer.Transformer.decode` (QVG, KIVI).
+
+Dimensions: B batch, K kv heads, H = G * K query heads, T new tokens, D head dim, N chunk tokens,
+NC chunks, SP = NC * N padded slots, R = G * T query rows per kv head.
+
+Both caches are streaming: the current, incomplete chunk of N tokens is held in full precision (the
+"window"); when it fills, it is quantized as a whole (QVG: k-means smoothing + residual INTn per
+chunk, Quant VideoGen Sec. 3.4's chunk-wise policy; KIVI: the residual of R tokens, Sec. 4.2) and
+a new window starts. Attention is the log-sum-exp merge of attention over the quantized chunks and
+over the window. QVG stores keys before RoPE (Sec. 3) and re-rotates them to their slot positions
+when attending; KIVI stores post-RoPE keys like the original.
+
+``attend`` over the QVG chunks dispatches (``implementation=``) to the jnp reference
+(``"reference"``, the CPU default), the Pallas TPU kernel (``"pallas_tpu"``) or the Pallas GPU
+kernel (``"pallas_gpu"``); ``"auto"`` picks by the default backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kernels.kv_quant import reference as ref
+from kernels.kv_quant.reference import KIVIConfig, QVGConfig
+
+IMPLEMENTATIONS = ("auto", "reference", "pallas_tpu", "pallas_gpu")
+
+
+def resolve_implementation(implementation: str) -> str:
+    """``"auto"`` -> Pallas on TPU / GPU, the jnp reference elsewhere.
+
+    Raises:
+      ValueError: unknown name.
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {implementation!r}; expected {IMPLEMENTATIONS}")
+    if implementation != "auto":
+        return implementation
+    platform = jax.default_backend()
+    return {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(platform, "reference")
+
+
+def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, cfg: QVGConfig,
+                        start: jax.Array, num_quantized: jax.Array, num_new: int,
+                        rope_base: float | None, implementation: str = "auto"
+                        ) -> tuple[jax.Array, jax.Array]:
+    """Attention of query rows over QVG-quantized chunks, dequantizing on the fly.
+
+    Args:
+      q: [B, K, R, D] with R = G * T (row r is query head r // T of the group, new token r % T).
+      k_code, v_code: :class:`~kernels.kv_quant.reference.QVGCode` with fields [B, K, NC, ...].
+      cfg: the QVG config the codes were made with.
+      start: int32 [B]; row r of batch b sits at position start[b] + r % T.
+      num_quantized: int32 [B]; slots below it are quantized (the rest are ignored here).
+      num_new: T.
+      rope_base: RoPE base if keys were stored before RoPE, else None.
+      implementation: see :func:`resolve_implementation`.
+
+    Returns:
+      (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
+    """
+    impl = resolve_implementation(implementation)
+    if impl == "reference":
+        nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
+        valid = _quantized_mask(start, num_quantized, q.shape[2], num_new, nc * n)
+        return ref.qvg_chunk_attention_reference(q, k_code, v_code, cfg.bits, valid, rope_base)
+    if impl == "pallas_tpu":
+        from kernels.kv_quant import pallas_tpu
+        return pallas_tpu.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized,
+                                              num_new, rope_base)
+    from kernels.kv_quant import pallas_gpu
+    return pallas_gpu.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized, num_new,
+                                          rope_base)
+
+
+def _quantized_mask(start, num_quantized, rows, t, slots):
+    pos = start[:, None] + jnp.arange(rows) % t  # [B, R]
+    s = jnp.arange(slots)
+    return ((s[None, None, :] < num_quantized[:, None, None])
+            & (s[None, None, :] <= pos[:, :, None]))[:, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkedQuantCache:
+    """Shared streaming logic; subclasses define the chunk quantizer and the quantized attention."""
+
+    def _chunk(self) -> int:
+        raise NotImplementedError
+
+    def _check(self, head_dim: int) -> None:
+        raise NotImplementedError
+
+    def _quantize(self, x: jax.Array, key: jax.Array, is_key: bool) -> Any:
+        raise NotImplementedError
+
+    def _pre_rope(self) -> bool:
+        return False
+
+    def _quantize_pair(self, quant, xk, xv, keys):
+        return quant(xk, keys, True), quant(xv, keys, False)
+
+    def _rope_base(self) -> float:
+        return 10_000.0
+
+    # -- protocol -------------------------------------------------------------------------------
+
+    def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
+        self._check(head_dim)
+        n = self._chunk()
+        nc = -(-max_len // n)
+        proto = jnp.zeros((n, head_dim), jnp.float32)
+        empty = {}
+        for name, is_key in (("k", True), ("v", False)):
+            shapes = jax.eval_shape(lambda x, ik=is_key: self._quantize(x, jax.random.key(0), ik),
+                                    proto)
+            empty[name] = jax.tree.map(
+                lambda s: jnp.zeros((batch_size, num_kv_heads, nc) + s.shape, s.dtype), shapes)
+        window = jnp.zeros((batch_size, num_kv_heads, n, head_dim), dtype)
+        return {"k": empty["k"], "v": empty["v"], "wk": window, "wv": window}
+
+    def update(self, layer_cache, k, v, start):
+        b, kh, t, d = k.shape
+        n = self._chunk()
+        start = start.astype(jnp.int32)
+        first = start // n  # chunk index of the window
+        off = start - first * n
+        nj = (n + t) // n  # static: chunks that can complete in this call
+        n_full = (start + t) // n - first  # [B] chunks completed now
+
+        def buffer(w, new, o):  # w [K, N, D], new [K, T, D] -> [K, (nj + 1) N, D]
+            buf = jnp.zeros((kh, (nj + 1) * n, d), w.dtype).at[:, :n].set(w)
+            return jax.lax.dynamic_update_slice(buf, new.astype(w.dtype), (0, o, 0))
+
+        bufk = jax.vmap(buffer)(layer_cache["wk"], k, off)
+        bufv = jax.vmap(buffer)(layer_cache["wv"], v, off)
+
+        def quantize_completed(stores):
+            sk, sv = stores
+            xk = bufk[:, :, :nj * n].astype(jnp.float32)
+            if self._pre_rope():
+                xk = ref.rope_slots(xk, self._rope_base(), first * n, sign=-1)
+            xk = xk.reshape(b, kh, nj, n, d)
+            xv = bufv[:, :, :nj * n].astype(jnp.float32).reshape(b, kh, nj, n, d)
+            base = jax.random.key(getattr(self, "seed", 0))
+            chunk_id = first[:, None, None] + jnp.arange(nj)[None, None, :]  # [B, 1, nj]
+            head_id = jnp.arange(kh)[None, :, None]
+            keys = jax.vmap(jax.vmap(jax.vmap(lambda c, h: jax.random.fold_in(
+                jax.random.fold_in(base, c), h))))(
+                jnp.broadcast_to(chunk_id, (b, kh, nj)), jnp.broadcast_to(head_id, (b, kh, nj)))
+            quant = jax.vmap(jax.vmap(jax.vmap(self._quantize, (0, 0, None)), (0, 0, None)),
+                             (0, 0, None))
+            ck, cv = self._quantize_pair(quant, xk, xv, keys)
+            for j in range(nj):
+                ok = j < n_full  # [B]
+                sk = _masked_chunk_write(sk, ck, j, first + j, ok)
+                sv = _masked_chunk_write(sv, cv, j, first + j, ok)
+            return sk, sv
+
+        sk, sv = jax.lax.cond(jnp.any(n_full > 0), quantize_completed, lambda s: s,
+                              (layer_cache["k"], layer_cache["v"]))
+
+        def new_window(buf, m):
+            return jax.lax.dynamic_slice_in_dim(buf, m * n, n, axis=1)
+
+        return {"k": sk, "v": sv, "wk": jax.vmap(new_window)(bufk, n_full),
+                "wv": jax.vmap(new_window)(bufv, n_full)}
+
+    def attend(self, layer_cache, q, start):
+        b, h, t, d = q.shape
+        kh = layer_cache["wk"].shape[1]
+        n = self._chunk()
+        start = start.astype(jnp.int32)
+        length = start + t
+        nq = (length // n) * n  # [B] quantized slots
+        qr = q.reshape(b, kh, (h // kh) * t, d)
+        o1, l1 = self._attend_quantized(qr, layer_cache, start, nq, t)
+        rows = qr.shape[2]
+        pos = start[:, None] + jnp.arange(rows) % t  # [B, R]
+        slot = nq[:, None] + jnp.arange(n)  # [B, N]
+        valid = (slot[:, None, :] <= pos[:, :, None])[:, None]
+        o2, l2 = ref.partial_attention(qr, layer_cache["wk"], layer_cache["wv"], valid)
+        out = ref.merge_partials(o1, l1, o2, l2)
+        return out.reshape(b, h, t, d).astype(q.dtype)
+
+
+def _masked_chunk_write(store, codes, j, index, ok):
+    """store fields [B, K, NC, ...] <- codes fields [B, K, nj, ...][:, :, j] at chunk ``index[b]``
+    for the rows where ``ok[b]``."""
+    def write_row(st, cd, idx, okb):
+        def leaf(s, c):  # s [K, NC, ...], c [K, nj, ...]
+            old = jax.lax.dynamic_index_in_dim(s, idx, axis=1, keepdims=False)
+            new = jnp.where(okb, c[:, j], old)
+            return jax.lax.dynamic_update_index_in_dim(s, new, idx, axis=1)
+        return jax.tree.map(leaf, st, cd)
+
+    return jax.vmap(write_row)(store, codes, index, ok)
+
+
+@dataclasses.dataclass(frozen=True)
+class QVGCache(_ChunkedQuantCache):
+    """QVG-quantized KV cache backend (``get_backend("qvg", config=..., ...)``).
+
+    Attributes:
+      config: :class:`QVGConfig` (bits, stages, block, centroids, chunk, k-means iterations).
+      rope_base: the model's RoPE base (keys are stored before RoPE when ``config.pre_rope``).
+      implementation: quantized attention path, see :func:`resolve_implementation`.
+      seed: k-means++ seeding (folded with chunk and head indices).
+    """
+
+    config: QVGConfig = QVGConfig()
+    rope_base: float = 10_000.0
+    implementation: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self):
+        resolve_implementation(self.implementation)
+
+    def _chunk(self):
+        return self.config.chunk
+
+    def _check(self, head_dim):
+        self.config.check_head_dim(head_dim)
+
+    def _pre_rope(self):
+        return self.config.pre_rope
+
+    def _rope_base(self):
+        return self.rope_base
+
+    def _quantize(self, x, key, is_key):
+        del is_key
+        return ref.qvg_quantize_chunk(x, self.config, key)
+
+    def _quantize_pair(self, quant, xk, xv, keys):
+        # One batched quantizer for keys and values (same method): half the compiled graph.
+        both = quant(jnp.concatenate([xk, xv], axis=0),
+                     jnp.concatenate([keys, jax.vmap(jax.vmap(jax.vmap(
+                         lambda k: jax.random.fold_in(k, 1))))(keys)], axis=0), True)
+        b = xk.shape[0]
+        return jax.tree.map(lambda a: a[:b], both), jax.tree.map(lambda a: a[b:], both)
+
+    def _attend_quantized(self, qr, layer_cache, start, nq, t):
+        rope = self.rope_base if self.config.pre_rope else None
+        return qvg_chunk_attention(qr, layer_cache["k"], layer_cache["v"], self.config, start, nq,
+                                   t, rope, self.implementation)
+
+
+@dataclasses.dataclass(frozen=True)
+class KIVICache(_ChunkedQuantCache):
+    """KIVI KV cache backend (``get_backend("kivi", config=KIVIConfig(...))``): keys per channel,
+    values per token, asymmetric INTn, the last ``residual`` (up to) tokens in full precision.
+    Attention over the quantized part is dequantize-then-dense (jnp)."""
+
+    config: KIVIConfig = KIVIConfig()
+
+    def _chunk(self):
+        return self.config.chunk
+
+    def _check(self, head_dim):
+        self.config.check_head_dim(head_dim)
+
+    def _quantize(self, x, key, is_key):
+        del key
+        return ref.kivi_quantize_chunk(x, self.config, per_channel=is_key)
+
+    def _attend_quantized(self, qr, layer_cache, start, nq, t):
+        def deq(code, per_channel):
+            b, kh, nc = code.codes.shape[:3]
+            flat = jax.tree.map(lambda a: a.reshape(b * kh * nc, *a.shape[3:]), code)
+            x = jax.vmap(lambda c: ref.kivi_dequantize_chunk(c, self.config, per_channel))(flat)
+            return x.reshape(b, kh, nc * x.shape[1], x.shape[2])
+
+        k = deq(layer_cache["k"], True)
+        v = deq(layer_cache["v"], False)
+        valid = _quantized_mask(start, nq, qr.shape[2], t, k.shape[2])
+        return ref.partial_attention(qr, k, v, valid)
+
+
+def cache_bytes(layer_caches: list[Any]) -> int:
+    """Bytes held by a list of per-layer caches (every leaf, windows included)."""
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(layer_caches)))

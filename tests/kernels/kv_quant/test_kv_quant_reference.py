@@ -1,0 +1,169 @@
+"""Tests of the QVG / KIVI jnp specification and the quantized-cache backends."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels.kv_quant import api
+from kernels.kv_quant import reference as ref
+from models import kv_cache as kvc
+
+
+def test_kmeans_objective_never_increases_and_finds_separated_clusters():
+    key = jax.random.key(0)
+    centers = jnp.array([[0.0, 0.0], [20.0, 0.0], [0.0, 20.0]])
+    lab = jnp.repeat(jnp.arange(3), 30)
+    x = centers[lab] + jax.random.uniform(key, (90, 2), minval=-1.0, maxval=1.0)
+    c, a, objs = jax.jit(ref.kmeans, static_argnums=(1, 2))(x, 3, 6, jax.random.key(3))
+    assert np.all(np.diff(np.asarray(objs)) <= 1e-3)
+    # The optimum of well-separated clusters: each centroid is its cluster's mean.
+    means = jax.ops.segment_sum(x, lab, 3) / 30.0
+    order = np.argsort(np.asarray(c[:, 0] + 2 * c[:, 1]))
+    chex.assert_trees_all_close(c[order], means[np.argsort(np.asarray(means[:, 0] + 2 * means[:, 1]))],
+                                atol=1e-4)
+    assert len(np.unique(np.asarray(a)[lab == 0])) == 1
+    optimum = float(jnp.sum((x - means[lab]) ** 2))
+    np.testing.assert_allclose(float(objs[-1]), optimum, rtol=1e-5)
+
+
+def test_lloyd_step_from_bad_start_decreases_objective():
+    x = jax.random.normal(jax.random.key(1), (64, 4))
+    c = x[:8] + 3.0
+    prev = float(ref.kmeans_objective(x, c, jnp.argmin(ref._sq_dists(x, c), -1)))
+    for _ in range(4):
+        c, _ = ref.lloyd_step(x, c)
+        obj = float(ref.kmeans_objective(x, c, jnp.argmin(ref._sq_dists(x, c), -1)))
+        assert obj <= prev + 1e-4
+        prev = obj
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_pack_unpack_invertible(bits):
+    codes = jax.random.randint(jax.random.key(bits), (5, 3, 16), 0, 2 ** bits).astype(jnp.uint8)
+    packed = ref.pack_codes(codes, bits)
+    assert packed.shape == (5, 3, 16 * bits // 8) and packed.dtype == jnp.uint8
+    np.testing.assert_array_equal(ref.unpack_codes(packed, bits), codes)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_symmetric_codes_in_range_and_error_bounded(bits):
+    x = jax.random.normal(jax.random.key(0), (32, 16)) * 3.0
+    packed, scales = ref.quantize_symmetric(x, bits, 8)
+    assert scales.dtype == jnp.float8_e4m3fn and scales.shape == (32, 2)
+    codes = np.asarray(ref.unpack_codes(packed, bits)).astype(int) - 2 ** (bits - 1)
+    qmax = 2 ** (bits - 1) - 1
+    assert codes.min() >= -qmax and codes.max() <= qmax  # INT2 uses {-1, 0, 1}
+    x_hat = ref.dequantize_symmetric(packed, scales, bits)
+    s = np.repeat(np.asarray(scales.astype(jnp.float32)), 8, axis=-1)
+    amax = np.repeat(np.abs(np.asarray(x)).reshape(32, 2, 8).max(-1), 8, axis=-1)
+    # Rounding error <= s/2 inside the range, plus the clip when e4m3 rounded the scale down.
+    bound = s / 2 + np.maximum(amax - qmax * s, 0) + 1e-6
+    assert np.all(np.abs(np.asarray(x_hat) - np.asarray(x)) <= bound)
+
+
+def test_qvg_roundtrip_exact_when_residual_is_zero():
+    protos = jnp.round(jax.random.normal(jax.random.key(0), (4, 16)) * 8) / 8  # bf16-exact
+    x = protos[jax.random.randint(jax.random.key(1), (32,), 0, 4)].at[:4].set(protos)
+    cfg = ref.QVGConfig(bits=2, stages=1, block=8, num_centroids=4, chunk=32, kmeans_iters=5)
+    code = ref.qvg_quantize(x[None], cfg, jax.random.key(2))
+    assert code.assign.dtype == jnp.uint8 and code.centroids.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(ref.qvg_dequantize(code, cfg)[0], x)
+
+
+def test_more_stages_reduce_error():
+    x = jax.random.normal(jax.random.key(0), (2, 128, 16))
+    errs = []
+    for stages in (0, 1, 4):
+        cfg = ref.QVGConfig(bits=2, stages=stages, block=16, num_centroids=8, chunk=64,
+                            kmeans_iters=5)
+        errs.append(float(jnp.linalg.norm(ref.qvg_roundtrip(x, cfg, jax.random.key(1)) - x)))
+    assert errs[0] > errs[1] > errs[2]
+
+
+def test_effective_bits_by_hand():
+    qvg = ref.QVGConfig(bits=2, stages=1, block=16, num_centroids=4, chunk=8)
+    # codes 8*16*2 + e4m3 scales 8*1*8 + uint8 ids 8*8 + bf16 centroids 4*16*16 = 1408 bits / 128
+    assert ref.effective_bits(qvg, 16) == {"nominal": 2.0, "effective": 11.0,
+                                           "compression": 16 / 11.0}
+    kivi = ref.KIVIConfig(bits=2, group=4, block=8, residual=8)
+    # keys 256 + 2 groups*16 ch*2*16 = 1280; values 256 + 8 tok*2 blocks*2*16 = 768; mean 1024
+    assert ref.effective_bits(kivi, 16)["effective"] == 8.0
+    # 12 cached tokens: 8 quantized + 4 in bf16
+    np.testing.assert_allclose(ref.effective_bits(kivi, 16, context_len=12)["effective"],
+                               (8 * 8 + 4 * 16) / 12)
+
+
+def test_bad_input_raises():
+    with pytest.raises(ValueError, match="bits=3"):
+        ref.QVGConfig(bits=3)
+    with pytest.raises(ValueError, match="bits=5"):
+        ref.KIVIConfig(bits=5)
+    with pytest.raises(ValueError, match="divide the head dim"):
+        ref.qvg_preset("qvg").check_head_dim(32)  # block 64 > D = 32
+    with pytest.raises(ValueError, match="divide the head dim"):
+        ref.quantize_symmetric(jnp.ones((2, 12)), 2, 8)
+    with pytest.raises(ValueError, match="preset"):
+        ref.qvg_preset("qvg_max")
+    with pytest.raises(ValueError, match="multiple of group"):
+        ref.KIVIConfig(group=32, residual=48)
+    with pytest.raises(ValueError, match="implementation"):
+        api.QVGCache(implementation="cuda")
+
+
+def _dense_of_qvg(layer, cfg, length, rope_base):
+    """Dequantize a QVGCache layer into dense [B, K, S, D] keys (RoPE'd) and values."""
+    k = ref._dequant_chunks(layer["k"], cfg.bits)
+    v = ref._dequant_chunks(layer["v"], cfg.bits)
+    k = ref.rope_slots(k, rope_base)
+    n = cfg.chunk
+    nq = (length // n) * n
+    k = k.at[:, :, nq:nq + n].set(layer["wk"][:, :, : k.shape[2] - nq])
+    v = v.at[:, :, nq:nq + n].set(layer["wv"][:, :, : v.shape[2] - nq])
+    return k, v
+
+
+def test_qvg_cache_attention_matches_dequantize_then_dense():
+    b, kh, h, d, n = 2, 2, 4, 16, 8
+    cfg = ref.QVGConfig(bits=4, stages=2, block=8, num_centroids=4, chunk=n, kmeans_iters=3)
+    be = api.QVGCache(config=cfg, implementation="reference")
+    ks = jax.random.split(jax.random.key(0), 3)
+    k = jax.random.normal(ks[0], (b, kh, 19, d))
+    v = jax.random.normal(ks[1], (b, kh, 19, d))
+    q = jax.random.normal(ks[2], (b, h, 3, d))
+    layer = be.init(b, 32, kh, d, jnp.float32)
+    start = jnp.zeros((b,), jnp.int32)
+    layer = jax.jit(be.update)(layer, k[:, :, :16], v[:, :, :16], start)
+    start = jnp.full((b,), 16, jnp.int32)
+    layer = jax.jit(be.update)(layer, k[:, :, 16:], v[:, :, 16:], start)
+    out = jax.jit(be.attend)(layer, q, start)
+    kd, vd = _dense_of_qvg(layer, cfg, 19, be.rope_base)
+    expect = kvc.grouped_attention(q, kd, vd, kvc.causal_cache_mask(start, 3, kd.shape[2]))
+    chex.assert_trees_all_close(out, expect, atol=2e-5, rtol=2e-5)
+    # The window holds the 3 newest (exact) keys; the 16 older ones went through the quantizer.
+    chex.assert_trees_all_close(layer["wk"][:, :, :3], k[:, :, 16:])
+    rel = jnp.linalg.norm(kd[:, :, :16] - k[:, :, :16]) / jnp.linalg.norm(k[:, :, :16])
+    assert 0 < float(rel) < 0.3
+
+
+def test_kivi_cache_streaming_equals_prefill_and_int8_is_close_to_dense():
+    b, kh, h, d = 1, 2, 2, 16
+    cfg = ref.KIVIConfig(bits=8, group=4, block=8, residual=8)
+    be = api.KIVICache(config=cfg)
+    ks = jax.random.split(jax.random.key(1), 3)
+    k = jax.random.normal(ks[0], (b, kh, 12, d))
+    v = jax.random.normal(ks[1], (b, kh, 12, d))
+    q = jax.random.normal(ks[2], (b, h, 1, d))
+    upd, att = jax.jit(be.update), jax.jit(be.attend)
+    one = upd(be.init(b, 16, kh, d, jnp.float32), k, v, jnp.zeros((b,), jnp.int32))
+    steps = upd(be.init(b, 16, kh, d, jnp.float32), k[:, :, :6], v[:, :, :6],
+                jnp.zeros((b,), jnp.int32))
+    for i in range(6, 12):
+        steps = upd(steps, k[:, :, i:i + 1], v[:, :, i:i + 1], jnp.full((b,), i, jnp.int32))
+    chex.assert_trees_all_equal(one, steps)
+    start = jnp.full((b,), 11, jnp.int32)
+    dense = kvc.DenseKVCache()
+    ref_layer = dense.update(dense.init(b, 16, kh, d, jnp.float32), k, v,
+                             jnp.zeros((b,), jnp.int32))
+    chex.assert_trees_all_close(att(one, q, start), dense.attend(ref_layer, q, start), atol=2e-2)
