@@ -1,0 +1,139 @@
+"""Fits for the compute-optimal number of rollouts per problem n*(C) (host-side NumPy/SciPy).
+
+Dimensions: K values of n, S seeds, J budgets.
+
+* n*(C) at one budget: the reward at each log2 n is smoothed by a parabola; n* is its vertex when
+  the parabola is concave and the vertex lies inside the grid, else the best grid point (Cheng et
+  al. 2026, Sec. 4.1, which read n* off smoothed iso-compute curves).
+* Across budgets: log2 n*(C) is fitted by a saturating sigmoid in log2 C,
+  ``lo + (hi - lo) * sigmoid((log2 C - x0) / w)`` with ``lo`` the smallest n tried, and by a
+  plain power law ``log2 n* = a + b log2 C``; the two forms are compared by leave-one-budget-out
+  squared error in log2 n*.
+* Confidence intervals: bootstrap over seeds (resample seeds with replacement per configuration).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+from scipy import optimize
+
+
+def n_star(log2_n: np.ndarray, reward: np.ndarray) -> float:
+    """log2 n* from the rewards [K] measured at log2 n [K] (K >= 1; the parabola needs K >= 3).
+
+    Raises:
+      ValueError: mismatched shapes, empty input, or non-finite rewards.
+    """
+    x = np.asarray(log2_n, np.float64)
+    y = np.asarray(reward, np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size == 0:
+        raise ValueError(f"n_star: log2_n {x.shape} and reward {y.shape} must be equal 1-D shapes")
+    if not np.all(np.isfinite(y)):
+        raise ValueError(f"n_star: non-finite rewards {y}")
+    best = float(x[np.argmax(y)])
+    if x.size < 3:
+        return best
+    a, b, _ = np.polyfit(x, y, 2)
+    if a >= 0:
+        return best
+    vertex = -b / (2 * a)
+    return float(vertex) if x.min() <= vertex <= x.max() else best
+
+
+def bootstrap_n_star(log2_n: np.ndarray, rewards: np.ndarray, num_boot: int, seed: int,
+                     level: float = 0.9) -> tuple[float, float, float]:
+    """(point estimate, lower, upper) of log2 n* with a percentile bootstrap over seeds.
+
+    Args:
+      log2_n: [K].
+      rewards: [S, K] per-seed rewards (NaN where a configuration did not run is not allowed).
+      num_boot: bootstrap replicates (>= 1).
+      level: central interval mass.
+    """
+    rewards = np.asarray(rewards, np.float64)
+    if rewards.ndim != 2 or rewards.shape[1] != len(log2_n):
+        raise ValueError(f"bootstrap_n_star: rewards must be [S, K={len(log2_n)}], got "
+                         f"{rewards.shape}")
+    rng = np.random.default_rng(seed)
+    s = rewards.shape[0]
+    point = n_star(log2_n, rewards.mean(axis=0))
+    idx = rng.integers(0, s, size=(num_boot, s, rewards.shape[1]))
+    boots = [n_star(log2_n, np.take_along_axis(rewards, i, axis=0).mean(axis=0)) for i in idx]
+    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+    return point, float(lo), float(hi)
+
+
+def power_law(log2_c: np.ndarray, a: float, b: float) -> np.ndarray:
+    """log2 n* = a + b log2 C."""
+    return a + b * np.asarray(log2_c)
+
+
+def sigmoid_law(log2_c: np.ndarray, hi: float, x0: float, w: float, lo: float) -> np.ndarray:
+    """log2 n* = lo + (hi - lo) / (1 + exp(-(log2 C - x0) / w)): grows, then saturates at hi."""
+    return lo + (hi - lo) / (1.0 + np.exp(-(np.asarray(log2_c) - x0) / w))
+
+
+@dataclasses.dataclass
+class ScalingFit:
+    """Both fitted forms and their leave-one-budget-out errors (mean squared error in log2 n*)."""
+
+    power: dict[str, float]
+    sigmoid: dict[str, float]
+    loo_power: float
+    loo_sigmoid: float
+
+    @property
+    def winner(self) -> str:
+        return "sigmoid" if self.loo_sigmoid < self.loo_power else "power"
+
+
+def _fit_power(x, y):
+    b, a = np.polyfit(x, y, 1)
+    return {"a": float(a), "b": float(b)}
+
+
+def _fit_sigmoid(x, y, lo, hi_max):
+    span = max(float(x.max() - x.min()), 1.0)
+    p0 = (float(max(y.max(), lo + 0.1)), float(np.median(x)), span / 4)
+    bounds = ([lo, x.min() - span, 0.05 * span], [hi_max, x.max() + span, 4 * span])
+    p0 = tuple(float(np.clip(v, lb + 1e-6, ub - 1e-6)) for v, lb, ub in zip(p0, *bounds))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            popt, _ = optimize.curve_fit(lambda c, hi, x0, w: sigmoid_law(c, hi, x0, w, lo), x, y,
+                                         p0=p0, bounds=bounds, maxfev=20_000)
+        except RuntimeError:
+            popt = p0
+    return {"hi": float(popt[0]), "x0": float(popt[1]), "w": float(popt[2]), "lo": float(lo)}
+
+
+def fit_scaling(log2_c: np.ndarray, log2_nstar: np.ndarray, lo: float, hi_max: float
+                ) -> ScalingFit:
+    """Fits the power law and the saturating sigmoid to log2 n*(C) and compares them.
+
+    Args:
+      log2_c: [J] budgets (J >= 3).
+      log2_nstar: [J].
+      lo: the sigmoid's floor (log2 of the smallest n tried).
+      hi_max: upper bound for its ceiling (e.g. log2 of twice the largest n tried).
+
+    Raises:
+      ValueError: fewer than 3 budgets or mismatched shapes.
+    """
+    x = np.asarray(log2_c, np.float64)
+    y = np.asarray(log2_nstar, np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size < 3:
+        raise ValueError(f"fit_scaling: need >= 3 budgets with matching shapes, got {x.shape}, "
+                         f"{y.shape}")
+    errs_p, errs_s = [], []
+    for j in range(x.size):
+        keep = np.arange(x.size) != j
+        pp = _fit_power(x[keep], y[keep])
+        ps = _fit_sigmoid(x[keep], y[keep], lo, hi_max)
+        errs_p.append((power_law(x[j], **pp) - y[j]) ** 2)
+        errs_s.append((sigmoid_law(x[j], **ps) - y[j]) ** 2)
+    return ScalingFit(_fit_power(x, y), _fit_sigmoid(x, y, lo, hi_max),
+                      float(np.mean(errs_p)), float(np.mean(errs_s)))

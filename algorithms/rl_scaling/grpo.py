@@ -1,0 +1,216 @@
+"""GRPO and Dr.GRPO: group-relative advantages, the PPO-clip surrogate, and the k3 KL penalty.
+
+Dimensions: R rollouts in a batch (R = B_p * n: B_p problems, n rollouts per problem), T completion
+tokens (padded), G groups (= problems).
+
+GRPO (Shao et al. 2024, "DeepSeekMath", Sec. 4.1, Eq. 3) scores each of the n completions of one
+prompt relative to its group, A_i = (r_i - mean_g r) / (std_g r + eps), and maximises the PPO-clip
+surrogate (Schulman et al. 2017, Eq. 7) per token,
+
+    J = agg_t [ min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A) ] - beta * KL_k3,
+    rho_t = pi_theta(y_t | x, y_<t) / pi_old(y_t | x, y_<t),
+
+with an asymmetric upper clip eps_high ("clip-higher", Yu et al. 2025, DAPO, Sec. 3.1) and the k3
+estimator of KL(pi_theta || pi_ref) per token, k3 = exp(q) - q - 1 with q = log pi_ref - log
+pi_theta (Schulman 2020, "Approximating KL divergence"), which is >= 0 and 0 iff the policies agree.
+
+Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", Sec. 3.2) removes the two biases:
+advantages are mean-centred only (no std division) and tokens are summed and divided by a constant
+(R * T) rather than by each sequence's length.
+
+Aggregation modes (``GRPOConfig.aggregation``):
+  * ``"seq_mean"``: mean over sequences of each sequence's token mean (GRPO as published);
+  * ``"token_mean"``: sum over all tokens / number of valid tokens (DAPO's token-level mean);
+  * ``"constant"``: sum over all tokens / (R * T) (Dr.GRPO's constant normaliser).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+ADVANTAGE_MODES = ("grpo", "drgrpo")
+AGGREGATIONS = ("seq_mean", "token_mean", "constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    """Static GRPO hyper-parameters (hashable; safe as a jit static argument).
+
+    Attributes:
+      advantage: ``"grpo"`` ((r - mean) / (std + eps)) or ``"drgrpo"`` (r - mean).
+      aggregation: ``"seq_mean"``, ``"token_mean"`` or ``"constant"`` (see the module docstring).
+      clip_eps: lower clip epsilon (ratio floor 1 - clip_eps).
+      clip_eps_high: upper clip epsilon (ratio ceiling 1 + clip_eps_high); None = clip_eps.
+      kl_beta: weight of the k3 KL to the frozen reference policy (0 disables it).
+      adv_eps: epsilon in the std normaliser.
+      inner_steps: optimizer steps taken on each batch of rollouts (>= 1).
+    """
+
+    advantage: str = "grpo"
+    aggregation: str = "seq_mean"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_beta: float = 0.0
+    adv_eps: float = 1e-6
+    inner_steps: int = 1
+
+    def __post_init__(self):
+        if self.advantage not in ADVANTAGE_MODES:
+            raise ValueError(f"GRPOConfig.advantage={self.advantage!r}: expected one of "
+                             f"{ADVANTAGE_MODES}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"GRPOConfig.aggregation={self.aggregation!r}: expected one of "
+                             f"{AGGREGATIONS}")
+        if not self.clip_eps > 0 or (self.clip_eps_high is not None and not self.clip_eps_high > 0):
+            raise ValueError(f"GRPOConfig: clip epsilons must be > 0, got clip_eps={self.clip_eps}, "
+                             f"clip_eps_high={self.clip_eps_high}")
+        if self.kl_beta < 0 or self.adv_eps < 0:
+            raise ValueError(f"GRPOConfig: kl_beta={self.kl_beta} and adv_eps={self.adv_eps} "
+                             "must be >= 0")
+        if self.inner_steps < 1:
+            raise ValueError(f"GRPOConfig.inner_steps={self.inner_steps}: must be >= 1")
+
+    @property
+    def eps_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+    def check_group_size(self, n: int) -> None:
+        """Raises ValueError if ``n`` rollouts per problem cannot be group-normalised."""
+        if self.advantage == "grpo" and n < 2:
+            raise ValueError(f"group normalisation needs n >= 2 rollouts per problem, got n={n} "
+                             "(the group std of one sample is 0)")
+        if n < 1:
+            raise ValueError(f"rollouts per problem n={n}: must be >= 1")
+
+
+def group_advantages(rewards: jax.Array, group_size: jax.Array | int, *, mode: str = "grpo",
+                     eps: float = 1e-6) -> jax.Array:
+    """Group-relative advantages (GRPO Eq. 3 outcome supervision; Dr.GRPO Sec. 3.2).
+
+    Rollout ``r`` belongs to group ``r // group_size`` (the n rollouts of one problem are
+    contiguous). ``group_size`` may be a traced integer, so runs with different n but equal
+    R = B_p * n share one compiled function and can be vmapped together.
+
+    Args:
+      rewards: float [R]; R must be a multiple of ``group_size``.
+      group_size: n >= 1 (>= 2 for ``mode="grpo"``; the caller validates static n with
+        :meth:`GRPOConfig.check_group_size`).
+      mode: ``"grpo"``: (r - mean_g) / (std_g + eps) with the population std (ddof = 0);
+        ``"drgrpo"``: r - mean_g.
+      eps: normaliser epsilon.
+
+    Returns:
+      float32 [R]: zero mean within every group; unit population std within every group whose
+      rewards are not all equal (up to eps) for ``"grpo"``; exactly 0 for constant groups.
+
+    Raises:
+      ValueError: unknown mode, or R not a multiple of a concrete ``group_size``.
+    """
+    if mode not in ADVANTAGE_MODES:
+        raise ValueError(f"advantage mode {mode!r}: expected one of {ADVANTAGE_MODES}")
+    rewards = jnp.asarray(rewards, jnp.float32)
+    r = rewards.shape[0]
+    if isinstance(group_size, int) and (group_size < 1 or r % group_size):
+        raise ValueError(f"group_advantages: {r} rewards are not a whole number of groups of "
+                         f"size {group_size}")
+    seg = jnp.arange(r) // group_size
+    size = jnp.asarray(group_size, jnp.float32)
+    mean = jax.ops.segment_sum(rewards, seg, num_segments=r) / size
+    centred = rewards - mean[seg]
+    if mode == "drgrpo":
+        return centred
+    var = jax.ops.segment_sum(centred**2, seg, num_segments=r) / size
+    return centred / (jnp.sqrt(var)[seg] + eps)
+
+
+def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
+    """Per-token k3 estimate of KL(pi || pi_ref) from samples of pi: exp(q) - q - 1,
+    q = ref_logp - logp (Schulman 2020). Non-negative; 0 where the log-probs agree. Same shape."""
+    q = ref_logp - logp
+    return jnp.exp(q) - q - 1.0
+
+
+def clipped_surrogate(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, clip_eps: float,
+                      clip_eps_high: float) -> jax.Array:
+    """Per-token PPO-clip objective min(rho A, clip(rho, 1 - eps, 1 + eps_high) A) (to maximise).
+
+    Its gradient in ``logp`` is zero where the clip is active in the direction the advantage pushes
+    (rho > 1 + eps_high with A > 0; rho < 1 - eps with A < 0) and rho * A elsewhere.
+
+    Args:
+      logp, old_logp: float [R, T] log-probabilities of the sampled tokens (new, behaviour).
+      adv: float [R] (broadcast over tokens) or [R, T].
+
+    Returns:
+      float32 [R, T].
+    """
+    adv = adv[:, None] if adv.ndim == 1 else adv
+    ratio = jnp.exp(logp - old_logp)
+    clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps_high)
+    return jnp.minimum(ratio * adv, clipped * adv)
+
+
+def aggregate(per_token: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
+    """Reduces per-token values [R, T] with a validity mask [R, T] to a scalar (module docstring).
+
+    Sequences with no valid token contribute 0 under ``"seq_mean"``.
+    """
+    mask = mask.astype(per_token.dtype)
+    total = per_token * mask
+    if mode == "seq_mean":
+        length = mask.sum(axis=1)
+        return jnp.mean(total.sum(axis=1) / jnp.maximum(length, 1.0))
+    if mode == "token_mean":
+        return total.sum() / jnp.maximum(mask.sum(), 1.0)
+    if mode == "constant":
+        return total.sum() / per_token.size
+    raise ValueError(f"aggregation {mode!r}: expected one of {AGGREGATIONS}")
+
+
+def grpo_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Array,
+              cfg: GRPOConfig, ref_logp: jax.Array | None = None
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The GRPO loss (negated objective, to minimise) and diagnostics.
+
+    Args:
+      logp: float [R, T] current-policy log-probs of the sampled tokens (differentiable).
+      old_logp: float [R, T] behaviour-policy log-probs (treated as constants).
+      adv: float [R] advantages (constants).
+      mask: bool/float [R, T], 1 on completion tokens up to and including the end token.
+      cfg: :class:`GRPOConfig`.
+      ref_logp: float [R, T] reference-policy log-probs; required iff ``cfg.kl_beta > 0``.
+
+    Returns:
+      (scalar loss, {"clip_frac", "kl", "ratio_mean"}) where clip_frac is the share of valid tokens
+      whose ratio lies outside the trust region.
+
+    Raises:
+      ValueError: ``kl_beta > 0`` without ``ref_logp``, or mismatched shapes.
+    """
+    if logp.shape != old_logp.shape or logp.shape != mask.shape or adv.shape[0] != logp.shape[0]:
+        raise ValueError(f"grpo_loss: shapes logp {logp.shape}, old_logp {old_logp.shape}, "
+                         f"mask {mask.shape}, adv {adv.shape} do not agree ([R, T] and [R])")
+    old_logp = jax.lax.stop_gradient(old_logp)
+    adv = jax.lax.stop_gradient(adv)
+    surr = clipped_surrogate(logp, old_logp, adv, cfg.clip_eps, cfg.eps_high)
+    per_token = -surr
+    ratio = jnp.exp(logp - old_logp)
+    maskf = mask.astype(jnp.float32)
+    kl = jnp.zeros((), jnp.float32)
+    if cfg.kl_beta > 0:
+        if ref_logp is None:
+            raise ValueError("grpo_loss: kl_beta > 0 needs ref_logp (the reference policy's "
+                             "log-probs)")
+        kl_tok = k3_kl(logp, jax.lax.stop_gradient(ref_logp))
+        per_token = per_token + cfg.kl_beta * kl_tok
+        kl = aggregate(kl_tok, maskf, "token_mean")
+    loss = aggregate(per_token, maskf, cfg.aggregation)
+    outside = ((ratio > 1.0 + cfg.eps_high) | (ratio < 1.0 - cfg.clip_eps)).astype(jnp.float32)
+    denom = jnp.maximum(maskf.sum(), 1.0)
+    metrics = {"clip_frac": jax.lax.stop_gradient((outside * maskf).sum() / denom),
+               "kl": jax.lax.stop_gradient(kl),
+               "ratio_mean": jax.lax.stop_gradient((ratio * maskf).sum() / denom)}
+    return loss, metrics

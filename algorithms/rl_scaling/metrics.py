@@ -1,0 +1,79 @@
+"""Evaluation metrics: unbiased pass@k, coverage, and interference across problems.
+
+Dimensions: N problems, G groups (problems in one batch), D flattened parameter count.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import gammaln
+
+
+def pass_at_k(num_samples: jax.Array, num_correct: jax.Array, k: int) -> jax.Array:
+    """Unbiased pass@k from c correct out of n samples per problem (Chen et al. 2021, "Evaluating
+    Large Language Models Trained on Code", Eq. 1): 1 - C(n - c, k) / C(n, k).
+
+    Computed with log-gamma functions; exactly 1 when n - c < k.
+
+    Args:
+      num_samples: int [N] (or scalar) n >= k.
+      num_correct: int [N] c in [0, n].
+      k: static int >= 1.
+
+    Returns:
+      float32 [N] in [0, 1].
+
+    Raises:
+      ValueError: k < 1, or (for concrete inputs) k > n or c outside [0, n].
+    """
+    if k < 1:
+        raise ValueError(f"pass_at_k: k={k} must be >= 1")
+    n = jnp.asarray(num_samples)
+    c = jnp.asarray(num_correct)
+    if not isinstance(n, jax.core.Tracer) and bool(jnp.any(n < k)):
+        raise ValueError(f"pass_at_k: k={k} exceeds the number of samples n={n} (need k <= n)")
+    if not isinstance(c, jax.core.Tracer) and not isinstance(n, jax.core.Tracer) and bool(
+            jnp.any((c < 0) | (c > n))):
+        raise ValueError(f"pass_at_k: correct counts {c} outside [0, n={n}]")
+    n = n.astype(jnp.float32)
+    c = c.astype(jnp.float32)
+    fail = n - c
+    safe = jnp.maximum(fail - k, 0.0)
+    log_ratio = gammaln(fail + 1) - gammaln(safe + 1) - gammaln(n + 1) + gammaln(n - k + 1)
+    return jnp.where(fail < k, 1.0, 1.0 - jnp.exp(log_ratio))
+
+
+def expected_pass_at_k(p: jax.Array, k: int | jax.Array) -> jax.Array:
+    """pass@k of independent samples with per-problem success probability p: 1 - (1 - p)^k.
+
+    With an exact-match reward there is one correct completion, so p is its probability under the
+    policy and this is the exact expectation that :func:`pass_at_k` estimates.
+    """
+    return 1.0 - (1.0 - jnp.clip(p, 0.0, 1.0)) ** k
+
+
+def fraction_fallen(before: jax.Array, after: jax.Array, valid: jax.Array,
+                    tol: float = 0.0) -> jax.Array:
+    """Share of valid problems whose pass rate fell by more than ``tol`` after an update (the
+    interference measure of the IsoCompute paper, Sec. 5). Scalars [G] in, float32 out."""
+    validf = valid.astype(jnp.float32)
+    fell = (after < before - tol).astype(jnp.float32)
+    return (fell * validf).sum() / jnp.maximum(validf.sum(), 1.0)
+
+
+def mean_pairwise_cosine(grads: jax.Array, eps: float = 1e-12) -> tuple[jax.Array, jax.Array]:
+    """Mean cosine similarity between distinct rows of ``grads`` [G, D] (per-problem gradients).
+
+    Rows with zero norm (problems whose rollouts all got the same reward carry no GRPO signal) are
+    excluded. Returns (mean cosine over the pairs of non-zero rows (0 if fewer than 2), number of
+    such pairs).
+    """
+    norms = jnp.linalg.norm(grads, axis=1)
+    nonzero = norms > eps
+    unit = grads / jnp.maximum(norms, eps)[:, None]
+    cos = unit @ unit.T
+    g = grads.shape[0]
+    pair = nonzero[:, None] & nonzero[None, :] & ~jnp.eye(g, dtype=bool)
+    count = pair.sum()
+    return jnp.where(count > 0, (cos * pair).sum() / jnp.maximum(count, 1), 0.0), count

@@ -1,0 +1,220 @@
+"""The jitted GRPO step, the supervised warm-start loss, exact pass probabilities and the
+per-problem gradient probe.
+
+Dimensions: N problems in a pool, R = B_p * n rollouts per step, B_p problems per step, n rollouts
+per problem, P prompt length, T completion length, D parameter count.
+
+One RL step (Cheng et al. 2026, Sec. 2; GRPO, Shao et al. 2024, Sec. 4.1):
+  1. draw B_p distinct training problems, repeat each n times (rollout r solves problem r // n);
+  2. sample R completions with the KV cache (:func:`rollout.rollout`) and score them with the
+     exact-match checker;
+  3. group-relative advantages; behaviour log-probs by a teacher-forced pass at the current params;
+  4. ``inner_steps`` optimizer steps on the GRPO loss over the same rollouts;
+  5. diagnostics, among them interference: the exact pass probability of each batch problem before
+     and after the update (one correct completion, so p = pi(answer | prompt) exactly).
+
+``n`` is a traced scalar and R is static, so every (n, B_p) with the same R = n * B_p runs in one
+compiled function and can be ``vmap``-ed together with seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from algorithms.rl_scaling import grpo, metrics, rollout, tasks
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSpec:
+    """Static settings of one compiled RL step.
+
+    Attributes:
+      rollouts_per_step: R = n * B_p (static; n is passed at run time).
+      max_new_tokens: T, completion length cap.
+      grpo: the GRPO/Dr.GRPO loss configuration.
+      temperature: rollout sampling temperature.
+      end_id: end-of-answer token.
+    """
+
+    rollouts_per_step: int
+    max_new_tokens: int
+    grpo: grpo.GRPOConfig = grpo.GRPOConfig()
+    temperature: float = 1.0
+    end_id: int = tasks.END_ID
+
+    def __post_init__(self):
+        if self.rollouts_per_step < 2 or self.max_new_tokens < 1 or not self.temperature > 0:
+            raise ValueError(f"RLSpec: need rollouts_per_step >= 2, max_new_tokens >= 1, "
+                             f"temperature > 0; got {self}")
+
+
+def target_mask(target_len: jax.Array, length: int) -> jax.Array:
+    """bool [N, T]: True on the first ``target_len`` tokens of each target."""
+    return jnp.arange(length)[None, :] < target_len[:, None]
+
+
+def answer_logprob(model: nnx.Module, prompts: jax.Array, targets: jax.Array,
+                   target_len: jax.Array) -> jax.Array:
+    """log pi(answer | prompt), float32 [N]: the teacher-forced log-probability of the one correct
+    completion (digits + end token). exp of it is the exact pass@1 of temperature-1 sampling."""
+    logp = rollout.completion_logprobs(model, prompts, targets)
+    return (logp * target_mask(target_len, targets.shape[1])).sum(axis=1)
+
+
+def answer_prob(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
+                targets: jax.Array, target_len: jax.Array) -> jax.Array:
+    """Exact pass@1 per problem, float32 [N] in [0, 1] (see :func:`answer_logprob`)."""
+    return jnp.exp(answer_logprob(nnx.merge(graphdef, params), prompts, targets, target_len))
+
+
+def sft_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array
+             ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Warm-start loss: mean negative log-likelihood per answer token of the correct completion.
+
+    ``batch`` = {"prompts" [B, P], "targets" [B, T], "lens" [B]}. Signature of
+    :func:`core.training.make_train_step`.
+    """
+    del key
+    logp = rollout.completion_logprobs(model, batch["prompts"], batch["targets"])
+    mask = target_mask(batch["lens"], batch["targets"].shape[1]).astype(jnp.float32)
+    nll = -(logp * mask).sum() / mask.sum()
+    seq_ok = jnp.exp((logp * mask).sum(axis=1)).mean()
+    return nll, {"answer_prob": seq_ok}
+
+
+def sample_batch(key: jax.Array, pool_size: int, rollouts: int, n: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+    """Problem ids for one step: (problem of each rollout int32 [R] (= ids[r // n]), the distinct
+    problem ids int32 [R] of which the first B_p = R // n are in the batch).
+
+    Raises:
+      ValueError: the pool has fewer than R problems.
+    """
+    if pool_size < rollouts:
+        raise ValueError(f"sample_batch: training pool of {pool_size} problems is smaller than "
+                         f"R={rollouts} rollouts per step")
+    ids = jax.random.permutation(key, pool_size)[:rollouts].astype(jnp.int32)
+    return ids[jnp.arange(rollouts) // n], ids
+
+
+def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: RLSpec
+                 ) -> Callable[..., tuple[nnx.State, PyTree, dict[str, jax.Array]]]:
+    """A pure GRPO step ``step(params, opt_state, key, n, pool, ref_params)``.
+
+    Args of the returned function:
+      params, opt_state: policy parameters and optimizer state.
+      key: PRNG key.
+      n: int32 scalar, rollouts per problem; must divide R (>= 2 for "grpo" advantages; checked
+        by the caller, e.g. with :class:`allocation.Allocation`, since n may be traced).
+      pool: {"prompts" int32 [N, P], "targets" int32 [N, T], "lens" int32 [N]} training problems.
+      ref_params: reference-policy parameters for the KL term (None when kl_beta = 0).
+
+    Returns:
+      (params, opt_state, metrics) with scalar metrics: reward (mean over rollouts), informative
+      (share of groups with mixed rewards), loss, clip_frac, kl, grad_norm, pass_before /
+      pass_after (mean exact pass@1 of the batch problems), fallen (share of batch problems whose
+      pass@1 fell), length (mean completion tokens).
+    """
+    cfg = spec.grpo
+    r, t = spec.rollouts_per_step, spec.max_new_tokens
+    ref_needed = cfg.kl_beta > 0
+
+    def step(params, opt_state, key, n, pool, ref_params=None):
+        if ref_needed and ref_params is None:
+            raise ValueError("make_rl_step: kl_beta > 0 needs ref_params")
+        k_batch, k_roll = jax.random.split(key)
+        prob_of_rollout, ids = sample_batch(k_batch, pool["prompts"].shape[0], r, n)
+        prompts = pool["prompts"][prob_of_rollout]
+        completions, _, mask = rollout.rollout(graphdef, params, prompts, k_roll,
+                                               max_new_tokens=t, end_id=spec.end_id,
+                                               temperature=spec.temperature)
+        rewards = tasks.exact_match(completions, pool["targets"][prob_of_rollout],
+                                    pool["lens"][prob_of_rollout])
+        adv = grpo.group_advantages(rewards, n, mode=cfg.advantage, eps=cfg.adv_eps)
+
+        def logp_fn(p):
+            return rollout.completion_logprobs(nnx.merge(graphdef, p), prompts, completions)
+
+        old_logp = jax.lax.stop_gradient(logp_fn(params))
+        ref_logp = jax.lax.stop_gradient(logp_fn(ref_params)) if ref_needed else None
+
+        def loss_fn(p):
+            return grpo.grpo_loss(logp_fn(p), old_logp, adv, mask, cfg, ref_logp)
+
+        def inner(carry, _):
+            p, o = carry
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
+            updates, o = tx.update(grads, o, p)
+            return (optax.apply_updates(p, updates), o), {
+                "loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+
+        # Exact pass@1 of the batch's distinct problems before and after the update.
+        batch_valid = jnp.arange(r) < r // n
+        probe = (pool["prompts"][ids], pool["targets"][ids], pool["lens"][ids])
+        before = answer_prob(graphdef, params, *probe)
+        (new_params, opt_state), inner_m = jax.lax.scan(inner, (params, opt_state), None,
+                                                        length=cfg.inner_steps)
+        after = answer_prob(graphdef, new_params, *probe)
+
+        seg = jnp.arange(r) // n
+        group_mean = jax.ops.segment_sum(rewards, seg, num_segments=r) / n
+        mixed = ((group_mean > 0) & (group_mean < 1)).astype(jnp.float32)
+        validf = batch_valid.astype(jnp.float32)
+        out = {
+            "reward": rewards.mean(),
+            "informative": (mixed * validf).sum() / validf.sum(),
+            "pass_before": (before * validf).sum() / validf.sum(),
+            "pass_after": (after * validf).sum() / validf.sum(),
+            "fallen": metrics.fraction_fallen(before, after, batch_valid),
+            "length": mask.sum(axis=1).astype(jnp.float32).mean(),
+            **{k: v[0] if k in ("loss", "clip_frac") else v[-1] for k, v in inner_m.items()},
+        }
+        return new_params, opt_state, out
+
+    return step
+
+
+def group_gradient_cosine(graphdef: nnx.GraphDef, params: nnx.State, key: jax.Array,
+                          prompts: jax.Array, targets: jax.Array, target_len: jax.Array, *,
+                          n: int, max_new_tokens: int, cfg: grpo.GRPOConfig,
+                          end_id: int = tasks.END_ID) -> tuple[jax.Array, jax.Array]:
+    """Mean cosine between the per-problem GRPO gradients estimated from n rollouts each.
+
+    For each of the G problems (``prompts`` [G, P], ``targets`` [G, T], ``target_len`` [G]) sample
+    n completions, form group advantages and take the gradient of that problem's own GRPO loss
+    (first inner step, ratio 1); return :func:`metrics.mean_pairwise_cosine` of the flattened
+    gradients [G, D] (problems with uniform rewards, i.e. zero gradient, excluded) and the pair
+    count. Jittable with ``n``, ``max_new_tokens``, ``cfg``, ``end_id`` static.
+    """
+    cfg.check_group_size(n)
+    g = prompts.shape[0]
+    rep = jnp.repeat(jnp.arange(g), n)
+    completions, _, mask = rollout.rollout(graphdef, params, prompts[rep], key,
+                                           max_new_tokens=max_new_tokens, end_id=end_id)
+    rewards = tasks.exact_match(completions, targets[rep], target_len[rep])
+    adv = grpo.group_advantages(rewards, n, mode=cfg.advantage, eps=cfg.adv_eps)
+    p = prompts.shape[1]
+    c = completions.reshape(g, n, -1)
+    m = mask.reshape(g, n, -1)
+    a = adv.reshape(g, n)
+
+    def one(prompt, comp, msk, ad):
+        def loss(prm):
+            model = nnx.merge(graphdef, prm)
+            logp = rollout.completion_logprobs(model, jnp.broadcast_to(prompt, (n, p)), comp)
+            return grpo.grpo_loss(logp, jax.lax.stop_gradient(logp), ad, msk, cfg)[0]
+
+        grads = jax.grad(loss)(params)
+        return jnp.concatenate([x.ravel() for x in jax.tree.leaves(grads)])
+
+    flat = jax.lax.map(lambda args: one(*args), (prompts, c, m, a))
+    return metrics.mean_pairwise_cosine(flat)

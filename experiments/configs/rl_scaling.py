@@ -1,0 +1,68 @@
+"""IsoCompute allocation of RL rollouts: GRPO on verifiable arithmetic, n x B_p x M sweeps.
+
+    python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:tiny --workdir=workdir
+    python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:full --workdir=workdir
+    python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:paper --workdir=DIR  # accelerator
+
+``tiny`` is the reduced sweep run by the main job (4 budgets x n in {2,4,8,16} x B_p in {4,8} x 3
+seeds); ``full`` is the whole CPU sweep (6 budgets, n up to 32, B_p up to 16, 4 seeds).
+"""
+
+import ml_collections
+
+from core import config as cfg_lib
+
+
+def base() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    # Tasks: sums of `terms` numbers of `digits` digits (answer reversed, exact-match reward).
+    c.easy = ml_collections.ConfigDict(dict(terms=2, digits=2))
+    c.hard = ml_collections.ConfigDict(dict(terms=2, digits=3))
+    c.num_train = 4000  # training problems per split
+    c.num_heldout = 256  # held-out problems per split
+    c.model = ml_collections.ConfigDict(dict(d_model=128, num_layers=3, num_heads=4, mlp_dim=256))
+    # Supervised warm start on a mixture of both splits.
+    c.warmup = ml_collections.ConfigDict(dict(
+        steps=300, batch_size=64, learning_rate=3e-3, warmup_steps=30, hard_fraction=0.3))
+    # GRPO.
+    c.advantage = "grpo"  # or "drgrpo"
+    c.aggregation = "seq_mean"  # "token_mean", "constant"
+    c.clip_eps = 0.2
+    c.clip_eps_high = 0.28
+    c.kl_beta = 0.0
+    c.inner_steps = 2
+    c.learning_rate = 3e-4  # constant: a run at budget C is the prefix of the run at 2C
+    c.grad_clip = 1.0
+    c.temperature = 1.0
+    c.hard_fraction_rl = 0.5  # share of hard problems in the RL training pool
+    # Sweep: budgets C (rollouts) on a log2 grid, n and B_p grids, seeds.
+    c.smallest_budget = 64
+    c.num_budgets = 4
+    c.ns = (2, 4, 8, 16)
+    c.problems_per_batch = (4, 8)
+    c.num_seeds = 3
+    c.pass_k = 8  # k of pass@k / coverage on the hard split
+    c.cosine_problems = 8  # problems in the per-problem gradient-cosine probe (0 = skip)
+    c.sampled_eval = 16  # samples per held-out problem for the unbiased pass@k check (0 = skip)
+    c.num_boot = 200
+    return c
+
+
+VARIANTS = {
+    "tiny": {},
+    "full": {"num_budgets": 6, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
+             "num_seeds": 4},
+    "paper": {
+        "model.d_model": 512, "model.num_layers": 8, "model.num_heads": 8, "model.mlp_dim": 1536,
+        "easy.digits": 3, "hard.terms": 3, "hard.digits": 4, "num_train": 50_000,
+        "num_heldout": 1024, "warmup.steps": 3000, "warmup.batch_size": 256,
+        "smallest_budget": 1024, "num_budgets": 7, "ns": (2, 4, 8, 16, 32, 64, 128),
+        "problems_per_batch": (8, 32, 64), "num_seeds": 4, "pass_k": 32, "sampled_eval": 64,
+        "cosine_problems": 32, "learning_rate": 1e-4,
+    },
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return cfg_lib.build(arg, base, VARIANTS)
