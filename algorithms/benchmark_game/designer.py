@@ -88,7 +88,7 @@ class Sweep(NamedTuple):
     min_tau: jax.Array  # [G] f32
 
 
-@functools.partial(jax.jit, static_argnames=("score", "max_equilibria"))
+@functools.partial(jax.jit, static_argnames=("max_equilibria",))
 def sweep_deltas(score: ScoreFamily, contest: Contest, deltas: jax.Array,
                  max_equilibria: int = 16) -> Sweep:
     """Pure equilibria at every ``Delta`` in ``deltas`` [G] (sequential ``lax.map``: the payoff

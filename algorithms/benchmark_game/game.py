@@ -34,9 +34,27 @@ import numpy as np
 # Score families (observed score as a function of latent quality and total training).
 
 
+def _parameters_as_leaves(cls):
+    """Registers a frozen dataclass as a pytree whose fields are leaves, so that one compiled
+    function serves every parameter value (changing ``amplitude`` does not recompile). Unflattening
+    bypasses ``__post_init__``: validation runs once, when the user builds the object."""
+    names = [f.name for f in dataclasses.fields(cls)]
+
+    def unflatten(_, leaves):
+        obj = object.__new__(cls)
+        for name, value in zip(names, leaves):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    jax.tree_util.register_pytree_node(cls, lambda obj: ([getattr(obj, n) for n in names], None),
+                                       unflatten)
+    return cls
+
+
 class ScoreFamily(Protocol):
     """Observed score ``v(theta, t)``: increasing in ``theta``; increasing, concave and saturating in
-    the training ``t >= 0``. Implementations are frozen (hashable) dataclasses, static under jit."""
+    the training ``t >= 0``. Implementations are frozen dataclasses registered as pytrees: they are
+    ordinary (traced) arguments of the jitted functions, their parameters are leaves."""
 
     def __call__(self, theta: jax.Array, t: jax.Array) -> jax.Array: ...
 
@@ -45,6 +63,7 @@ class ScoreFamily(Protocol):
     def threshold_for_effort(self, theta_low, theta_high, effort): ...
 
 
+@_parameters_as_leaves
 @dataclasses.dataclass(frozen=True)
 class AdditiveSaturating:
     """``v(theta, t) = theta + amplitude * (1 - exp(-rate * t))``.
@@ -97,6 +116,7 @@ class AdditiveSaturating:
         return np.log((self.amplitude / g) * -np.expm1(-self.rate * effort)) / self.rate
 
 
+@_parameters_as_leaves
 @dataclasses.dataclass(frozen=True)
 class LogitLogSteps:
     """``v(theta, t) = sigmoid(theta + slope * log(1 + t))``: the logit of benchmark accuracy grows
@@ -262,6 +282,7 @@ def make_contest(theta, efforts, rewards, cost, *, allow_tied_theta: bool = Fals
 # Scores, ranks and payoffs.
 
 
+@jax.jit
 def observed_scores(score: ScoreFamily, contest: Contest, delta) -> jax.Array:
     """``v(theta_i, delta + e_m)`` [N, M] f32 (Sec. 2, the observed score)."""
     return score(contest.theta[:, None], jnp.asarray(delta, jnp.float32) + contest.efforts[None, :])
@@ -272,6 +293,7 @@ def _beats(s_j, s_i, j_before_i: bool):
     return (s_j > s_i) | ((s_j == s_i) & j_before_i)
 
 
+@jax.jit
 def profile_ranks(scores: jax.Array, profile: jax.Array) -> jax.Array:
     """Ranks [N] int32 (0 = top) of a pure profile ``profile`` [N] int32 given ``scores`` [N, M]."""
     n = scores.shape[0]
@@ -306,6 +328,7 @@ def _player_payoff(scores: jax.Array, costs: jax.Array, rewards: jax.Array, i: i
     return jnp.broadcast_to(_reward_of_rank(rewards, rank) - along(i, costs), (m,) * n)
 
 
+@jax.jit
 def payoff_tensor(scores: jax.Array, costs: jax.Array, rewards: jax.Array) -> jax.Array:
     """All payoffs by broadcasting: ``U[i, m_1, ..., m_N] = r[rank_i(m)] - c[m_i]``.
 
@@ -336,6 +359,7 @@ def pure_nash_mask(payoffs: jax.Array) -> jax.Array:
     return jnp.all(best_response_mask(payoffs), axis=0)
 
 
+@jax.jit
 def kendall_tau_to_quality(ranks: jax.Array) -> jax.Array:
     """Kendall's tau between a ranking ``ranks`` [..., N] (0 = top; a permutation) and the quality
     order (index order: player 0 is the best). 1 = ranked by quality, -1 = reversed. f32 [...]."""
@@ -381,7 +405,7 @@ def _first_true(mask: jax.Array, k: int) -> jax.Array:
     return jnp.where(ok[:, None], coords, -1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("score", "max_equilibria"))
+@functools.partial(jax.jit, static_argnames=("max_equilibria",))
 def pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria: int = 16) -> Equilibria:
     """All pure Nash equilibria at tune-before-test level ``delta`` (a scalar, training units).
 
@@ -447,7 +471,7 @@ class Dynamics(NamedTuple):
     cycle_start: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("score", "max_rounds"))
+@functools.partial(jax.jit, static_argnames=("max_rounds",))
 def best_response_dynamics(score: ScoreFamily, contest: Contest, delta, start: jax.Array,
                            max_rounds: int = 64) -> Dynamics:
     """Round-robin best-response dynamics from ``start`` [N] int32 with exact cycle detection.
