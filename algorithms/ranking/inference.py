@@ -111,6 +111,8 @@ def intervals(params: Params, cov: jax.Array, level: float = 0.95) -> Intervals:
     Raises:
       ValueError: ``level`` outside (0, 1) or a covariance of the wrong shape.
     """
+    params = jax.tree.map(jnp.asarray, params)
+    cov = jnp.asarray(cov)
     n, nj = params.scores.shape[-1], params.log_discrimination.shape[-1]
     if cov.shape[-2:] != (n + nj + 1, n + nj + 1):
         raise ValueError(f"covariance has shape {cov.shape}; expected [{n + nj + 1}, {n + nj + 1}]")
