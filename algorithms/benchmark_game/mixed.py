@@ -86,7 +86,8 @@ def _enumerate(A, B, row_masks, col_masks, tol: float):
         best = (jnp.max(row_pay) <= u + tol) & (jnp.max(col_pay) <= w + tol)
         indiff = jnp.all(jnp.where(rows, jnp.abs(row_pay - u) <= tol, True))
         indiff &= jnp.all(jnp.where(cols, jnp.abs(col_pay - w) <= tol, True))
-        return x, y, finite & on_support & best & indiff, u, w
+        ok = finite & on_support & best & indiff
+        return jnp.where(rows, x, 0.0), jnp.where(cols, y, 0.0), ok, u, w  # exact zeros off support
 
     return jax.vmap(one)(row_masks, col_masks)
 
