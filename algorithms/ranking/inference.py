@@ -111,8 +111,9 @@ def intervals(params: Params, cov: jax.Array, level: float = 0.95) -> Intervals:
     Raises:
       ValueError: ``level`` outside (0, 1) or a covariance of the wrong shape.
     """
-    params = jax.tree.map(jnp.asarray, params)
-    cov = jnp.asarray(cov)
+    ft = jnp.result_type(float)  # float64 under jax.enable_x64, else float32
+    params = jax.tree.map(lambda a: jnp.asarray(a, ft), params)
+    cov = jnp.asarray(cov, ft)
     n, nj = params.scores.shape[-1], params.log_discrimination.shape[-1]
     if cov.shape[-2:] != (n + nj + 1, n + nj + 1):
         raise ValueError(f"covariance has shape {cov.shape}; expected [{n + nj + 1}, {n + nj + 1}]")

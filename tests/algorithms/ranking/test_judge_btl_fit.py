@@ -123,8 +123,6 @@ def test_recovery_of_known_parameters(big_fit):
     np.testing.assert_allclose(p.scores, truth.scores, atol=0.12)
     # The nearly random judge is recognised as such.
     assert np.argmin(p.discrimination) == 3 and p.discrimination[3] < 0.35
-    # Plain BTL on the same data is attenuated towards 0 only through the weak judge: its spread is
-    # smaller than the judge-aware scores' (scale set by the geometric-mean discrimination = 1).
     plain = btl.fit(table, btl.FitConfig(judge_aware=False)).params
     assert np.ptp(plain.scores) < np.ptp(p.scores)
     # The judge-aware fit has the higher likelihood (it nests plain BTL).
