@@ -136,11 +136,9 @@ def fit_network(model: nnx.Module, loss_fn, series: np.ndarray, train_starts: np
 # Statsmodels seasonal ARIMA (univariate)
 
 
-def arima_sampler(train: np.ndarray, config: ml_collections.ConfigDict, H: int, S: int):
-    """Fits SARIMAX on the last ``arima_fit_steps`` training values of a univariate series, then
-    forecasts each test window from its own L inputs with the fitted parameters; the predictive
-    Gaussian is represented by S quantiles. Returns ``(sample_fn(x [B, L, 1]) -> [B, S, H, 1],
-    fit_seconds)``."""
+def fit_arima(train: np.ndarray, config: ml_collections.ConfigDict):
+    """Fits SARIMAX (with a constant) by maximum likelihood on the last ``arima_fit_steps`` training
+    values of a univariate series. Returns ``(results, fit_seconds)``."""
     from statsmodels.tsa.statespace.sarimax import SARIMAX
 
     t0 = time.perf_counter()
@@ -148,7 +146,13 @@ def arima_sampler(train: np.ndarray, config: ml_collections.ConfigDict, H: int, 
         warnings.simplefilter("ignore")
         fitted = SARIMAX(train[-config.arima_fit_steps:], order=tuple(config.arima_order),
                          seasonal_order=tuple(config.arima_seasonal_order), trend="c").fit(disp=False)
-    seconds = time.perf_counter() - t0
+    return fitted, time.perf_counter() - t0
+
+
+def arima_sampler(fitted, H: int, S: int):
+    """Forecasts each window from its own L inputs with the fitted SARIMAX parameters (the same
+    information the other methods get); the predictive Gaussian is represented by its S quantiles
+    at levels (s + 1/2)/S. Returns ``sample_fn(x [B, L, 1]) -> [B, S, H, 1]``."""
     z = stats.norm.ppf((np.arange(S) + 0.5) / S)
 
     def sample(x: np.ndarray) -> np.ndarray:
@@ -161,7 +165,7 @@ def arima_sampler(train: np.ndarray, config: ml_collections.ConfigDict, H: int, 
                 out[b, :, :, 0] = mean[None] + std[None] * z[:, None]
         return out
 
-    return sample, seconds
+    return sample
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,10 +173,12 @@ def arima_sampler(train: np.ndarray, config: ml_collections.ConfigDict, H: int, 
 
 
 def run_horizon(series: np.ndarray, table: data.Table, split: str, H: int,
-                config: ml_collections.ConfigDict, key: jax.Array, name: str):
+                config: ml_collections.ConfigDict, key: jax.Array, name: str,
+                arima_cache: dict | None = None):
     """Trains/fits every method for horizon H and scores them on the same test windows.
 
-    Returns ``(results {method: metrics + train_seconds}, fan data, histories)``."""
+    ``arima_cache`` keeps the fitted ARIMA between horizons of one series (its fit does not depend
+    on H). Returns ``(results {method: metrics + train_seconds}, fan data, histories)``."""
     L, S = config.input_len, config.eval_samples
     borders = data.split_borders(len(series), L, H, split)
 
@@ -220,7 +226,12 @@ def run_horizon(series: np.ndarray, table: data.Table, split: str, H: int,
         samplers["seasonal_naive"] = lambda x, k, q=q, p=period: baselines.seasonal_naive_samples(
             x, q, H, p)
     if "arima" in chosen and series.shape[1] == 1:
-        fn, seconds["arima"] = arima_sampler(series[:borders["train"][1], 0], config, H, S)
+        arima_cache = {} if arima_cache is None else arima_cache
+        if "fitted" not in arima_cache:
+            arima_cache["fitted"], arima_cache["seconds"] = fit_arima(
+                series[:borders["train"][1], 0], config)
+        seconds["arima"] = arima_cache["seconds"]
+        fn = arima_sampler(arima_cache["fitted"], H, S)
         samplers["arima"] = lambda x, k, fn=fn: jnp.asarray(fn(np.asarray(x)))
     del x_tr, y_tr
 
@@ -324,10 +335,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         series, _, _ = data.standardize(table.values, borders["train"][1], table.columns)
         info[name] = {"file": table.source, "steps": len(series), "channels": list(table.columns),
                       "split": split}
-        results[name], histories[name] = {}, {}
+        results[name], histories[name], arima_cache = {}, {}, {}
         for H in config.horizons:
             res, fan, hist = run_horizon(series, table, split, int(H), config,
-                                         jax.random.fold_in(key, 1000 * di + int(H)), name)
+                                         jax.random.fold_in(key, 1000 * di + int(H)), name, arima_cache)
             results[name][str(H)] = res
             histories[name][str(H)] = hist
             print(f"[forecasting] {name} H={H}: " + ", ".join(
