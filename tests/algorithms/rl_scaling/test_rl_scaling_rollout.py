@@ -1,0 +1,86 @@
+"""KV-cache rollouts with an end token, teacher-forced log-probs, and the vmapped GRPO step."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from algorithms.rl_scaling import grpo, rollout, tasks, trainer
+from models.transformer import Transformer, TransformerConfig
+
+
+def _model():
+    cfg = TransformerConfig(vocab_size=258, max_len=14, d_model=32, num_layers=1, num_heads=2,
+                            mlp_dim=32)
+    return nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
+def test_completion_mask():
+    t = jnp.array([[1, 2, 10, 3], [10, 10, 4, 5], [1, 1, 1, 1]])
+    chex.assert_trees_all_equal(rollout.completion_mask(t, 10), jnp.array(
+        [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], bool))
+
+
+def test_rollout_logprobs_match_teacher_forcing_and_stop_at_end():
+    gd, params = _model()
+    ops = np.array([[12, 34], [5, 99], [0, 0], [77, 8]])
+    prompts = jnp.asarray(tasks.encode_prompts(ops, 7, 2))
+    # end token = the most likely first byte, so that rows stop early
+    end = int(jnp.argmax(nnx.merge(gd, params)(prompts)[0, -1]))
+    toks, logp, mask = jax.jit(lambda p, k: rollout.rollout(
+        gd, p, prompts, k, max_new_tokens=6, end_id=end, temperature=0.05))(params, jax.random.key(0))
+    tf = rollout.completion_logprobs(nnx.merge(gd, params), prompts, toks)
+    chex.assert_trees_all_close(jnp.where(mask, logp, 0), jnp.where(mask, tf, 0), atol=2e-5)
+    # after the first end token every position holds the end token and is masked
+    first = np.argmax(np.asarray(toks) == end, axis=1)
+    has = (np.asarray(toks) == end).any(axis=1)
+    assert has.any()
+    for i in range(4):
+        if has[i]:
+            assert (np.asarray(toks)[i, first[i]:] == end).all()
+            assert np.asarray(mask)[i].sum() == first[i] + 1
+
+
+def test_answer_prob_is_probability_of_the_target_sequence():
+    gd, params = _model()
+    ops = np.array([[12, 34], [5, 9]])
+    prompts = jnp.asarray(tasks.encode_prompts(ops, 7, 2))
+    targets, lens = tasks.encode_answers(ops, 4)
+    p = trainer.answer_prob(gd, params, prompts, jnp.asarray(targets), jnp.asarray(lens))
+    model = nnx.merge(gd, params)
+    for i in range(2):  # product of next-token probabilities, computed step by step
+        seq = prompts[i]
+        prob = 1.0
+        for t in range(int(lens[i])):
+            logits = model(seq[None])[0, -1]
+            prob *= float(jax.nn.softmax(logits)[targets[i, t]])
+            seq = jnp.concatenate([seq, jnp.asarray(targets[i, t:t + 1])])
+        assert float(p[i]) == pytest.approx(prob, rel=1e-4)
+
+
+def test_vmapped_rl_step_with_traced_n_is_finite_and_updates():
+    gd, params = _model()
+    ops = np.array([[a, b] for a in range(4) for b in range(4)])
+    targets, lens = tasks.encode_answers(ops, 4)
+    pool = {"prompts": jnp.asarray(tasks.encode_prompts(ops, 7, 2)),
+            "targets": jnp.asarray(targets), "lens": jnp.asarray(lens)}
+    tx = optax.adam(1e-2)
+    spec = trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4,
+                          grpo=grpo.GRPOConfig(inner_steps=2, clip_eps_high=0.28))
+    step = jax.jit(jax.vmap(trainer.make_rl_step(gd, tx, spec), in_axes=(0, 0, 0, 0, None, None)))
+    stacked = jax.tree.map(lambda x: jnp.stack([x, x]), params)
+    opt = jax.vmap(tx.init)(stacked)
+    new, _, m = step(stacked, opt, jax.random.split(jax.random.key(0), 2), jnp.array([2, 4]),
+                     pool, None)
+    for v in m.values():
+        assert np.isfinite(np.asarray(v)).all()
+    assert m["reward"].shape == (2,)
+    # with all-zero rewards there is no signal and the parameters must not move
+    moved = [float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(new),
+                                                         jax.tree.leaves(stacked))]
+    if float(np.asarray(m["informative"]).max()) == 0.0:
+        assert max(moved) == 0.0
+    assert ((np.asarray(m["fallen"]) >= 0) & (np.asarray(m["fallen"]) <= 1)).all()
