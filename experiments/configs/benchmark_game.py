@@ -1,0 +1,65 @@
+"""Benchmarks as a Stackelberg game: equilibria of the providers' subgame and the designer's
+tune-before-test threshold (Chen, Zhang & Hardt, "Leaderboard Incentives", ICML 2026).
+
+    python -m experiments.benchmark_game --config=experiments/configs/benchmark_game.py:tiny --workdir=workdir
+    python -m experiments.benchmark_game --config=experiments/configs/benchmark_game.py:paper --workdir=workdir
+    python -m experiments.benchmark_game --config=experiments/configs/benchmark_game.py:tiny \
+        --config.cost_power=2 --config.cost_scale=0.06 --workdir=workdir   # quadratic cost
+
+No data files: the games are specified by the fields below.
+"""
+
+import ml_collections
+
+from core import config as cfg_lib
+
+
+def base() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    # Observed score families: theta + amplitude (1 - exp(-rate t)) and sigmoid(theta + slope log(1 + t)).
+    c.amplitude = 1.0
+    c.rate = 1.0
+    c.logit_slope = 0.5
+    # Cost c(e) = cost_scale * e ** cost_power (1 = linear, 2 = quadratic).
+    c.cost_scale = 0.25
+    c.cost_power = 1.0
+    c.max_effort = 5.0  # effort grids are linspace(0, max_effort, levels)
+    # Main game: N = 3 providers on 101 effort levels, winner takes all.
+    c.theta = (1.0, 0.8, 0.6)
+    c.levels = 101
+    c.rewards = "winner_take_all"  # or "linear"
+    c.max_delta = 3.0  # Delta grid of the additive family: linspace(0, max_delta, num_deltas)
+    c.num_deltas = 31
+    c.logit_delta_span = 2.0  # the logit family's grid reaches logit_delta_span * its closed-form Delta*
+    # Five providers on 21 levels with linear rewards.
+    c.theta5 = (1.0, 0.9, 0.8, 0.7, 0.6)
+    c.levels5 = 21
+    c.rewards5 = "linear"
+    c.num_deltas5 = 13
+    # Delta* against the quality gap, two providers.
+    c.gaps = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
+    c.logit_gaps = (0.2, 0.3, 0.4, 0.6, 0.8, 1.0)
+    c.gap_levels = 101
+    c.gap_deltas = 41
+    c.bisection_steps = 20
+    # Designer: J(Delta) = Kendall tau - cost_per_delta * Delta.
+    c.cost_per_delta = 0.05
+    # Two providers' mixed equilibrium at Delta = 0 on a coarse grid (support enumeration).
+    c.mixed_levels = 7
+    c.timing_repeats = 5
+    c.max_rounds = 64
+    return c
+
+
+VARIANTS = {
+    "tiny": {},
+    "paper": {
+        "levels": 201, "num_deltas": 121, "levels5": 31, "num_deltas5": 31, "gap_levels": 201,
+        "gap_deltas": 81, "gaps": (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8),
+        "bisection_steps": 30, "mixed_levels": 9, "timing_repeats": 20,
+    },
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return cfg_lib.build(arg, base, VARIANTS)
