@@ -5,7 +5,8 @@
     python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:paper --workdir=DIR  # accelerator
 
 ``tiny`` is the reduced sweep run by the main job (4 budgets x n in {2,4,8,16} x B_p in {4,8} x 3
-seeds); ``full`` is the whole CPU sweep (6 budgets, n up to 32, B_p up to 16, 4 seeds).
+seeds); ``full`` is the whole CPU sweep (6 budgets, n up to 32, B_p up to 16, 4 seeds, and the
+per-problem gradient-cosine probe, which ``tiny`` skips to save its compilations).
 """
 
 import ml_collections
@@ -50,7 +51,7 @@ def base() -> ml_collections.ConfigDict:
 
 
 VARIANTS = {
-    "tiny": {},
+    "tiny": {"cosine_problems": 0},
     "full": {"num_budgets": 6, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
              "num_seeds": 4},
     "paper": {
