@@ -1,0 +1,491 @@
+"""Sparse long-context decode attention: the jnp specification (and the CPU path).
+
+Faster Flash Decoding (FFD, "Faster Flash Decoding", ICML 2026) decodes one token against a paged KV
+cache by scanning a 2-bit quantized copy of the keys, keeping a page only when its estimated logit can
+matter, and attending exactly (refined keys, bf16 values) over the kept pages. Quest (Tang et al.,
+"Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference", ICML 2024) is the metadata
+baseline: per-page channel-wise min/max keys, an upper bound on each page's logit, top-K pages.
+
+Dimensions: B batch, H query heads, K kv heads, G = H / K query heads per kv head, D head dim,
+p page size (tokens per page), P pages (capacity S = P * p), W = D / 16 packed 32-bit words per key,
+M gathered page slots, NS kernel splits.
+
+FFD cache (a dict pytree, one per layer; "full" pages are those with all p slots written):
+
+* ``codes``  int32 [B, K, P, p, W]: 2-bit codes c in {0..3}, 16 per 32-bit word (4 per byte). Channel
+  ``d`` lives in word ``d % W`` at bits ``2 * (d // W)`` ("planar" order: unpacking slab ``s`` yields
+  the contiguous channels ``s*W .. s*W+W-1``, so kernels never permute lanes).
+* ``scale``  float32 [B, K, P, D]: symmetric per-(page, kv head, channel) scale ``absmax / 1.5``;
+  ``k_hat = (c - 1.5) * scale``.
+* ``resid``  float8_e4m3fn [B, K, P, p, D]: ``(k - k_hat) / scale`` in [-0.5, 0.5] (stored relative to
+  the scale so float8's range can never overflow); refined key ``k_ref = (c - 1.5 + resid) * scale``.
+* ``tail``   [B, K, p, D] in the model dtype: exact keys of the unfinished page ``length // p``.
+* ``v``      bfloat16 [B, K, P, p, D]: values (a paged view of the sequence-contiguous layout).
+
+Estimated and refined logits carry the ``1/sqrt(D)`` factor, so they are natural-log softmax logits.
+Selection (top-delta, the paper's rule): with ``m_j[g]`` the largest estimated logit of full page
+``j`` for query head ``g``, ``theta[g] = max(m_0[g], m_last[g]) - delta`` from the first and last full
+pages only (no global pass), and page ``j`` is kept iff ``m_j[g] >= theta[g]`` for some ``g`` of the
+kv group. ``delta`` is in nats: a skipped page's estimated weights are below ``exp(-delta)`` times the
+largest estimated weight on the two reference pages. The top-k variant keeps the ``k`` pages with the
+largest ``max_g m_j[g]`` (it needs a global pass, like Quest). The tail page is always attended.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+PAGE_SIZE = 128
+CODES_PER_WORD = 16
+F8 = jnp.float8_e4m3fn
+_SHIFTS = 2 * jnp.arange(CODES_PER_WORD, dtype=jnp.uint32)
+
+
+# -- 2-bit packing and page quantization -------------------------------------------------------
+
+
+def pack_codes(codes: jax.Array) -> jax.Array:
+    """Packs 2-bit codes, uint8/int [..., D] with values in 0..3, into int32 words [..., D / 16].
+
+    Channel ``d`` goes to word ``d % W`` at bit ``2 * (d // W)``, W = D / 16 (planar order).
+
+    Raises:
+      ValueError: D not a multiple of 16.
+    """
+    d = codes.shape[-1]
+    if d % CODES_PER_WORD:
+        raise ValueError(f"pack_codes: head dim {d} must be a multiple of {CODES_PER_WORD}")
+    w = d // CODES_PER_WORD
+    c = codes.astype(jnp.uint32).reshape(*codes.shape[:-1], CODES_PER_WORD, w)
+    words = jnp.sum(c << _SHIFTS[:, None], axis=-2, dtype=jnp.uint32)  # disjoint bits: sum == or
+    return lax.bitcast_convert_type(words, jnp.int32)
+
+
+def unpack_codes(words: jax.Array) -> jax.Array:
+    """Inverse of :func:`pack_codes`: int32 [..., W] -> uint8 [..., 16 * W] codes in 0..3."""
+    u = lax.bitcast_convert_type(words, jnp.uint32)
+    c = (u[..., None, :] >> _SHIFTS[:, None]) & 3
+    return c.reshape(*words.shape[:-1], CODES_PER_WORD * words.shape[-1]).astype(jnp.uint8)
+
+
+def quantize_pages(k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """2-bit symmetric quantization of full pages of keys (the paper's Sec. 3 key format).
+
+    Args:
+      k: [..., p, D] keys of full pages (any float dtype).
+
+    Returns:
+      (codes int32 [..., p, D/16] packed, scale float32 [..., D], resid float8_e4m3fn [..., p, D]) with
+      ``scale = max_t |k[t, d]| / 1.5``, ``c = round(k / scale + 1.5)`` in {0..3}, and
+      ``resid = (k - (c - 1.5) * scale) / scale`` (zero on all-zero channels).
+    """
+    k = k.astype(jnp.float32)
+    scale = jnp.max(jnp.abs(k), axis=-2) / 1.5
+    safe = jnp.where(scale > 0, scale, 1.0)[..., None, :]
+    x = k / safe
+    codes = jnp.clip(jnp.round(x + 1.5), 0, 3)
+    resid = jnp.where(scale[..., None, :] > 0, x - (codes - 1.5), 0.0)
+    return pack_codes(codes.astype(jnp.uint8)), scale, resid.astype(F8)
+
+
+def dequantize_pages(codes: jax.Array, scale: jax.Array, resid: jax.Array | None = None
+                     ) -> jax.Array:
+    """float32 [..., p, D]: ``k_hat = (c - 1.5) * scale``, or the refined key
+    ``(c - 1.5 + resid) * scale`` when ``resid`` is given."""
+    x = unpack_codes(codes).astype(jnp.float32) - 1.5
+    if resid is not None:
+        x = x + resid.astype(jnp.float32)
+    return x * scale[..., None, :]
+
+
+# -- the paged cache ---------------------------------------------------------------------------
+
+
+def check_layout(max_len: int, head_dim: int, page_size: int) -> None:
+    """Raises ValueError unless ``page_size`` divides ``max_len`` and 16 divides ``head_dim``."""
+    if page_size < 1 or max_len % page_size:
+        raise ValueError(f"page size {page_size} must be >= 1 and divide the cache capacity "
+                         f"{max_len}")
+    if head_dim % CODES_PER_WORD:
+        raise ValueError(f"head dim {head_dim} must be a multiple of {CODES_PER_WORD} for 2-bit "
+                         "packing into 32-bit words")
+
+
+def init_ffd_cache(batch_size: int, max_len: int, num_kv_heads: int, head_dim: int, dtype,
+                   page_size: int = PAGE_SIZE, scan_copy: bool = False) -> dict[str, jax.Array]:
+    """An empty FFD cache (layout in the module docstring).
+
+    With ``scan_copy`` the cache also keeps ``codes_u8`` uint8 [B, K, P, p, D], the same codes one
+    per byte, which the XLA path scans on a CPU (see :func:`ffd_scan_page_max`).
+
+    Raises:
+      ValueError: ``page_size`` does not divide ``max_len`` or 16 does not divide ``head_dim``.
+    """
+    check_layout(max_len, head_dim, page_size)
+    b, kh, p, d = batch_size, num_kv_heads, page_size, head_dim
+    n = max_len // p
+    cache = {
+        "codes": jnp.zeros((b, kh, n, p, d // CODES_PER_WORD), jnp.int32),
+        "scale": jnp.zeros((b, kh, n, d), jnp.float32),
+        "resid": jnp.zeros((b, kh, n, p, d), F8),
+        "tail": jnp.zeros((b, kh, p, d), dtype),
+        "v": jnp.zeros((b, kh, n, p, d), jnp.bfloat16),
+    }
+    if scan_copy:
+        cache["codes_u8"] = jnp.zeros((b, kh, n, p, d), jnp.uint8)
+    return cache
+
+
+def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, start: jax.Array
+                     ) -> dict[str, jax.Array]:
+    """Appends keys/values ``k, v [B, K, T, D]`` at slots ``start[b] .. start[b] + T - 1``.
+
+    Keys go to the full-precision tail page; every page that fills up is quantized
+    (:func:`quantize_pages`) and written to ``codes/scale/resid``; the new tail is the unfinished page
+    ``(start + T) // p``. Rows may be ragged. ``start[b] + T`` must not exceed the capacity (as with
+    the dense cache, this is the caller's contract; :func:`check_lengths` checks concrete lengths).
+    """
+    b, kh, n, p, _ = cache["resid"].shape
+    t, d = k.shape[2], k.shape[3]
+    nw = (p - 1 + t) // p + 1  # window pages: the old tail page, the new tokens, the next tail
+
+    scan_copy = "codes_u8" in cache
+
+    def row(codes, scale, resid, tail, k, start, codes_u8):
+        off, page0 = start % p, start // p
+        win = jnp.zeros((kh, nw * p, d), tail.dtype).at[:, :p].set(tail)
+        win = lax.dynamic_update_slice(win, k.astype(tail.dtype), (0, off, 0))
+        pages = win.reshape(kh, nw, p, d)
+        c, s, r = quantize_pages(pages)
+        filled = (off + t) // p  # window pages 0 .. filled-1 are now full
+        idx = jnp.where(jnp.arange(nw) < filled, page0 + jnp.arange(nw), n)  # n: dropped
+        codes = codes.at[:, idx].set(c, mode="drop")
+        scale = scale.at[:, idx].set(s, mode="drop")
+        resid = resid.at[:, idx].set(r, mode="drop")
+        if scan_copy:
+            codes_u8 = codes_u8.at[:, idx].set(unpack_codes(c), mode="drop")
+        tail = lax.dynamic_index_in_dim(pages, filled, axis=1, keepdims=False)
+        return codes, scale, resid, tail, codes_u8
+
+    codes, scale, resid, tail, codes_u8 = jax.vmap(row)(
+        cache["codes"], cache["scale"], cache["resid"], cache["tail"], k, start,
+        cache.get("codes_u8", jnp.zeros((b,), jnp.uint8)))
+
+    def write_v(buf, new, s):  # buf [K, S, D]
+        return lax.dynamic_update_slice(buf, new.astype(buf.dtype), (0, s, 0))
+
+    vflat = jax.vmap(write_v)(cache["v"].reshape(b, kh, n * p, d), v, start)
+    out = {"codes": codes, "scale": scale, "resid": resid, "tail": tail,
+           "v": vflat.reshape(b, kh, n, p, d)}
+    if scan_copy:
+        out["codes_u8"] = codes_u8
+    return out
+
+
+def refined_keys(cache: dict[str, jax.Array], lengths: jax.Array) -> jax.Array:
+    """float32 [B, K, S, D]: refined keys of the full pages with the exact tail page overlaid (slots
+    at or beyond ``lengths`` hold unspecified values). Used for prefill and as the dense target."""
+    b, kh, n, p, d = cache["resid"].shape
+    k = dequantize_pages(cache["codes"], cache["scale"], cache["resid"])  # [B, K, P, p, D]
+    tail_page = lengths // p
+    is_tail = (jnp.arange(n)[None, :] == tail_page[:, None])[:, None, :, None, None]
+    k = jnp.where(is_tail, cache["tail"][:, :, None].astype(jnp.float32), k)
+    return k.reshape(b, kh, n * p, d)
+
+
+def check_lengths(lengths, capacity: int, where: str) -> None:
+    """Raises ValueError if concrete ``lengths`` fall outside 1..capacity (tracers are skipped)."""
+    if isinstance(lengths, jax.core.Tracer):
+        return
+    arr = jnp.asarray(lengths)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 1 or hi > capacity:
+        raise ValueError(f"{where}: lengths must be in 1..{capacity} (the cache capacity); got "
+                         f"min {lo}, max {hi}")
+
+
+# -- dense decode (the baseline) ---------------------------------------------------------------
+
+
+def dense_decode(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Dense decode attention of one new token per row over a [B, K, S, D] cache.
+
+    The fast XLA formulation on CPU: keys sequence-contiguous per kv head, the G query heads of a
+    group batched into one [G, D] x [D, S] product, float32 accumulation.
+
+    Args:
+      q: [B, H, D]; k, v: [B, K, S, D]; lengths: int [B] in 1..S (slots 0..lengths-1 are attended).
+
+    Returns:
+      [B, H, D] in ``q``'s dtype.
+    """
+    b, h, d = q.shape
+    kh, s = k.shape[1], k.shape[2]
+    qg = q.reshape(b, kh, h // kh, d).astype(k.dtype) / jnp.sqrt(d).astype(k.dtype)
+    logits = jnp.einsum("bkgd,bksd->bkgs", qg, k, preferred_element_type=jnp.float32)
+    logits = jnp.where(jnp.arange(s)[None, None, None, :] < lengths[:, None, None, None], logits,
+                       -jnp.inf)
+    m = logits.max(-1, keepdims=True)
+    e = jnp.exp(logits - m)
+    o = jnp.einsum("bkgs,bksd->bkgd", e.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    o = o / e.sum(-1, keepdims=True)
+    return o.reshape(b, h, d).astype(q.dtype)
+
+
+# -- FFD: selection and attention --------------------------------------------------------------
+
+
+def _grouped_query(q: jax.Array, num_kv_heads: int) -> jax.Array:
+    """[B, H, D] -> float32 [B, K, G, D] scaled by 1/sqrt(D)."""
+    b, h, d = q.shape
+    if h % num_kv_heads:
+        raise ValueError(f"{h} query heads are not a multiple of {num_kv_heads} kv heads")
+    return q.reshape(b, num_kv_heads, h // num_kv_heads, d).astype(jnp.float32) / math.sqrt(d)
+
+
+def select_pages(page_max: jax.Array, num_full: jax.Array, delta: float | jax.Array,
+                 top_k: int | None = None) -> jax.Array:
+    """bool [B, K, P]: which full pages to attend.
+
+    Args:
+      page_max: float32 [B, K, G, P], the largest estimated logit of each page per query head
+        (``-inf`` on pages that are not full).
+      num_full: int [B], number of full pages per row.
+      delta: top-delta margin in nats (>= 0; ``inf`` keeps every full page). Ignored with ``top_k``.
+      top_k: keep the ``top_k`` pages with the largest ``max_g page_max`` instead (ties may keep more).
+    """
+    valid = jnp.arange(page_max.shape[-1])[None, :] < num_full[:, None]  # [B, P]
+    if top_k is not None:
+        score = page_max.max(axis=2)
+        kth = lax.top_k(score, min(top_k, score.shape[-1]))[0][..., -1:]
+        return (score >= kth) & valid[:, None, :]
+    first = page_max[..., 0]
+    last_idx = jnp.maximum(num_full - 1, 0)[:, None, None, None]
+    last = jnp.take_along_axis(page_max, jnp.broadcast_to(last_idx, page_max.shape[:-1] + (1,)),
+                               axis=-1)[..., 0]
+    theta = jnp.maximum(first, last) - delta  # [B, K, G]
+    return jnp.any(page_max >= theta[..., None], axis=2) & valid[:, None, :]
+
+
+def ffd_threshold(page_max_first: jax.Array, page_max_last: jax.Array, delta) -> jax.Array:
+    """theta = max(first, last) - delta, float32 [B, K, G] (the paper's top-delta threshold)."""
+    return jnp.maximum(page_max_first, page_max_last) - delta
+
+
+def tail_partial(qg: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array):
+    """Exact attention partial (acc [B,K,G,D], m [B,K,G], l [B,K,G]) over the tail page."""
+    p = cache["tail"].shape[2]
+    logits = jnp.einsum("bkgd,bktd->bkgt", qg, cache["tail"].astype(jnp.float32))
+    ok = jnp.arange(p)[None, :] < (lengths % p)[:, None]
+    logits = jnp.where(ok[:, None, None, :], logits, -jnp.inf)
+    tail_page = jnp.minimum(lengths // p, cache["v"].shape[2] - 1)  # a full cache has no tail
+    v = jnp.take_along_axis(cache["v"], tail_page[:, None, None, None, None], axis=2)[:, :, 0]
+    return softmax_partial(logits, v)
+
+
+def softmax_partial(logits: jax.Array, v: jax.Array):
+    """(acc, m, l) of logits [..., G, N] against values [..., N, D]: ``m = max``, ``l = sum exp``,
+    ``acc = sum exp(logit - m) v``; an all ``-inf`` row gives (0, -inf, 0)."""
+    m = logits.max(-1)
+    e = jnp.exp(logits - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
+    acc = jnp.einsum("...gn,...nd->...gd", e, v.astype(jnp.float32))
+    return acc, m, e.sum(-1)
+
+
+def merge_partials(acc: jax.Array, m: jax.Array, l: jax.Array, axis: int) -> jax.Array:
+    """Log-sum-exp merge of split partials stacked on ``axis`` (of ``m``/``l``; ``acc`` has the
+    extra trailing D): returns the normalised output ``sum_s e^{m_s - M} acc_s / sum_s e^{m_s - M} l_s``."""
+    mm = m.max(axis=axis, keepdims=True)
+    w = jnp.exp(m - jnp.where(jnp.isfinite(mm), mm, 0.0))  # exp(-inf) = 0 for empty splits
+    num = jnp.sum(w[..., None] * acc, axis=axis)
+    return num / jnp.sum(w * l, axis=axis)[..., None]
+
+
+def ffd_page_max(qg: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array) -> jax.Array:
+    """float32 [B, K, G, P]: largest estimated logit ``q.k_hat/sqrt(D)`` per page and query head;
+    ``-inf`` on pages that are not full. (Spec form: dequantizes every page.)"""
+    p = cache["tail"].shape[2]
+    k_hat = dequantize_pages(cache["codes"], cache["scale"])
+    est = jnp.einsum("bkgd,bkptd->bkgpt", qg, k_hat).max(-1)
+    full = jnp.arange(est.shape[-1])[None, :] < (lengths // p)[:, None]
+    return jnp.where(full[:, None, None, :], est, -jnp.inf)
+
+
+def ffd_decode_reference(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array, *,
+                         delta: float = 8.0, top_k: int | None = None
+                         ) -> tuple[jax.Array, jax.Array]:
+    """FFD decode attention, the specification (masked and dense over all pages).
+
+    Args:
+      q: [B, H, D] queries of the new tokens (RoPE applied).
+      cache: FFD cache holding ``lengths[b]`` tokens per row (the new token included).
+      lengths: int32 [B], 1..S.
+      delta: top-delta margin in nats (paper Sec. 3; ``inf`` = dense over refined keys).
+      top_k: use the top-k-pages variant instead of top-delta.
+
+    Returns:
+      (out [B, H, D] in ``q``'s dtype, keep bool [B, K, P] of attended full pages).
+    """
+    b, h, d = q.shape
+    kh, n, p = cache["resid"].shape[1], cache["resid"].shape[2], cache["resid"].shape[3]
+    qg = _grouped_query(q, kh)
+    keep = select_pages(ffd_page_max(qg, cache, lengths), lengths // p, delta, top_k)
+    k_ref = dequantize_pages(cache["codes"], cache["scale"], cache["resid"])
+    logits = jnp.einsum("bkgd,bkptd->bkgpt", qg, k_ref)
+    logits = jnp.where(keep[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, n * p)
+    acc, m, l = softmax_partial(logits, cache["v"].reshape(b, kh, n * p, d))
+    ta, tm, tl = tail_partial(qg, cache, lengths)
+    out = merge_partials(jnp.stack([acc, ta], 2), jnp.stack([m, tm], 2), jnp.stack([l, tl], 2), 2)
+    return out.reshape(b, h, d).astype(q.dtype), keep
+
+
+# -- FFD: the XLA (CPU) path -------------------------------------------------------------------
+
+
+def ffd_scan_page_max(qg: jax.Array, cache: dict[str, jax.Array], num_full: jax.Array
+                      ) -> jax.Array:
+    """:func:`ffd_page_max` computed without a dequantized key copy, as
+    ``q.k_hat = (q*scale) . c - 1.5 * sum_d (q*scale)_d``.
+
+    Reads the byte-per-code scan copy ``codes_u8`` [B, K, P, p, D] when the cache has one (the CPU
+    layout: XLA on a CPU fuses the uint8 -> float conversion into the small batched products, while
+    unpacking 2-bit words with shifts costs ~10x more there), else the packed words slab by slab.
+    qg float32 [B, K, G, D] (already / sqrt(D)). Returns float32 [B, K, G, P] (``-inf`` beyond
+    ``num_full``).
+    """
+    b, kh, g, d = qg.shape
+    qs = qg[:, :, :, None, :] * cache["scale"][:, :, None, :, :]  # [B, K, G, P, D]
+    offset = 1.5 * qs.sum(-1)  # [B, K, G, P]
+    if "codes_u8" in cache:
+        est = jnp.einsum("bkgpd,bkptd->bkgpt", qs, cache["codes_u8"].astype(jnp.float32))
+    else:
+        codes = cache["codes"]
+        w = codes.shape[-1]
+        qs = qs.reshape(b, kh, g, -1, CODES_PER_WORD, w)
+        u = lax.bitcast_convert_type(codes, jnp.uint32)
+        est = 0.0
+        for s in range(CODES_PER_WORD):
+            c = ((u >> (2 * s)) & 3).astype(jnp.float32)  # channels s*W .. s*W+W-1
+            est = est + jnp.einsum("bkgpw,bkptw->bkgpt", qs[..., s, :], c)
+    page_max = est.max(-1) - offset
+    full = jnp.arange(page_max.shape[-1])[None, :] < num_full[:, None]
+    return jnp.where(full[:, None, None, :], page_max, -jnp.inf)
+
+
+def f8_to_f32(x: jax.Array) -> jax.Array:
+    """float8_e4m3fn -> float32 by bit arithmetic (exact for every finite value; the NaN code
+    decodes as 480, and residuals are never NaN). XLA's own conversion is emulated element by
+    element on a CPU and ~8x slower than these integer ops."""
+    u = lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
+    sign = (u >> 7) << 31
+    e, m = (u >> 3) & 15, u & 7
+    normal = lax.bitcast_convert_type(sign | ((e + 120) << 23) | (m << 20), jnp.float32)
+    sub = jnp.where(u >> 7 == 1, -1.0, 1.0) * m.astype(jnp.float32) * (2.0 ** -9)
+    return jnp.where(e == 0, sub, normal)
+
+
+def gather_pages(x: jax.Array, idx: jax.Array) -> jax.Array:
+    """x [B, K, P, ...] gathered at page indices idx int [B, K, M] -> [B, K, M, ...].
+
+    Per-(row, head) indexing under ``vmap``: XLA on a CPU copies whole contiguous pages this way,
+    several times faster than ``take_along_axis`` with broadcast indices."""
+    return jax.vmap(jax.vmap(lambda a, i: a[i]))(x, idx)
+
+
+def ffd_decode_xla(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array, *,
+                   delta: float = 8.0, top_k: int | None = None, max_pages: int | None = None
+                   ) -> tuple[jax.Array, jax.Array]:
+    """FFD decode attention as an XLA program: packed scan, selection, gather of at most
+    ``max_pages`` kept pages per (row, kv head), refinement and softmax, LSE merge with the tail.
+
+    Equal to :func:`ffd_decode_reference` whenever at most ``max_pages`` pages pass the rule; beyond
+    that the kept pages with the largest estimated scores are attended (``max_pages`` is the static
+    gather budget XLA needs; ``None`` = all P pages). Returns (out [B, H, D], keep [B, K, P] of the
+    pages actually attended).
+    """
+    b, h, d = q.shape
+    kh, n, p = cache["resid"].shape[1], cache["resid"].shape[2], cache["resid"].shape[3]
+    m_slots = n if max_pages is None else max(1, min(int(max_pages), n))
+    qg = _grouped_query(q, kh)
+    page_max = ffd_scan_page_max(qg, cache, lengths // p)
+    keep = select_pages(page_max, lengths // p, delta, top_k)
+    score = jnp.where(keep, page_max.max(2), -jnp.inf)  # [B, K, P]
+    _, idx = lax.top_k(score, m_slots)  # [B, K, M]
+    ok = jnp.take_along_axis(keep, idx, axis=2)
+
+    def gather(x):
+        return gather_pages(x, idx)
+
+    # refined logit = (q * scale) . (c - 1.5 + resid): per-page query scaling keeps the product a
+    # batch of small [G, D] x [D, p] matmuls over byte-sized operands
+    qs = qg[:, :, :, None, :] * gather(cache["scale"])[:, :, None]  # [B, K, G, M, D]
+    codes = (gather(cache["codes_u8"]) if "codes_u8" in cache
+             else unpack_codes(gather(cache["codes"])))
+    x = codes.astype(jnp.float32) - 1.5 + f8_to_f32(gather(cache["resid"]))
+    logits = jnp.einsum("bkgmd,bkmtd->bkgmt", qs, x)
+    logits = jnp.where(ok[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, m_slots * p)
+    acc, m, l = softmax_partial(logits, gather(cache["v"]).reshape(b, kh, m_slots * p, d))
+    ta, tm, tl = tail_partial(qg, cache, lengths)
+    out = merge_partials(jnp.stack([acc, ta], 2), jnp.stack([m, tm], 2), jnp.stack([l, tl], 2), 2)
+    attended = jnp.zeros_like(keep).at[
+        jnp.arange(b)[:, None, None], jnp.arange(kh)[None, :, None], idx].set(ok)
+    return out.reshape(b, h, d).astype(q.dtype), attended
+
+
+# -- Quest baseline ----------------------------------------------------------------------------
+
+
+def quest_metadata(k: jax.Array, page_size: int) -> tuple[jax.Array, jax.Array]:
+    """Per-page channel-wise (min, max) keys, each float32 [B, K, P, D], from keys [B, K, S, D]."""
+    b, kh, s, d = k.shape
+    pages = k.reshape(b, kh, s // page_size, page_size, d).astype(jnp.float32)
+    return pages.min(axis=3), pages.max(axis=3)
+
+
+def quest_page_scores(qg: jax.Array, kmin: jax.Array, kmax: jax.Array) -> jax.Array:
+    """Quest's upper bound of each page's logit, ``sum_d max(q_d m_d, q_d M_d)``, maximised over the
+    kv group: float32 [B, K, P]. ``qg`` [B, K, G, D] (already / sqrt(D))."""
+    ub = jnp.maximum(qg[:, :, :, None, :] * kmin[:, :, None], qg[:, :, :, None, :] * kmax[:, :, None])
+    return ub.sum(-1).max(2)
+
+
+def quest_decode(q: jax.Array, k: jax.Array, v: jax.Array, kmin: jax.Array, kmax: jax.Array,
+                 lengths: jax.Array, *, top_k: int, page_size: int
+                 ) -> tuple[jax.Array, jax.Array]:
+    """Quest decode: attend the ``top_k`` full pages with the largest upper-bound score, gathered
+    (exact keys and values), plus the unfinished last page. k, v [B, K, S, D]; metadata
+    [B, K, P, D] (from :func:`quest_metadata`, valid on full pages). Returns (out [B, H, D],
+    keep bool [B, K, P])."""
+    b, h, d = q.shape
+    kh, s = k.shape[1], k.shape[2]
+    n = s // page_size
+    qg = _grouped_query(q, kh)
+    num_full = lengths // page_size
+    valid = jnp.arange(n)[None, :] < num_full[:, None]
+    score = jnp.where(valid[:, None, :], quest_page_scores(qg, kmin, kmax), -jnp.inf)
+    m_slots = max(1, min(top_k, n))
+    top, idx = lax.top_k(score, m_slots)
+    ok = jnp.isfinite(top)
+    kp = k.reshape(b, kh, n, page_size, d)
+    vp = v.reshape(b, kh, n, page_size, d)
+    ix = idx[..., None, None]
+    kg = jnp.take_along_axis(kp, ix, axis=2).astype(jnp.float32)
+    logits = jnp.einsum("bkgd,bkmtd->bkgmt", qg, kg)
+    logits = jnp.where(ok[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, m_slots * page_size)
+    acc, m, l = softmax_partial(logits, jnp.take_along_axis(vp, ix, axis=2).reshape(
+        b, kh, m_slots * page_size, d))
+    # the unfinished page, exact
+    tp = jnp.minimum(num_full, n - 1)[:, None, None, None, None]
+    tk = jnp.take_along_axis(kp, tp, axis=2)[:, :, 0].astype(jnp.float32)
+    tv = jnp.take_along_axis(vp, tp, axis=2)[:, :, 0]
+    tl = jnp.einsum("bkgd,bktd->bkgt", qg, tk)
+    tok = jnp.arange(page_size)[None, :] < (lengths % page_size)[:, None]
+    ta, tm, tl = softmax_partial(jnp.where(tok[:, None, None, :], tl, -jnp.inf), tv)
+    out = merge_partials(jnp.stack([acc, ta], 2), jnp.stack([m, tm], 2), jnp.stack([l, tl], 2), 2)
+    keep = jnp.zeros((b, kh, n), bool).at[
+        jnp.arange(b)[:, None, None], jnp.arange(kh)[None, :, None], idx].set(ok)
+    return out.reshape(b, h, d).astype(q.dtype), keep
