@@ -208,7 +208,7 @@ def test_transformer_decode_with_backends():
     from models.kv_cache import get_backend
     from models.transformer import Transformer, TransformerConfig
 
-    cfg = TransformerConfig(vocab_size=40, max_len=64, d_model=32, num_layers=1, num_heads=4,
+    cfg = TransformerConfig(vocab_size=40, max_len=64, d_model=64, num_layers=1, num_heads=4,
                             num_kv_heads=2, causal=True)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(11), (2, 40), 0, 40)
