@@ -14,11 +14,12 @@ from core import config as cfg_lib
 def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.windows = 8  # held-out windows of the model's max_len
-    c.prompt_len = 128  # prefill; the rest of each window is decoded teacher-forced
+    c.windows = 8  # held-out windows of `context` bytes
+    c.context = 128  # the LM's training length (RoPE does not extrapolate past it)
+    c.prompt_len = 64  # prefill; the rest of each window is decoded teacher-forced
     c.bits = 2
-    c.chunk = 128  # tokens per k-means chunk (QVG) = KIVI's full-precision residual
-    c.num_centroids = 4
+    c.chunk = 64  # tokens per k-means chunk (QVG) = KIVI's full-precision residual
+    c.num_centroids = 2  # 2 bf16 centroids of D=32 over 64 tokens: 0.5 bit/element
     c.kmeans_iters = 8
     c.qvg_block = 64  # paper: 64 (clamped to the head dim when larger)
     c.qvg_pro_block = 16
@@ -44,7 +45,7 @@ def base() -> ml_collections.ConfigDict:
 
 VARIANTS = {
     "tiny": {},
-    "paper": {"windows": 64, "prompt_len": 768, "chunk": 256, "num_centroids": 16,
+    "paper": {"windows": 64, "context": 1024, "prompt_len": 768, "chunk": 256, "num_centroids": 16,
               "kmeans_iters": 20, "synth_tokens": 65536, "synth_heads": 8, "lm_config": "paper"},
 }
 

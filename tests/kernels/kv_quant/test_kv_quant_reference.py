@@ -126,7 +126,7 @@ def _dense_of_qvg(layer, cfg, length, rope_base):
 
 def test_qvg_cache_attention_matches_dequantize_then_dense():
     b, kh, h, d, n = 2, 2, 4, 16, 8
-    cfg = ref.QVGConfig(bits=4, stages=2, block=8, num_centroids=4, chunk=n, kmeans_iters=3)
+    cfg = ref.QVGConfig(bits=4, stages=1, block=8, num_centroids=4, chunk=n, kmeans_iters=3)
     be = api.QVGCache(config=cfg, implementation="reference")
     ks = jax.random.split(jax.random.key(0), 3)
     k = jax.random.normal(ks[0], (b, kh, 19, d))
