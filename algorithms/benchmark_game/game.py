@@ -42,7 +42,7 @@ def _parameters_as_leaves(cls):
 
     def unflatten(_, leaves):
         obj = object.__new__(cls)
-        for name, value in zip(names, leaves):
+        for name, value in zip(names, leaves, strict=True):
             object.__setattr__(obj, name, value)
         return obj
 

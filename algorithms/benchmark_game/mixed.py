@@ -128,7 +128,8 @@ def distinct(eq: MixedEquilibria, decimals: int = 5) -> list[tuple[np.ndarray, n
     """The valid equilibria as ``[(x [m], y [n]), ...]`` float64, duplicates (to ``decimals``)
     removed, in support-enumeration order."""
     out, seen = [], set()
-    for x, y, ok in zip(np.asarray(eq.row), np.asarray(eq.col), np.asarray(eq.valid)):
+    for x, y, ok in zip(np.asarray(eq.row), np.asarray(eq.col), np.asarray(eq.valid),
+                         strict=True):
         if not ok:
             continue
         key = tuple(np.round(np.concatenate([x, y]), decimals) + 0.0)

@@ -2,7 +2,8 @@
 tune-before-test threshold (Chen, Zhang & Hardt, "Leaderboard Incentives", ICML 2026).
 
     python -m experiments.benchmark_game --config=experiments/configs/benchmark_game.py:tiny --workdir=workdir
-    python -m experiments.benchmark_game --config=experiments/configs/benchmark_game.py:paper --workdir=workdir
+    python -m experiments.benchmark_game --config=experiments/configs/benchmark_game.py:paper \
+        --workdir=workdir
     python -m experiments.benchmark_game --config=experiments/configs/benchmark_game.py:tiny \
         --config.cost_power=2 --config.cost_scale=0.06 --workdir=workdir   # quadratic cost
 
@@ -30,11 +31,12 @@ def base() -> ml_collections.ConfigDict:
     c.rewards = "winner_take_all"  # or "linear"
     c.max_delta = 3.0  # Delta grid of the additive family: linspace(0, max_delta, num_deltas)
     c.num_deltas = 31
-    c.logit_delta_span = 2.0  # the logit family's grid reaches logit_delta_span * its closed-form Delta*
+    c.logit_max_delta = 15.0  # the logit family's Delta grid: linspace(0, logit_max_delta, num_deltas)
     # Five providers on 21 levels with linear rewards.
     c.theta5 = (1.0, 0.9, 0.8, 0.7, 0.6)
     c.levels5 = 21
     c.rewards5 = "linear"
+    c.max_delta5 = 3.6
     c.num_deltas5 = 13
     # Delta* against the quality gap, two providers.
     c.gaps = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)

@@ -87,7 +87,8 @@ def test_payoffs_and_equilibria_match_brute_force(seed):
         u_ref, ne_ref = brute_force(score, c, delta)
         u = bg.payoff_tensor(bg.observed_scores(score, c, delta), c.costs, c.rewards)
         np.testing.assert_allclose(u, u_ref, atol=1e-6)
-        np.testing.assert_array_equal(np.argwhere(np.asarray(bg.pure_nash_mask(u))), np.array(ne_ref).reshape(-1, 3))
+        want = np.array(ne_ref).reshape(-1, 3)
+        np.testing.assert_array_equal(np.argwhere(np.asarray(bg.pure_nash_mask(u))), want)
         eq = bg.pure_equilibria(score, c, delta)
         assert int(eq.count) == len(ne_ref)
         np.testing.assert_array_equal(eq.profiles[: len(ne_ref)], np.array(ne_ref).reshape(-1, 3))
@@ -107,7 +108,7 @@ def test_first_true_matches_argwhere():
     for shape in [(5, 5), (4, 4, 4)]:
         masks = np.stack([rng.uniform(size=shape) < p for p in (0.0, 0.02, 0.1, 0.5)])
         got = np.asarray(first(jnp.asarray(masks)))
-        for mask, g in zip(masks, got):
+        for mask, g in zip(masks, got, strict=True):
             want = np.full((6, len(shape)), -1)
             hits = np.argwhere(mask)[:6]
             want[: len(hits)] = hits
