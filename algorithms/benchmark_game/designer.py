@@ -3,7 +3,7 @@
 The designer moves first (a Stackelberg leader) and picks ``Delta``; the providers then play the
 subgame of :mod:`algorithms.benchmark_game.game`. The designer wants the equilibrium leaderboard to
 rank models by latent quality and pays ``cost_per_unit`` per unit of ``Delta`` (Chen, Zhang & Hardt,
-ICML 2026, Sec. 3-4):
+ICML 2026; the Stackelberg formulation of its abstract and introduction):
 
     J(Delta) = fidelity(Delta) - cost_per_unit * Delta,
 

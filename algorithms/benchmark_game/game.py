@@ -2,7 +2,8 @@
 best-response dynamics.
 
 Model (Chen, Zhang & Hardt, "Leaderboard Incentives: Model Rankings under Strategic Post-Training",
-ICML 2026, Sec. 2): providers ``i = 1..N`` hold models of latent quality ``theta_1 > ... > theta_N``.
+ICML 2026; the model set-up): providers ``i = 1..N`` hold models of latent quality
+``theta_1 > ... > theta_N``.
 The designer's protocol gives every model ``Delta`` units of benchmark-specific training before it is
 evaluated ("tune-before-test"; ``Delta = 0`` is the current practice). Each provider then chooses an
 extra effort ``e_i`` from a grid and is observed at ``v(theta_i, Delta + e_i)``. Providers are ranked
@@ -284,7 +285,7 @@ def make_contest(theta, efforts, rewards, cost, *, allow_tied_theta: bool = Fals
 
 @jax.jit
 def observed_scores(score: ScoreFamily, contest: Contest, delta) -> jax.Array:
-    """``v(theta_i, delta + e_m)`` [N, M] f32 (Sec. 2, the observed score)."""
+    """``v(theta_i, delta + e_m)`` [N, M] f32 (the observed score of the model set-up)."""
     return score(contest.theta[:, None], jnp.asarray(delta, jnp.float32) + contest.efforts[None, :])
 
 
@@ -410,8 +411,18 @@ def pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria:
     """All pure Nash equilibria at tune-before-test level ``delta`` (a scalar, training units).
 
     Builds the payoff tensor (:func:`payoff_tensor`) and intersects the players' best-response
-    masks. Thm. (no equilibrium at ``Delta = 0``) and Thm. (unique, quality-ranked equilibrium
-    above a threshold) of the paper are statements about ``count`` and ``zero_effort_unique``.
+    masks. The paper's two main results - no equilibrium at ``Delta = 0``, a unique quality-ranked
+    equilibrium with enough tune-before-test - are statements about ``count`` and
+    ``zero_effort_unique`` (here for pure strategies on the effort grid).
+
+    Args:
+      score: a score family (pytree; its parameters may vary without recompiling).
+      contest: from :func:`make_contest`.
+      delta: () tune-before-test training, >= 0.
+      max_equilibria: K, how many equilibria to list (static); ``count`` is exact regardless.
+
+    Returns:
+      :class:`Equilibria`. Costs ``O(N**2 M**N)`` time and ``O(M**N)`` memory per player.
     """
     scores = observed_scores(score, contest, delta)
     n = contest.num_players

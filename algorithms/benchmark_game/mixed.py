@@ -2,9 +2,9 @@
 
 On a finite effort grid a mixed equilibrium always exists (Nash, 1951) even when the pure one does
 not; for two providers we compute them all (for nondegenerate games) by support enumeration
-(Nisan et al., "Algorithmic Game Theory", 2007, Sec. 3.2; the algorithm behind
-``nashpy.Game.support_enumeration``): for every pair of supports ``(S, T)`` of equal size solve the
-indifference equations
+(von Stengel, "Equilibrium computation for two-player games", in Nisan et al., "Algorithmic
+Game Theory", 2007, ch. 3; the algorithm behind ``nashpy.Game.support_enumeration``): for every
+pair of supports ``(S, T)`` of equal size solve the indifference equations
 
     (A y)_i = u  for i in S,   y_j = 0 for j not in T,   sum_j y_j = 1,
     (x^T B)_j = w for j in T,   x_i = 0 for i not in S,   sum_i x_i = 1,
