@@ -1,0 +1,64 @@
+"""Stochastic Path Follower (SPF) against online baselines on drifting least squares and logistic regression.
+
+    python -m experiments.spf --config=experiments/configs/spf.py:tiny --workdir=workdir
+    python -m experiments.spf --config=experiments/configs/spf.py:paper --workdir=workdir   # accelerator
+    python -m experiments.spf --config=experiments/configs/spf.py:tiny,train_steps=50 --workdir=/tmp/w
+"""
+
+import ml_collections
+
+from core import config as cfg_lib
+
+
+def base() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.problems = ("lsq_rotation", "lsq_ou", "logistic_rotation")
+    # the stream: d decision dimension, M samples per step, T steps of length dt
+    c.dim = 10
+    c.batch = 8
+    c.steps = 200
+    c.dt = 0.05
+    c.noise = 0.5  # least-squares observation noise std
+    c.omega_min = 0.2  # rotation speeds (rad per unit time)
+    c.omega_max = 1.0
+    c.ou_kappa = 0.5
+    c.ou_sigma = 1.0
+    c.burn_in = 0.25  # fraction of each episode left out of the tracking metrics
+    c.test_episodes = 16
+    c.tune_episodes = 8  # separate episodes on which every baseline's step / forgetting is tuned
+    c.step_grid = (0.0125, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+    c.adam_grid = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
+    c.pc_pred_weights = (0.25, 0.5, 1.0)
+    c.pc_pred_iters = 5
+    c.decay_power = 0.6  # Robbins-Monro decaying-step SGD baseline
+    c.forgetting_grid = (0.8, 0.9, 0.95, 0.98, 0.99, 0.995)
+    # SPF network and training (simulated episodes of the same drift family, fresh seeds)
+    c.hidden = 32
+    c.depth = 2
+    c.residual_weight = 0.1
+    c.train_steps = 120
+    c.train_episodes = 6
+    c.train_episode_steps = 100
+    c.learning_rate = 3e-3
+    c.grad_clip = 1.0
+    # scaling sweep: drifting least squares (rotation) at growing d, one episode each
+    c.scaling_dims = (10, 100, 1000, 10000)
+    c.scaling_steps = 40
+    c.rls_max_dim = 1000  # RLS is O(d^2) memory and O(d^2 M) time per step
+    c.progress = True
+    return c
+
+
+VARIANTS = {
+    "tiny": {},
+    "paper": {
+        "dim": 100, "batch": 32, "steps": 1000, "test_episodes": 64, "tune_episodes": 32,
+        "hidden": 64, "train_steps": 3000, "train_episodes": 32, "train_episode_steps": 400,
+        "scaling_dims": (10, 100, 1000, 10000, 100000), "scaling_steps": 200, "rls_max_dim": 10000,
+    },
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return cfg_lib.build(arg, base, VARIANTS)
