@@ -146,12 +146,12 @@ def train_loss(spec: FamilySpec, model, x: jax.Array, key: jax.Array,
         ``ce_mix * CE + (1 - ce_mix) * NELBO``, so that ``mdlm`` and ``mdlm_ce`` share one
         compiled step (``None``: the spec's own objective).
     """
+    if ce_mix is not None and spec.name not in ("mdlm", "mdlm_ce"):
+        raise ValueError(f"train_loss: ce_mix applies to the masked families, not {spec.name!r}")
     k_t, k_z = jax.random.split(key)
     t = antithetic_times(k_t, x.shape[0], spec.t_min)
     train, nelbo = per_token_terms(spec, model, x, k_z, t)
     if ce_mix is not None:
-        if spec.name not in ("mdlm", "mdlm_ce"):
-            raise ValueError(f"train_loss: ce_mix applies to the masked families, not {spec.name!r}")
         weight = -spec.process.alpha_prime(t) / (1.0 - spec.process.alpha(t))
         ce = nelbo / weight[:, None]  # masked_nelbo = weight * masked_ce exactly
         train = ce_mix * ce + (1.0 - ce_mix) * nelbo

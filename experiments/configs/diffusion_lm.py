@@ -1,0 +1,67 @@
+"""Discrete diffusion LMs vs AR on the Shakespeare bytes: NELBO perplexity, IsoFLOP fits, and the
+speed-quality Pareto of sampling (Sahoo et al. 2026, "Scaling Beyond Masked Diffusion Language
+Models").
+
+    python -m experiments.diffusion_lm --config=experiments/configs/diffusion_lm.py:tiny --workdir=workdir
+    python -m experiments.diffusion_lm --config=experiments/configs/diffusion_lm.py:paper --workdir=DIR  # accelerator
+
+Override fields with ``--config.<field>=value`` (e.g. ``--config.budgets='(1e10,2e10,4e10)'``) or
+``:tiny,field=value``.
+"""
+
+import ml_collections
+
+from core import config as cfg_lib
+
+
+def base() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.corpus = ""  # comma-separated text files or folders; empty = the Shakespeare plays
+    c.val_fraction = 0.1
+    c.seq_len = 64
+    c.batch_size = 16
+    # Model sizes of the IsoFLOP grid: (d_model, num_layers, num_heads).
+    c.sizes = ((16, 2, 1), (24, 2, 2), (32, 2, 2), (48, 2, 3))
+    c.reference_size = 2  # index into sizes: the size of the per-family comparison and sampling
+    c.isoflop_families = ("ar", "mdlm", "mdlm_ce", "duo")
+    c.families = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "gidd")
+    c.budgets = (1.5e10, 3e10, 6e10)  # training FLOPs, C = 3 * F_fwd * tokens
+    c.learning_rate = 3e-3
+    c.warmup_steps = 20
+    c.weight_decay = 0.0
+    c.grad_clip = 1.0
+    c.ema_decay = 0.0  # 0 disables the parameter EMA
+    c.eps = 1e-3  # schedule floor alpha_1 = eps
+    c.alpha0 = 0.5  # Eso-LM: clean fraction left to the diffusion phase
+    c.p_uniform = 0.1  # GIDD
+    c.gidd_max_weight = 2.0
+    c.eval_windows = 128  # held-out windows per IsoFLOP evaluation (multiple of batch_size)
+    c.eval_reps = 2  # time / mask draws per window at each evaluation
+    c.final_eval_windows = 128
+    c.final_eval_reps = 2
+    c.sample_steps = (8, 32)
+    c.sample_batches = 1  # batches of batch_size samples per setting
+    c.log_every = 25
+    c.bootstrap_samples = 500
+    return c
+
+
+VARIANTS = {
+    "tiny": {},
+    "paper": {
+        # DiT-small backbone (12 layers, d=768, 12 heads), L=1024, AdamW 3e-4, warmup 2500, EMA.
+        "seq_len": 1024, "batch_size": 512,
+        "sizes": ((512, 8, 8), (640, 10, 10), (768, 12, 12), (1024, 16, 16)),
+        "reference_size": 2,
+        "budgets": (3e18, 1e19, 3e19),
+        "learning_rate": 3e-4, "warmup_steps": 2500, "weight_decay": 0.0, "ema_decay": 0.9999,
+        "eval_windows": 2048, "eval_reps": 2, "final_eval_windows": 4096, "final_eval_reps": 4,
+        "sample_steps": (16, 64, 256, 1024), "sample_batches": 1, "log_every": 100,
+        "bootstrap_samples": 2000,
+    },
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return cfg_lib.build(arg, base, VARIANTS)

@@ -1,0 +1,169 @@
+"""NELBOs and objectives: closed forms against the general form, limits, Eso-LM structure."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from algorithms.diffusion_lm import esolm, losses
+from algorithms.diffusion_lm.families import FamilySpec, train_loss, transformer_config
+from algorithms.diffusion_lm.processes import Process, denoiser_log_probs
+from models.transformer import Transformer
+
+V, N, MASK = 9, 7, 7
+B, L = 4, 6
+
+
+def _batch(seed=0):
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    x = jax.random.randint(k1, (B, L), 0, N)
+    logits = jax.random.normal(k2, (B, L, V)) * 1.5
+    t = jnp.array([0.05, 0.3, 0.6, 0.95])
+    return x, logits, t
+
+
+def test_duo_closed_form_equals_general_form_and_is_nonnegative():
+    proc = Process("uniform", V, N)
+    x, logits, t = _batch()
+    z = proc.sample(jax.random.key(1), x, t)
+    logp = denoiser_log_probs(proc, logits, z)
+    duo = losses.duo_nelbo(proc, logp, x, z, t)
+    np.testing.assert_allclose(duo, losses.mixing_nelbo(proc, logp, x, z, t), rtol=2e-4,
+                               atol=1e-5)
+    assert float(duo.min()) >= -1e-6 and float(duo.max()) > 0.05
+
+
+def test_duo_nelbo_is_zero_at_a_perfect_prediction():
+    proc = Process("uniform", V, N)
+    x, _, t = _batch(1)
+    z = proc.sample(jax.random.key(2), x, t)
+    perfect = jnp.where(jax.nn.one_hot(x, V) > 0, 0.0, -jnp.inf)
+    np.testing.assert_allclose(losses.duo_nelbo(proc, perfect, x, z, t), 0.0, atol=1e-5)
+    # ... and strictly positive for a slightly wrong one.
+    off = jnp.log(0.9 * jax.nn.one_hot(x, V) + 0.1 * jax.nn.one_hot((x + 1) % N, V))
+    assert float(losses.duo_nelbo(proc, off, x, z, t).min()) > 0
+
+
+def test_masked_closed_form_equals_general_form_and_ce_is_t_times_nelbo():
+    proc = Process("masked", V, N, mask_id=MASK)
+    x, logits, t = _batch(2)
+    z = proc.sample(jax.random.key(3), x, t)
+    logp = denoiser_log_probs(proc, logits, z)
+    nelbo = losses.masked_nelbo(proc, logp, x, z, t)
+    np.testing.assert_allclose(nelbo, losses.mixing_nelbo(proc, logp, x, z, t), rtol=2e-4,
+                               atol=1e-5)
+    ce = losses.masked_ce(proc, logp, x, z)
+    # log-linear schedule: weight -alpha'/(1-alpha) = 1/t exactly, so CE = t * NELBO per sample.
+    np.testing.assert_allclose(ce.sum(1), t * nelbo.sum(1), rtol=1e-5)
+    assert np.all(np.asarray(nelbo)[np.asarray(z) != MASK] == 0)
+
+
+def test_mdlm_training_losses_share_the_forward():
+    spec_nelbo, spec_ce = FamilySpec("mdlm", vocab_size=V, num_classes=N, mask_id=MASK, bos_id=8), \
+        FamilySpec("mdlm_ce", vocab_size=V, num_classes=N, mask_id=MASK, bos_id=8)
+    cfg = transformer_config(spec_nelbo, L, d_model=16, num_layers=1, num_heads=2)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    x, _, _ = _batch(3)
+    key = jax.random.key(4)
+    l_nelbo, aux = train_loss(spec_nelbo, model, x, key)
+    l_ce, aux_ce = train_loss(spec_ce, model, x, key)
+    np.testing.assert_allclose(aux["nelbo"], aux_ce["nelbo"], rtol=1e-6)
+    np.testing.assert_allclose(l_nelbo, aux["nelbo"], rtol=1e-6)
+    assert float(l_ce) < float(l_nelbo)      # CE drops the 1/t >= 1 weight
+    np.testing.assert_allclose(train_loss(spec_nelbo, model, x, key, ce_mix=1.0)[0], l_ce,
+                               rtol=1e-5)
+    np.testing.assert_allclose(train_loss(spec_ce, model, x, key, ce_mix=0.0)[0], l_nelbo,
+                               rtol=1e-5)
+
+
+def test_ar_nll_matches_log_softmax():
+    x, logits, _ = _batch(4)
+    expected = -np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), np.asarray(x)[..., None],
+                                   -1)[..., 0]
+    np.testing.assert_allclose(losses.ar_nll(logits, x), expected, rtol=1e-5)
+    np.testing.assert_array_equal(losses.shift_right(x, 8)[:, 0], 8)
+    np.testing.assert_array_equal(losses.shift_right(x, 8)[:, 1:], x[:, :-1])
+
+
+def _fixed_logits_fn(seed):
+    table = jax.random.normal(jax.random.key(seed), (V, 2 * L, V))
+
+    def apply_fn(tokens, positions, mask):
+        del mask
+        return table[tokens, positions]
+
+    return apply_fn
+
+
+def test_esolm_with_alpha0_one_is_masked_diffusion():
+    proc = Process("masked", V, N, mask_id=MASK, alpha0=1.0)
+    x, _, t = _batch(5)
+    key = jax.random.key(6)
+    apply_fn = _fixed_logits_fn(0)
+    diff, ar = esolm.nelbo_terms(apply_fn, proc, x, key, t)
+    np.testing.assert_array_equal(ar, 0.0)
+    z = proc.sample(jax.random.split(key, 4)[0], x, t)
+    pos = jnp.broadcast_to(jnp.arange(L), (B, L))
+    logp = denoiser_log_probs(proc, apply_fn(z, pos, None), z)
+    np.testing.assert_allclose(diff, losses.masked_nelbo(proc, logp, x, z, t), rtol=1e-6)
+
+
+def test_esolm_ar_part_covers_exactly_the_tokens_left_masked():
+    proc = Process("masked", V, N, mask_id=MASK, alpha0=0.5)
+    x, _, t = _batch(6)
+    diff, ar = esolm.nelbo_terms(_fixed_logits_fn(1), proc, x, jax.random.key(7), t)
+    frac = float((np.asarray(ar) > 0).mean())
+    assert 0.15 < frac < 0.85
+    assert np.all(np.asarray(diff) >= 0) and np.all(np.asarray(ar) >= 0)
+
+
+def test_esolm_masks_follow_the_clean_first_causal_order():
+    clean = jnp.array([[True, False, True, False, True, False]])
+    rank = esolm.clean_first_ranks(jax.random.key(0), clean)
+    r = np.asarray(rank)[0]
+    assert sorted(r.tolist()) == list(range(L))
+    assert set(r[np.asarray(clean)[0]].tolist()) == {0, 1, 2}
+    m = np.asarray(esolm.diffusion_mask(clean, rank))[0]
+    c = np.asarray(clean)[0]
+    for i in range(L):
+        for j in range(L):
+            expected = (i == j) or (c[j] and r[j] <= r[i])
+            assert m[i, j] == expected
+    ranks_lr = np.asarray(esolm.clean_first_ranks(jax.random.key(1), clean, True))[0]
+    np.testing.assert_array_equal(ranks_lr[~c], [3, 4, 5])          # masked: left to right
+
+
+def test_esolm_ar_queries_do_not_see_their_own_or_later_tokens():
+    """Changing the last-ranked token leaves every AR query's output unchanged (no leak)."""
+    spec = FamilySpec("esolm", vocab_size=V, num_classes=N, mask_id=MASK, bos_id=8)
+    model = Transformer(transformer_config(spec, L, d_model=16, num_layers=2, num_heads=2),
+                        rngs=nnx.Rngs(1))
+    x = jax.random.randint(jax.random.key(2), (1, L), 0, N)
+    clean = jnp.array([[True, False, True, False, False, True]])
+    rank = esolm.clean_first_ranks(jax.random.key(3), clean, masked_left_to_right=True)
+    mask = esolm.ar_mask(rank)
+    pos = jnp.concatenate([jnp.arange(L), jnp.arange(L)])[None]
+
+    def queries(x):
+        tokens = jnp.concatenate([x, jnp.full_like(x, MASK)], axis=1)
+        return model(tokens, positions=pos, mask=mask)[:, L:]
+
+    last = int(np.argmax(np.asarray(rank)[0]))
+    x2 = x.at[0, last].set((x[0, last] + 1) % N)
+    np.testing.assert_allclose(queries(x), queries(x2), atol=1e-5)
+    first_masked = 1                                   # rank 3: later AR queries depend on it
+    x3 = x.at[0, first_masked].set((x[0, first_masked] + 1) % N)
+    assert float(jnp.abs(queries(x) - queries(x3)).max()) > 1e-4
+
+
+def test_bad_family_specs_raise():
+    with pytest.raises(ValueError, match="expected one of"):
+        FamilySpec("sedd")
+    with pytest.raises(ValueError, match="mask slot"):
+        FamilySpec("mdlm", vocab_size=258, num_classes=256, mask_id=12)
+    with pytest.raises(ValueError, match="eps"):
+        FamilySpec("duo", eps=0.0)
+    with pytest.raises(ValueError, match="ce_mix"):
+        train_loss(FamilySpec("duo", vocab_size=V, num_classes=N, mask_id=MASK, bos_id=8),
+                   None, jnp.zeros((2, 3), jnp.int32), jax.random.key(0), ce_mix=1.0)
