@@ -7,7 +7,7 @@
         --config.data_path=../shared/data/ETTh1.csv --workdir=workdir
     # Accelerator: the paper's protocol on several files and all four horizons
     python -m experiments.forecasting --config=experiments/configs/forecasting.py:paper \
-        --config.data_path=../shared/data/ETTh1.csv,../shared/data/ETTh2.csv,../shared/data/exchange_rate.txt.gz \
+        --config.data_path=../shared/data/ETTh1.csv,../shared/data/ETTh2.csv \
         --workdir=workdir
 
 ``data_path`` is a comma-separated list of ETT-style CSVs (timestamp column, then channels) or
