@@ -5,7 +5,8 @@ Dimensions: T time steps, M samples per step, d decision dimension.
 Every method reads the stream ``A [T, M, d], y [T, M]`` and returns the decisions ``X [T, d]``, where
 ``X[k]`` is the decision after observing mini-batch ``k`` (a filtering estimate, adapted to the
 data up to ``t_k``), started from ``x0 [d]``. ``kind`` selects the loss (see
-:mod:`algorithms.spf.problems`). All functions are jitted with the config static.
+:mod:`algorithms.spf.problems`). All functions are jitted with ``kind`` static; the configs are pytrees
+whose float fields are traced, so a grid of step sizes runs through one compilation with ``jax.vmap``.
 
 * :func:`sgd`: ``x_k = x_{k-1} - eta_k g_k(x_{k-1})`` with ``eta_k = eta / (1 + k / k0)^p``
   (``p = 0``: constant step, the classical tracker; ``p > 0``: Robbins-Monro decay).
@@ -31,18 +32,37 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from algorithms.spf.problems import check_stream, sample_grad, sample_hvp
 
 
+def _concrete(*values) -> bool:
+    """True when every value is a Python or NumPy number (configs are also rebuilt from tracers
+    inside jit/vmap, where validation is skipped: it already ran on the concrete config)."""
+    return all(isinstance(v, (int, float, np.number)) for v in values)
+
+
 def _positive(obj, *names):
     for n in names:
         v = getattr(obj, n)
-        if not v > 0:
+        if _concrete(v) and not v > 0:
             raise ValueError(f"{type(obj).__name__}.{n}={v}: must be positive")
 
 
+def _pytree(*meta):
+    """Registers a frozen config dataclass as a pytree: float fields are leaves (so a grid of
+    step sizes can be vmapped through one compiled function), ``meta`` fields are static."""
+
+    def wrap(cls):
+        data = [f.name for f in dataclasses.fields(cls) if f.name not in meta]
+        return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=list(meta))
+
+    return wrap
+
+
+@_pytree()
 @dataclasses.dataclass(frozen=True)
 class SGDConfig:
     """``step``: eta > 0; ``decay_power``: p >= 0 (0 = constant step); ``decay_offset``: k0 > 0."""
@@ -53,10 +73,11 @@ class SGDConfig:
 
     def __post_init__(self):
         _positive(self, "step", "decay_offset")
-        if self.decay_power < 0:
+        if _concrete(self.decay_power) and self.decay_power < 0:
             raise ValueError(f"SGDConfig.decay_power={self.decay_power}: must be >= 0")
 
 
+@_pytree()
 @dataclasses.dataclass(frozen=True)
 class AdamConfig:
     """optax Adam: ``step`` (learning rate) > 0, ``b1``, ``b2`` in [0, 1)."""
@@ -67,10 +88,11 @@ class AdamConfig:
 
     def __post_init__(self):
         _positive(self, "step")
-        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+        if _concrete(self.b1, self.b2) and not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             raise ValueError(f"AdamConfig b1={self.b1}, b2={self.b2}: must lie in [0, 1)")
 
 
+@_pytree("pred_iters")
 @dataclasses.dataclass(frozen=True)
 class PCConfig:
     """Prediction-correction: correction ``step`` > 0; ``pred_iters`` >= 0 gradient iterations of
@@ -83,11 +105,12 @@ class PCConfig:
 
     def __post_init__(self):
         _positive(self, "step", "pred_lr")
-        if self.pred_iters < 0 or self.pred_weight < 0:
+        if self.pred_iters < 0 or (_concrete(self.pred_weight) and self.pred_weight < 0):
             raise ValueError(f"PCConfig pred_iters={self.pred_iters}, pred_weight={self.pred_weight}:"
                              " must be >= 0")
 
 
+@_pytree()
 @dataclasses.dataclass(frozen=True)
 class RLSConfig:
     """Recursive least squares: ``forgetting`` lambda in (0, 1], ``init_scale`` P_0 = init_scale I > 0."""
@@ -97,10 +120,11 @@ class RLSConfig:
 
     def __post_init__(self):
         _positive(self, "init_scale")
-        if not 0 < self.forgetting <= 1:
+        if _concrete(self.forgetting) and not 0 < self.forgetting <= 1:
             raise ValueError(f"RLSConfig.forgetting={self.forgetting}: must lie in (0, 1]")
 
 
+@_pytree()
 @dataclasses.dataclass(frozen=True)
 class KalmanConfig:
     """Linear-Gaussian drift: ``phi`` (AR coefficient), ``q`` >= 0 (innovation variance per
@@ -113,11 +137,11 @@ class KalmanConfig:
 
     def __post_init__(self):
         _positive(self, "init_var")
-        if self.q < 0 or self.noise < 0:
+        if _concrete(self.q, self.noise) and (self.q < 0 or self.noise < 0):
             raise ValueError(f"KalmanConfig q={self.q}, noise={self.noise}: must be >= 0")
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "cfg"))
+@functools.partial(jax.jit, static_argnames=("kind",))
 def sgd(A: jax.Array, y: jax.Array, x0: jax.Array, kind: str, cfg: SGDConfig) -> jax.Array:
     """Online SGD (constant or decaying step). Returns X [T, d] float32."""
     check_stream(A, y, x0)
@@ -132,7 +156,7 @@ def sgd(A: jax.Array, y: jax.Array, x0: jax.Array, kind: str, cfg: SGDConfig) ->
     return X
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "cfg"))
+@functools.partial(jax.jit, static_argnames=("kind",))
 def adam(A: jax.Array, y: jax.Array, x0: jax.Array, kind: str, cfg: AdamConfig) -> jax.Array:
     """Online Adam (optax) on the mini-batch gradients. Returns X [T, d] float32."""
     check_stream(A, y, x0)
@@ -159,7 +183,7 @@ def newton_direction(kind, x, A, y, c, iters: int, lr: float):
     return jax.lax.fori_loop(0, iters, body, jnp.zeros_like(c))
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "cfg"))
+@functools.partial(jax.jit, static_argnames=("kind",))
 def prediction_correction(A: jax.Array, y: jax.Array, x0: jax.Array, kind: str,
                           cfg: PCConfig) -> jax.Array:
     """Prediction-correction tracking (see module docstring). Returns X [T, d] float32."""
@@ -179,7 +203,7 @@ def prediction_correction(A: jax.Array, y: jax.Array, x0: jax.Array, kind: str,
     return X
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
+@jax.jit
 def rls(A: jax.Array, y: jax.Array, x0: jax.Array, cfg: RLSConfig) -> jax.Array:
     """Block recursive least squares with forgetting (least squares only). Returns X [T, d].
 
@@ -202,7 +226,7 @@ def rls(A: jax.Array, y: jax.Array, x0: jax.Array, cfg: RLSConfig) -> jax.Array:
     return X
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
+@jax.jit
 def kalman(A: jax.Array, y: jax.Array, x0: jax.Array, cfg: KalmanConfig) -> tuple[jax.Array, jax.Array]:
     """Kalman filter for the linear-Gaussian drift (least squares only).
 

@@ -57,8 +57,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from algorithms.spf.problems import (Problem, check_stream, excess_risk, logistic_population_risk,
-                                     sample_episodes, sample_grad, sample_hvp)
+from algorithms.spf.problems import (
+    Problem,
+    check_stream,
+    excess_risk,
+    logistic_population_risk,
+    sample_episodes,
+    sample_grad,
+    sample_hvp,
+)
 
 NUM_FEATURES = 5  # g, EMA(g), time-difference of g, last move, H * last move
 
@@ -106,7 +113,8 @@ class CoordinateMLP(nnx.Module):
 
     def __init__(self, cfg: SPFConfig, *, rngs: nnx.Rngs):
         widths = [NUM_FEATURES] + [cfg.hidden] * cfg.depth
-        self.hidden = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths[:-1], widths[1:])])
+        pairs = zip(widths[:-1], widths[1:], strict=True)
+        self.hidden = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in pairs])
         self.out = nnx.Linear(cfg.hidden, 2, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
 
     def __call__(self, z: jax.Array) -> jax.Array:

@@ -27,12 +27,12 @@ def base() -> ml_collections.ConfigDict:
     c.burn_in = 0.25  # fraction of each episode left out of the tracking metrics
     c.test_episodes = 16
     c.tune_episodes = 8  # separate episodes on which every baseline's step / forgetting is tuned
-    c.step_grid = (0.0125, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
-    c.adam_grid = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
-    c.pc_pred_weights = (0.25, 0.5, 1.0)
+    c.step_grid = (0.0125, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+    c.adam_grid = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
+    c.pc_pred_weights = (0.1, 0.25, 0.5, 1.0)
     c.pc_pred_iters = 5
     c.decay_power = 0.6  # Robbins-Monro decaying-step SGD baseline
-    c.forgetting_grid = (0.8, 0.9, 0.95, 0.98, 0.99, 0.995)
+    c.forgetting_grid = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
     # SPF network and training (simulated episodes of the same drift family, fresh seeds)
     c.hidden = 32
     c.depth = 2

@@ -22,7 +22,8 @@ def _stream(kind, T=12, M=4, d=6, seed=0):
 def _random_params(params, scale=0.5, seed=1):
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(tree, [scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+    new = [scale * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves, strict=True)]
+    return jax.tree.unflatten(tree, new)
 
 
 @pytest.mark.parametrize("kind", ["lsq", "logistic"])
