@@ -82,9 +82,12 @@ class Convergence(NamedTuple):
     information: jax.Array
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["ridge_scores", "ridge_alpha"],
+                   meta_fields=["judge_aware", "tie_model", "max_iter", "tol", "max_halvings"])
 @dataclasses.dataclass(frozen=True)
 class FitConfig:
-    """Static hyper-parameters of the fit (hashable: a jit static argument).
+    """Hyper-parameters of the fit; a pytree whose ridge weights are leaves (traced, so a grid of
+    ridges shares one compilation and can be ``jax.vmap``-ed) and whose other fields are static.
 
     Attributes:
       judge_aware: fit ``alpha`` (judge-aware BTL); ``False`` is plain BTL (``gamma = 1``).
@@ -109,6 +112,8 @@ class FitConfig:
             raise ValueError(f"FitConfig.tie_model={self.tie_model!r}; expected one of {TIE_MODELS}")
         for name in ("ridge_scores", "ridge_alpha"):
             v = getattr(self, name)
+            if not isinstance(v, (int, float)):
+                continue  # a traced or array leaf (inside jit/vmap): validated where it was built
             if not (v >= 0 and v < float("inf")):
                 raise ValueError(f"FitConfig.{name}={v!r}; expected a finite value >= 0")
         if self.max_iter < 1 or self.max_halvings < 1:
@@ -342,11 +347,12 @@ def score_outer(x: jax.Array, table: ComparisonTable, config: FitConfig) -> jax.
 
 
 def _newton(x0: jax.Array, table: ComparisonTable, config: FitConfig, basis: jax.Array,
-            stage_one: jax.Array | None = None):
+            stage_one: jax.Array | None = None, stop_after_one: jax.Array | bool = False):
     """Saddle-free damped Newton from ``x0`` along the span of ``basis`` [D, P].
 
     ``stage_one`` (bool [P]) marks coordinates held fixed until a first convergence (plain BTL before
     the joint fit); one loop runs both stages so the derivatives are traced and compiled once.
+    ``stop_after_one`` (a traced bool) ends after the first stage (plain BTL).
 
     Returns:
       (x [D], iterations, last Newton decrement, converged).
@@ -393,7 +399,7 @@ def _newton(x0: jax.Array, table: ComparisonTable, config: FitConfig, basis: jax
         stalled = ~small & ~accept
         ok = small | (stalled & (dec < 1e3 * eps * jnp.maximum(jnp.abs(f), 1.0)))
         stop = small | stalled
-        last_stage = (state["stage"] == 1) | ~jnp.any(frozen0)
+        last_stage = (state["stage"] == 1) | ~jnp.any(frozen0) | stop_after_one
         return dict(theta=theta, it=state["it"] + 1, dec=dec, ok=ok,
                     stage=jnp.where(stop, 1, state["stage"]), done=stop & last_stage)
 
@@ -415,32 +421,42 @@ def initial_tie(table: ComparisonTable, tie_model: str, dtype) -> jax.Array:
     return jnp.log(2 * jnp.arctanh(p)).astype(dtype)
 
 
-@functools.partial(jax.jit, static_argnames="config")
 def solve(table: ComparisonTable, config: FitConfig, init: Params | None = None
           ) -> tuple[Params, Convergence]:
     """Fits the model by Newton's method; jitted, no validation (see :func:`fit` for the checked
     entry point). Safe to ``jax.vmap`` over tables of one shape (e.g. simulated or bootstrap data).
 
+    Plain BTL and the judge-aware model share one compilation: plain BTL is the first stage of the
+    judge-aware fit (``alpha`` held at 0), stopped there.
+
     Args:
       table: the counts (float dtype sets the precision: use float64 for reference-grade fits).
-      config: static hyper-parameters.
+      config: hyper-parameters (ridges traced, the rest static).
       init: starting point; default ``s = 0``, ``alpha = 0``, moment estimate of ``tau``. Without
         ``init`` and judge-aware, plain BTL is fitted first and the joint fit starts from it.
 
     Returns:
       (params, convergence); ``params`` satisfy both zero-sum normalisations exactly (up to rounding).
     """
+    aware = dataclasses.replace(config, judge_aware=True)
+    return _solve(table, aware, init, jnp.asarray(config.judge_aware and table.n_judges > 1))
+
+
+@jax.jit
+def _solve(table: ComparisonTable, config: FitConfig, init: Params | None, judge_aware: jax.Array):
     n, nj = table.n_models, table.n_judges
     dtype = jnp.result_type(table.wins.dtype, jnp.float32)
     basis = reduced_basis(n, nj, config, dtype)
-    stage_one = None
+    alpha_cols = jnp.zeros(basis.shape[1], bool).at[n - 1:n - 1 + max(nj - 1, 0)].set(nj > 1)
     if init is None:
         x = jnp.concatenate([jnp.zeros(n + nj, dtype), initial_tie(table, config.tie_model, dtype)[None]])
-        if config.judge_aware and nj > 1:  # plain BTL first: alpha columns frozen at 0
-            stage_one = jnp.zeros(basis.shape[1], bool).at[n - 1:n - 1 + nj - 1].set(True)
+        stage_one, always = alpha_cols, ~judge_aware
     else:
         x = flatten(init).astype(dtype)
-    x, iters, dec, ok = _newton(x, table, config, basis, stage_one)
+        x = x.at[n:n + nj].set(jnp.where(judge_aware, x[n:n + nj], 0.0))
+        stage_one, always = alpha_cols & ~judge_aware, ~judge_aware
+    x, iters, dec, ok = _newton(x, table, config, basis, stage_one, always)
+    basis = basis * jnp.where(alpha_cols & ~judge_aware, 0.0, 1.0)[None, :]
     f, g, h = derivatives(x, table, config)
     conv = Convergence(iterations=iters, converged=ok, decrement=dec,
                        grad_norm=jnp.max(jnp.abs(basis.T @ g)), objective=f, information=jnp.diagonal(h))
@@ -504,9 +520,11 @@ def fit(table: ComparisonTable, config: FitConfig = FitConfig(), *, init: Params
     per_judge = np.bincount(np.asarray(table.judge), tot, nj)
     info = np.asarray(conv.information, np.float64)
     ridge_s, ridge_a = config.ridge_scores, config.ridge_alpha
-    flat_s = np.flatnonzero((info[:n] - ridge_s) < 1e-6 * np.maximum(per_model, 1))
-    flat_a = (np.flatnonzero((info[n:n + nj] - ridge_a) < 1e-6 * np.maximum(per_judge, 1))
-              if config.judge_aware and nj > 1 else np.zeros(0, int))
+    # With a ridge the MAP is finite, so only unpenalised blocks are checked.
+    flat_s = (np.flatnonzero(info[:n] < 1e-6 * np.maximum(per_model, 1))
+              if ridge_s <= 0 else np.zeros(0, int))
+    flat_a = (np.flatnonzero(info[n:n + nj] < 1e-6 * np.maximum(per_judge, 1))
+              if config.judge_aware and nj > 1 and ridge_a <= 0 else np.zeros(0, int))
     if flat_s.size or flat_a.size or not np.all(np.isfinite(info)):
         from algorithms.ranking.data import _names
         raise ValueError(

@@ -40,7 +40,7 @@ from algorithms.ranking.data import ComparisonTable
 COVARIANCES = ("fisher", "sandwich")
 
 
-@functools.partial(jax.jit, static_argnames=("config", "kind"))
+@functools.partial(jax.jit, static_argnames=("kind",))
 def covariance(table: ComparisonTable, params: Params, config: FitConfig, kind: str = "fisher"
                ) -> jax.Array:
     """Asymptotic covariance of ``x = [s, alpha, tau]`` at the fitted ``params``, float [D, D].
@@ -194,7 +194,7 @@ def bootstrap(key: jax.Array, table: ComparisonTable, params: Params, config: Fi
                       int(round(cnt.sum())))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "num_samples", "batch_size", "total"))
+@functools.partial(jax.jit, static_argnames=("num_samples", "batch_size", "total"))
 def _bootstrap(key, table, params, config, num_samples, batch_size, total):
     cnt = jnp.stack([table.wins, table.losses, table.ties], axis=-1).reshape(-1)
     logits = jnp.where(cnt > 0, jnp.log(jnp.where(cnt > 0, cnt, 1.0)), -jnp.inf)

@@ -1,0 +1,63 @@
+"""Judge-aware Bradley-Terry-Luce ranking: simulation, interval coverage, choix check, speed, LLMFAO.
+
+    python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:tiny --workdir=workdir
+    python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:paper --workdir=workdir
+    # another comparisons file (CSV or JSON lines) with its own column names:
+    python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:tiny \
+        --config.data_path=my_votes.jsonl --config.columns.judge=annotator \
+        --config.columns.outcome=label --config.columns.left_value=A --config.columns.right_value=B
+
+The LLMFAO crowd-sourced comparisons are read from ``data_path`` when that file exists; with the
+default path a missing file is skipped (the simulation parts still run), any other path must exist.
+"""
+
+import ml_collections
+
+from core import config as cfg_lib
+
+DEFAULT_DATA = "../shared/data/llmfao.csv"
+
+
+def base() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.level = 0.95
+    c.rank_draws = 4000
+    # Real data: a CSV or JSON-lines file of pairwise judgements.
+    c.data_path = DEFAULT_DATA
+    c.columns = ml_collections.ConfigDict(dict(
+        left="left", right="right", judge="worker", outcome="winner",
+        left_value="left", right_value="right", tie_value="tie"))
+    c.heldout_fraction = 0.2
+    c.num_splits = 2            # random train/held-out splits of the real data
+    c.cv_folds = 3              # folds of the ridge cross-validation inside each training split
+    c.ridge_grid = (0.3, 1.0, 3.0, 10.0)   # weights of the Gaussian prior on log-discriminations
+    c.bootstrap_samples = 0     # multinomial bootstrap replicates for the real-data leaderboard
+    # Simulation with known truth.
+    c.sim = ml_collections.ConfigDict(dict(
+        num_models=20, num_reliable=4, num_noisy=5, reliable_gamma=2.5, noisy_gamma=0.25,
+        adversarial_gamma=0.05, score_spread=1.5, num_comparisons=20_000))
+    # Coverage of the 95% intervals over many simulated data sets of one fixed design.
+    c.coverage = ml_collections.ConfigDict(dict(num_datasets=200, num_models=8, num_judges=5,
+                                                per_cell=6))
+    # Agreement with choix (plain BTL, judge-free data).
+    c.choix = ml_collections.ConfigDict(dict(num_models=30, num_comparisons=20_000))
+    # Speed at the issue's scale; choix estimators timed on the same comparisons.
+    c.timing = ml_collections.ConfigDict(dict(num_models=100, num_judges=20,
+                                              num_comparisons=1_000_000, choix_estimators=("ilsr",)))
+    return c
+
+
+VARIANTS = {
+    "tiny": {},
+    "paper": {
+        "num_splits": 5, "cv_folds": 5, "ridge_grid": (0.1, 0.3, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0),
+        "bootstrap_samples": 200, "rank_draws": 20_000,
+        "sim.num_comparisons": 200_000, "coverage.num_datasets": 1000,
+        "timing.choix_estimators": ("ilsr", "mm", "opt"),
+    },
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return cfg_lib.build(arg, base, VARIANTS)
