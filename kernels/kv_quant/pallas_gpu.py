@@ -1,0 +1,196 @@
+"""QVG decode attention on GPU: a Pallas (Triton) kernel, split-K over chunks, dequantizing in
+registers.
+
+Dimensions as in :mod:`kernels.kv_quant.reference`; Rp = R padded to a power of two >= 16 (the
+smallest tensor-core tile), Cp = C padded to a power of two, NS splits of the NC chunks.
+
+Program (b, k, s) walks the chunks of its split that hold quantized slots of row b (a
+``fori_loop`` whose upper bound is ``ceil(num_quantized[b] / N)``, so empty chunks are never
+read). Each chunk is dequantized piece by piece (:mod:`kernels.kv_quant.pallas_common`: shifted
+masks of the packed bytes, float8 scale, one-hot matmul gather of the centroids), keys are rotated
+to their slot positions when stored before RoPE, and an online softmax (acc, m, l) is updated. Each
+program writes its partial; the splits are merged with a log-sum-exp outside the kernel.
+
+Triton needs power-of-two tiles: N and D must be powers of two (checked); rows and centroids are
+padded (padding rows see no slot; padding centroids are never selected).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from kernels.kv_quant import pallas_common as pc
+from kernels.kv_quant import reference as ref
+from kernels.kv_quant.reference import QVGConfig
+
+MIN_ROWS = 16  # smallest tensor-core tile (tl.dot needs every dim >= 16)
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def _mm(a, b, trans_b=False, exact=True):
+    """[M, K] x [K, N] (or [N, K] with ``trans_b``): ``tl.dot`` when every dim is >= 16, else a
+    broadcast multiply-sum (tiny tiles)."""
+    m, k = a.shape
+    n = b.shape[0] if trans_b else b.shape[1]
+    if min(m, k, n) >= MIN_ROWS:
+        return plgpu.dot(a, b, trans_b=trans_b, allow_tf32=not exact)
+    if trans_b:
+        return jnp.sum(a[:, None, :] * b[None, :, :], axis=2)
+    return jnp.sum(a[:, :, None] * b[None, :, :], axis=1)
+
+
+def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
+            chunks_per_split: int, num_centroids: int):
+    stages = cfg.stages
+    per_code = 4 if stages else 2
+    k_refs, v_refs = refs[:per_code], refs[per_code:2 * per_code]
+    rest = refs[2 * per_code:]
+    if rope:
+        cos_ref, sin_ref, *rest = rest
+    acc_ref, m_ref, l_ref = rest
+    split = pl.program_id(2)
+    n = k_refs[0].shape[1]
+    rows, d = q_ref.shape
+    pos = pos_ref[...]  # [Rp]; -1 for padding rows
+    nq = jnp.max(nq_ref[...])
+    lo = split * chunks_per_split
+    hi = jnp.minimum(lo + chunks_per_split, (nq + n - 1) // n)
+
+    def pieces(code_refs, c):
+        codes_ref, scale_ref = code_refs[0], code_refs[1]
+        assign_ref, cent_ref = (code_refs[2], code_refs[3]) if stages else (None, None)
+        return pc.dequant_pieces(
+            lambda b0, ww: codes_ref[c, :, pl.ds(b0, ww)],
+            lambda bi: scale_ref[c, :, pl.ds(bi, 1)],
+            (lambda s: assign_ref[c, s]) if stages else None,
+            (lambda s, c0, ww: cent_ref[c, s, :, pl.ds(c0, ww)]) if stages else None,
+            functools.partial(_mm, exact=False),  # one-hot x bf16 centroids: exact in tf32
+            d=d, bits=cfg.bits, block=cfg.block, stages=stages, num_centroids=num_centroids, w=w)
+
+    def body(c, carry):
+        accs, m, l = carry
+        kp = pieces(k_refs, c)
+        if rope:
+            kp = pc.rope_pieces(kp, lambda c0, ww: cos_ref[c, :, pl.ds(c0, ww)],
+                                lambda c0, ww: sin_ref[c, :, pl.ds(c0, ww)])
+        logits = None
+        for i, kx in enumerate(kp):
+            part = _mm(q_ref[:, pl.ds(i * w, w)].astype(jnp.float32), kx, trans_b=True)
+            logits = part if logits is None else logits + part
+        logits = logits * (1.0 / math.sqrt(d))
+        slot = c * n + jnp.arange(n, dtype=jnp.int32)
+        valid = (slot[None, :] < nq) & (slot[None, :] <= pos[:, None])
+        prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m, l)
+        accs = [corr * a + _mm(prob, vx) for a, vx in zip(accs, pieces(v_refs, c))]
+        return accs, m_new, l_new
+
+    init = ([jnp.zeros((rows, w), jnp.float32) for _ in range(d // w)],
+            jnp.full((rows, 1), -jnp.inf, jnp.float32), jnp.zeros((rows, 1), jnp.float32))
+    accs, m, l = lax.fori_loop(lo, hi, body, init)
+    for i, a in enumerate(accs):
+        acc_ref[:, pl.ds(i * w, w)] = a
+    m_ref[...] = m
+    l_ref[...] = l
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "num_new", "rope_base", "num_splits",
+                                             "interpret", "num_warps"))
+def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, cfg: QVGConfig,
+                        start: jax.Array, num_quantized: jax.Array, num_new: int,
+                        rope_base: float | None, num_splits: int | None = None,
+                        interpret: bool = False, num_warps: int = 4
+                        ) -> tuple[jax.Array, jax.Array]:
+    """Attention of q [B, K, R, D] over the QVG chunks, dequantized inside the kernel.
+
+    Same contract as :func:`kernels.kv_quant.api.qvg_chunk_attention`. ``num_splits`` (default
+    min(NC, 4)) programs per (batch, kv head) each take ceil(NC / NS) consecutive chunks.
+
+    Returns:
+      (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
+
+    Raises:
+      ValueError: inconsistent shapes, N or D not a power of two, or num_splits < 1.
+    """
+    pc.check_inputs(q, k_code, v_code, cfg, num_new)
+    b, kh, r, d = q.shape
+    nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
+    if _pow2(n) != n or _pow2(d) != d:
+        raise ValueError(f"pallas_gpu needs power-of-two chunk ({n}) and head dim ({d})")
+    ns = min(nc, 4) if num_splits is None else num_splits
+    if ns < 1:
+        raise ValueError(f"num_splits={ns} must be >= 1")
+    cps = -(-nc // ns)
+    rope = rope_base is not None
+    w = pc.piece_width(d, cfg.bits, cfg.block, rope)
+    s, c = cfg.stages, cfg.num_centroids
+    cp, rp = _pow2(c), max(MIN_ROWS, _pow2(r))
+
+    def full(shape):  # the whole [NC, ...] slab of one (batch, kv head)
+        zeros = (0,) * len(shape)
+        return pl.BlockSpec((None, None) + shape, lambda bi, ki, si: (bi, ki) + zeros)
+
+    def code_in(code):
+        specs = [full((nc, n, code.codes.shape[-1])), full((nc, n, code.scales.shape[-1]))]
+        args = [code.codes, code.scales]
+        if s:
+            cents = code.centroids
+            if cp != c:
+                cents = jnp.pad(cents, [(0, 0)] * 4 + [(0, cp - c), (0, 0)])
+            specs += [full((nc, s, n, 1)), full((nc, s, cp, d))]
+            args += [code.assign.reshape(*code.assign.shape, 1), cents]
+        return specs, args
+
+    rowoff = jnp.arange(rp, dtype=jnp.int32) % num_new
+    pos = jnp.where(jnp.arange(rp) < r, start.astype(jnp.int32)[:, None] + rowoff, -1)  # [B, Rp]
+    nq = jnp.broadcast_to(num_quantized.astype(jnp.int32)[:, None], (b, rp))
+    qp = jnp.pad(q, ((0, 0), (0, 0), (0, rp - r), (0, 0)))
+    row_spec = pl.BlockSpec((None, rp), lambda bi, ki, si: (bi, 0))
+    in_specs = [row_spec, row_spec, full((rp, d))]
+    args = [pos, nq, qp]
+    for code in (k_code, v_code):
+        sp, ar = code_in(code)
+        in_specs += sp
+        args += ar
+    if rope:
+        cos, sin = pc.rope_tables(nc * n, d, rope_base, n)
+        in_specs += [pl.BlockSpec((nc, n, d // 2), lambda bi, ki, si: (0, 0, 0))] * 2
+        args += [cos, sin]
+
+    part = lambda shape: pl.BlockSpec((None, None, None) + shape,  # noqa: E731
+                                      lambda bi, ki, si: (bi, ki, si) + (0,) * len(shape))
+    f32 = jnp.float32
+    acc, m, l = pl.pallas_call(
+        functools.partial(_kernel, cfg=cfg, rope=rope, w=w, chunks_per_split=cps,
+                          num_centroids=cp),
+        grid=(b, kh, ns),
+        in_specs=in_specs,
+        out_specs=[part((rp, d)), part((rp, 1)), part((rp, 1))],
+        out_shape=[jax.ShapeDtypeStruct((b, kh, ns, rp, d), f32),
+                   jax.ShapeDtypeStruct((b, kh, ns, rp, 1), f32),
+                   jax.ShapeDtypeStruct((b, kh, ns, rp, 1), f32)],
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
+        interpret=interpret,
+        name="qvg_chunk_attention",
+    )(*args)
+    return _merge_splits(acc[:, :, :, :r], m[:, :, :, :r, 0], l[:, :, :, :r, 0])
+
+
+def _merge_splits(acc, m, l):
+    """Log-sum-exp merge of split partials acc [B, K, NS, R, D], m, l [B, K, NS, R]."""
+    mx = jnp.max(m, axis=2)
+    mx_safe = jnp.where(jnp.isfinite(mx), mx, 0.0)
+    wgt = jnp.exp(m - mx_safe[:, :, None])  # 0 for empty splits (m = -inf)
+    total = jnp.sum(wgt * l, axis=2)
+    out = jnp.sum(wgt[..., None] * acc, axis=2)
+    out, lse = pc.finalize(out, mx_safe[..., None], total[..., None])
+    return out, lse[..., 0]
