@@ -21,8 +21,9 @@ fixes the location of ``s`` and the scale shared by ``s`` and ``gamma``. Plain B
 The fit maximises the log-likelihood (minus optional Gaussian priors ``ridge_scores/2 |s|^2`` and
 ``ridge_alpha/2 |alpha|^2``, i.e. the MAP) in reduced coordinates ``x = B theta``, where ``B`` is
 block-diagonal with orthonormal bases of the zero-sum subspaces (Helmert contrasts). Newton's method
-uses the exact Hessian, assembled from per-row 4x4 blocks; eigenvalues are replaced by their absolute
-values (saddle-free Newton) because the joint likelihood is not concave in ``(s, alpha)``, and an Armijo
+uses the exact Hessian, assembled from per-row 4x4 blocks, shifted by the smallest multiple of the identity
+that makes its Cholesky factorisation succeed (Levenberg-Marquardt damping) because the joint likelihood
+is not concave in ``(s, alpha)`` away from the optimum, and an Armijo
 backtracking line search guarantees descent. It stops when the Newton decrement ``g^T H^-1 g / 2``
 falls below ``tol`` (an affine-invariant criterion, in nats of total log-likelihood).
 """
@@ -299,7 +300,7 @@ def derivatives(x: jax.Array, table: ComparisonTable, config: FitConfig):
     A row depends on ``x`` only through ``d = exp(alpha_k) (s_i - s_j)`` and ``tau``, so by the chain
     rule its gradient in ``u = (s_i, s_j, alpha_k, tau)`` is ``phi_d grad d + phi_tau e_tau`` and its
     Hessian ``phi_dd grad d grad d^T + phi_d hess d + phi_dtau (grad d e_tau^T + e_tau grad d^T)
-    + phi_tautau e_tau e_tau^T``. These per-row 4-vectors and 4x4 blocks are scatter-added into the
+    + phi_tautau e_tau e_tau^T``. These per-row 4-vectors and 4x4 blocks are segment-summed into the
     gradient [D] and Hessian [D, D] (O(M) work plus the D^2 buffer).
 
     Returns:
@@ -317,9 +318,16 @@ def derivatives(x: jax.Array, table: ComparisonTable, config: FitConfig):
     dim = x.shape[0]
     ridge = _ridge_diag(n, nj, config, x.dtype)
     f = jnp.sum(phi) + 0.5 * jnp.sum(ridge * x * x)
-    g = jnp.zeros(dim, x.dtype).at[idx].add(g_rows) + ridge * x
-    h = jnp.zeros((dim, dim), x.dtype).at[idx[:, :, None], idx[:, None, :]].add(h_rows)
+    g = jax.ops.segment_sum(g_rows.reshape(-1), idx.reshape(-1), dim) + ridge * x
+    h = _scatter_blocks(h_rows, idx, dim)
     return f, g, h + jnp.diag(ridge)
+
+
+def _scatter_blocks(blocks: jax.Array, idx: jax.Array, dim: int) -> jax.Array:
+    """``sum_r P_r^T blocks_r P_r``: per-row 4x4 blocks [M, 4, 4] added at ``idx`` [M, 4] of a
+    [dim, dim] matrix (a 1-D segment sum over flattened positions, faster on CPU than a 2-D scatter)."""
+    flat = (idx[:, :, None] * dim + idx[:, None, :]).reshape(-1)
+    return jax.ops.segment_sum(blocks.reshape(-1), flat, dim * dim).reshape(dim, dim)
 
 
 def score_outer(x: jax.Array, table: ComparisonTable, config: FitConfig) -> jax.Array:
@@ -337,8 +345,7 @@ def score_outer(x: jax.Array, table: ComparisonTable, config: FitConfig) -> jax.
     e = jnp.zeros(4, x.dtype).at[3].set(1.0)
     score = jac[0][:, :, None] * gd[:, None, :] + jac[1][:, :, None] * e  # [M, 3, 4]
     local = jnp.einsum("mo,moa,mob->mab", cnt, score, score)
-    dim = x.shape[0]
-    return jnp.zeros((dim, dim), x.dtype).at[idx[:, :, None], idx[:, None, :]].add(local)
+    return _scatter_blocks(local, idx, x.shape[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -346,9 +353,33 @@ def score_outer(x: jax.Array, table: ComparisonTable, config: FitConfig) -> jax.
 # ----------------------------------------------------------------------------------------------
 
 
+def _damped_solve(h: jax.Array, g: jax.Array) -> jax.Array:
+    """``(H + mu I)^{-1} g`` with the smallest ``mu`` in ``{0, 1e-10 c, 1e-9 c, ...}`` (``c`` the largest
+    diagonal entry) for which the Cholesky factorisation succeeds (Levenberg-Marquardt damping).
+
+    Away from the optimum the joint likelihood is not concave in ``(s, alpha)``; the shift makes the
+    step a descent direction. At the MLE ``H`` is positive definite and the step is pure Newton.
+    """
+    c = jnp.maximum(jnp.max(jnp.diagonal(h)), 1.0)
+    eye = jnp.eye(h.shape[0], dtype=h.dtype)
+
+    def cond(carry):
+        _, chol, k = carry
+        return ~jnp.all(jnp.isfinite(chol)) & (k < 40)
+
+    def body(carry):
+        mu, _, k = carry
+        mu = jnp.where(mu == 0, 1e-10 * c, 10.0 * mu)
+        return mu, jnp.linalg.cholesky(h + mu * eye), k + 1
+
+    zero = jnp.zeros((), h.dtype)
+    _, chol, _ = jax.lax.while_loop(cond, body, (zero, jnp.linalg.cholesky(h), 0))
+    return jax.scipy.linalg.cho_solve((chol, True), g)
+
+
 def _newton(x0: jax.Array, table: ComparisonTable, config: FitConfig, basis: jax.Array,
             stage_one: jax.Array | None = None, stop_after_one: jax.Array | bool = False):
-    """Saddle-free damped Newton from ``x0`` along the span of ``basis`` [D, P].
+    """Damped (Levenberg-Marquardt) Newton from ``x0`` along the span of ``basis`` [D, P].
 
     ``stage_one`` (bool [P]) marks coordinates held fixed until a first convergence (plain BTL before
     the joint fit); one loop runs both stages so the derivatives are traced and compiled once.
@@ -375,9 +406,7 @@ def _newton(x0: jax.Array, table: ComparisonTable, config: FitConfig, basis: jax
         g = jnp.where(frozen, 0.0, basis.T @ g_full)
         h = basis.T @ h_full @ basis
         h = jnp.where(frozen[:, None] | frozen[None, :], jnp.diag(frozen.astype(dtype)), h)
-        w, v = jnp.linalg.eigh(h)
-        floor = jnp.maximum(jnp.max(jnp.abs(w)), 1.0) * eps * p
-        step = -v @ ((v.T @ g) / jnp.maximum(jnp.abs(w), floor))
+        step = -_damped_solve(h, g)
         dec = 0.5 * jnp.dot(-g, step)
         small = dec < config.tol
 
@@ -391,7 +420,10 @@ def _newton(x0: jax.Array, table: ComparisonTable, config: FitConfig, basis: jax
             return t, k + 1, obj(theta + t * step)
 
         one = jnp.ones((), dtype)
-        t, _, fn = jax.lax.while_loop(ls_cond, ls_body, (one, 0, obj(theta + step)))
+        # Converged: skip the search (the first trial is then not evaluated either).
+        start = (one, jnp.where(small, config.max_halvings, 0),
+                 jax.lax.cond(small, lambda: f, lambda: obj(theta + step)))
+        t, _, fn = jax.lax.while_loop(ls_cond, ls_body, start)
         accept = ~small & jnp.isfinite(fn) & (fn <= f)
         theta = jnp.where(accept, theta + t * step, theta)
         # No decrease at all: the objective is flat to rounding; converged if the decrement is at
