@@ -303,7 +303,7 @@ def _plots(out, results, scale) -> list[str]:
         fig, axes = plt.subplots(1, len(mem), figsize=(4.6 * len(mem), 3.4), squeeze=False)
         for ax, (name, nm) in zip(axes[0], mem, strict=True):
             for m, v in nm.items():
-                ax.plot(np.asarray(v["by_lag"]), label=LABELS[m])
+                ax.plot(np.asarray(v["by_lag"])[:60], label=LABELS[m])
             ax.set(yscale="log", xlabel="lag T - 1 - k (steps)", ylabel="|d x_T / d eps_k|^2",
                    title=f"noise memory (Malliavin), {name}")
         axes[0][0].legend(fontsize=7)

@@ -32,7 +32,7 @@ def base() -> ml_collections.ConfigDict:
     c.pc_pred_weights = (0.1, 0.25, 0.5, 1.0)
     c.pc_pred_iters = 5
     c.decay_power = 0.6  # Robbins-Monro decaying-step SGD baseline
-    c.forgetting_grid = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
+    c.forgetting_grid = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
     # SPF network and training (simulated episodes of the same drift family, fresh seeds)
     c.hidden = 32
     c.depth = 2
