@@ -308,6 +308,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         isoflop[fam] = {"budgets": budgets, "sizes": g["sizes"], "steps": g["steps"],
                         "losses": g["losses"], "loss_se": g["se"], "n_opt": fit.n_opt,
                         "loss_opt": fit.loss_opt, "concave": fit.concave,
+                        # the vertex was clipped to the smallest / largest size of the grid
+                        "at_edge": (fit.n_opt <= g["sizes"].min() * (1 + 1e-6))
+                        | (fit.n_opt >= g["sizes"].max() * (1 - 1e-6)),
                         "exponent": fit.exponent, "coef": fit.coef,
                         "loss_exponent": fit.loss_exponent, "loss_coef": fit.loss_coef}
     ce_ratio = None
@@ -394,7 +397,8 @@ def _section(config, m, figs, ref_steps) -> report.Section:
     stable = report.markdown_table(["family", "steps", "gen. perplexity", "entropy (nats)",
                                     "tokens/s"], srows)
     irows = [[LABELS[f], v["exponent"], v["loss_exponent"],
-              ", ".join(f"{n:,.0f}" for n in v["n_opt"])] for f, v in m["isoflop"].items()]
+              ", ".join(f"{n:,.0f}" + ("†" if e else "") for n, e in zip(v["n_opt"], v["at_edge"]))]
+             for f, v in m["isoflop"].items()]
     itable = report.markdown_table(["family", "N* exponent a", "L* exponent b", "N*(C) per budget"],
                                    irows, fmt=".3f")
     r = m["ce_vs_nelbo_flops_ratio"]
@@ -408,7 +412,9 @@ def _section(config, m, figs, ref_steps) -> report.Section:
         f"{ref_steps} steps of {config.batch_size}x{config.seq_len} tokens. Validation is always "
         "the true NELBO on held-out plays.", "", table, "",
         f"Ordering by held-out bits/byte: {order_txt}. Paper: {PAPER['ordering']}.", "",
-        "IsoFLOP fits (parabola in log N per budget, then power laws):", "", itable, "",
+        "IsoFLOP fits (parabola in log N per budget, then power laws; † = the optimum sits at "
+        "an edge of the size grid, so that exponent is not identified at this scale):", "",
+        itable, "",
         ratio_txt, "", "Sampling (generative perplexity under the AR model of the grid):", "",
         stable, "",
         "    python -m experiments.diffusion_lm --config=experiments/configs/diffusion_lm.py:tiny",

@@ -26,7 +26,7 @@ def base() -> ml_collections.ConfigDict:
     c.reference_size = 2  # index into sizes: the size of the per-family comparison and sampling
     c.isoflop_families = ("ar", "mdlm", "mdlm_ce", "duo")
     c.families = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "gidd")
-    c.budgets = (1.5e10, 3e10, 6e10)  # training FLOPs, C = 3 * F_fwd * tokens
+    c.budgets = (1e10, 2e10, 4e10)  # training FLOPs, C = 3 * F_fwd * tokens
     c.learning_rate = 3e-3
     c.warmup_steps = 20
     c.weight_decay = 0.0
