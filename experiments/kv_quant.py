@@ -127,11 +127,7 @@ def _synthetic(config, key):
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     out = common.experiment_dir(workdir, NAME)
-    lm_cfg = None
-    if config.lm_config:
-        from experiments.configs import lm as lm_config
-        lm_cfg = lm_config.get_config(config.lm_config)
-    graphdef, params, mcfg, corpus = lm.load_trained(workdir, lm_cfg)
+    graphdef, params, mcfg, corpus = lm.load_trained(workdir, config.lm_config or None)
     d, seq = mcfg.dim_per_head, min(config.context, mcfg.max_len)
     if not 0 < config.prompt_len < seq:
         raise ValueError(f"kv_quant: prompt_len={config.prompt_len} must be in (0, {seq})")

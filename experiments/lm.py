@@ -111,15 +111,21 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     return graphdef, result.state["params"], corpus, result
 
 
-def load_trained(workdir: str, config: ml_collections.ConfigDict | None = None):
+def load_trained(workdir: str, config: ml_collections.ConfigDict | str | None = None):
     """The trained ``lm`` model of ``workdir`` (trained now if absent or unfinished).
+
+    Args:
+      workdir: the run's work directory (the model lives in ``<workdir>/lm``).
+      config: the lm config, or a variant name of ``experiments/configs/lm.py`` (default ``tiny``);
+        it must match the one the checkpoint was trained with.
 
     Returns:
       (graphdef, params, model config, corpus).
     """
     from experiments.configs import lm as lm_config
 
-    config = config or lm_config.get_config("tiny")
+    if config is None or isinstance(config, str):
+        config = lm_config.get_config(config or "tiny")
     graphdef, params, corpus, _ = train(config, common.experiment_dir(workdir, NAME),
                                         progress=False)
     return graphdef, params, model_config(config, ByteTokenizer().vocab_size), corpus

@@ -264,7 +264,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
 
     out = common.experiment_dir(workdir, NAME)
     t0 = time.perf_counter()
-    graphdef, params, mcfg, corpus = load_trained(workdir)
+    graphdef, params, mcfg, corpus = load_trained(workdir, config.lm_config or None)
     bandwidth = read_bandwidth_gbs(config.bandwidth_mb)
     rows = speed(config, bandwidth)
     real = real_quality(config, graphdef, params, corpus, mcfg)

@@ -55,6 +55,10 @@ def base() -> ml_collections.ConfigDict:
 
 VARIANTS = {
     "tiny": {},
+    # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    "smoke": {"levels": 11, "num_deltas": 4, "levels5": 5, "num_deltas5": 3, "gap_levels": 11,
+              "gap_deltas": 4, "gaps": (0.2, 0.4), "logit_gaps": (0.4, 0.8), "bisection_steps": 3,
+              "mixed_levels": 3, "timing_repeats": 1},
     "paper": {
         "levels": 201, "num_deltas": 121, "levels5": 31, "num_deltas5": 31, "gap_levels": 201,
         "gap_deltas": 81, "gaps": (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8),

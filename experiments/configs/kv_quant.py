@@ -45,6 +45,11 @@ def base() -> ml_collections.ConfigDict:
 
 VARIANTS = {
     "tiny": {},
+    # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    "smoke": {"windows": 2, "context": 64, "prompt_len": 32, "chunk": 16, "kmeans_iters": 2,
+              "kivi_group": 16, "kivi_block": 16, "qvg_pro_block": 8, "entrokv_window": 8,
+              "entrokv_pool": 3, "synth_tokens": 512, "synth_centroids": 8,
+              "synth_clusters": 4, "synth_queries": 4, "lm_config": "smoke"},
     "paper": {"windows": 64, "context": 1024, "prompt_len": 768, "chunk": 256, "num_centroids": 16,
               "kmeans_iters": 20, "synth_tokens": 65536, "synth_heads": 8, "lm_config": "paper"},
 }

@@ -16,8 +16,8 @@ def base() -> ml_collections.ConfigDict:
     c.val_fraction = 0.1
     c.model = ml_collections.ConfigDict(dict(
         d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, max_len=256, mlp_dim=0))
-    c.seq_len = 128
-    c.batch_size = 32
+    c.seq_len = 256  # = model.max_len: RoPE is only trained on positions below seq_len
+    c.batch_size = 16
     c.steps = 400
     c.learning_rate = 3e-3
     c.warmup_steps = 50

@@ -35,11 +35,16 @@ def base() -> ml_collections.ConfigDict:
     c.greedy_prompt = 96
     c.greedy_new = 64
     c.greedy_page_size = 16
+    c.lm_config = ""  # variant of the lm experiment whose checkpoint is decoded; "" = tiny
     return c
 
 
 VARIANTS = {
     "tiny": {},
+    # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    "smoke": {"contexts": (2048,), "timing_reps": 1, "bandwidth_mb": 16, "real_context": 1024,
+              "real_queries": 2, "needle_context": 2048, "needles": 2, "needle_trials": 1,
+              "greedy_prompt": 16, "greedy_new": 8, "greedy_page_size": 8, "lm_config": "smoke"},
     "paper": {"contexts": (4096, 16384, 65536, 131072, 262144), "batch_sizes": (1, 8),
               "timing_reps": 10, "bandwidth_mb": 1024, "real_context": 65536,
               "real_queries": 32, "needle_context": 131072, "needle_trials": 16},
