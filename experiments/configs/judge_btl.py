@@ -29,9 +29,9 @@ def base() -> ml_collections.ConfigDict:
         left="left", right="right", judge="worker", outcome="winner",
         left_value="left", right_value="right", tie_value="tie"))
     c.heldout_fraction = 0.2
-    c.num_splits = 2            # random train/held-out splits of the real data
+    c.num_splits = 1            # random train/held-out splits of the real data
     c.cv_folds = 3              # folds of the ridge cross-validation inside each training split
-    c.ridge_grid = (0.3, 1.0, 3.0, 10.0)   # weights of the Gaussian prior on log-discriminations
+    c.ridge_grid = (1.0, 3.0, 10.0)   # weights of the Gaussian prior on log-discriminations
     c.bootstrap_samples = 0     # multinomial bootstrap replicates for the real-data leaderboard
     # Simulation with known truth.
     c.sim = ml_collections.ConfigDict(dict(
