@@ -20,14 +20,15 @@ VARIANTS = ("tiny", "paper")
 def parse_arg(arg: str | None, default_variant: str = "tiny") -> tuple[str, dict[str, Any]]:
     """Splits ``"variant,key=value,..."`` into the variant name and a dict of overrides.
 
-    Values are parsed as Python literals when possible (``steps=10`` -> int), else kept as strings.
+    Values are parsed as Python literals when possible (``steps=10`` -> int, ``ns=(2, 4)`` ->
+    tuple; commas inside brackets do not split), else kept as strings.
 
     Raises:
       ValueError: an override without ``=``.
     """
     if not arg:
         return default_variant, {}
-    head, *rest = [p.strip() for p in arg.split(",") if p.strip()]
+    head, *rest = [p.strip() for p in _split_top_level(arg) if p.strip()]
     overrides: dict[str, Any] = {}
     for item in rest:
         if "=" not in item:
@@ -38,6 +39,21 @@ def parse_arg(arg: str | None, default_variant: str = "tiny") -> tuple[str, dict
         except (ValueError, SyntaxError):
             overrides[key] = value
     return head, overrides
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Splits on commas outside brackets, so ``"tiny,ns=(2, 4),b=1"`` keeps the tuple whole."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return parts
 
 
 def build(

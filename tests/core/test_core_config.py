@@ -35,5 +35,5 @@ def test_locked_config_rejects_new_fields():
 
 
 def test_parse_arg_literals():
-    assert cfg_lib.parse_arg("paper,a=1,b=0.5,c=x,d=True") == (
-        "paper", {"a": 1, "b": 0.5, "c": "x", "d": True})
+    assert cfg_lib.parse_arg("paper,a=1,b=0.5,c=x,d=True,e=(1, 2),f=[3,4]") == (
+        "paper", {"a": 1, "b": 0.5, "c": "x", "d": True, "e": (1, 2), "f": [3, 4]})
