@@ -44,6 +44,25 @@ def _check(samples: jax.Array, target: jax.Array) -> None:
         raise ValueError("need at least one sample per window")
 
 
+def _crps_sorted(xs: jax.Array, target: jax.Array) -> jax.Array:
+    """CRPS from samples already sorted ascending along the last axis."""
+    m = xs.shape[-1]
+    skill = jnp.mean(jnp.abs(xs - target[..., None]), axis=-1)
+    weights = (2.0 * jnp.arange(1, m + 1, dtype=xs.dtype) - m - 1.0) / (m * m)
+    return skill - jnp.sum(xs * weights, axis=-1)
+
+
+def _quantiles_sorted(xs: jax.Array, levels) -> jax.Array:
+    """Sample quantiles [..., Q] at ``levels`` from samples sorted along the last axis, with the
+    linear interpolation of ``numpy.quantile`` (virtual index ``level * (S - 1)``)."""
+    m = xs.shape[-1]
+    pos = jnp.asarray(levels, xs.dtype) * (m - 1)
+    lo = jnp.clip(jnp.floor(pos).astype(jnp.int32), 0, m - 1)
+    hi = jnp.minimum(lo + 1, m - 1)
+    frac = pos - lo.astype(xs.dtype)
+    return xs[..., lo] * (1.0 - frac) + xs[..., hi] * frac
+
+
 def crps_ensemble(samples: jax.Array, target: jax.Array, axis: int = -1) -> jax.Array:
     """Ensemble CRPS of each target point (sort-based; equals ``properscoring.crps_ensemble``).
 
@@ -59,11 +78,14 @@ def crps_ensemble(samples: jax.Array, target: jax.Array, axis: int = -1) -> jax.
     x = jnp.moveaxis(samples, axis, -1)
     if x.shape[:-1] != target.shape:
         raise ValueError(f"samples {samples.shape} (sample axis {axis}) do not match target {target.shape}")
-    m = x.shape[-1]
-    skill = jnp.mean(jnp.abs(x - target[..., None]), axis=-1)
-    weights = (2.0 * jnp.arange(1, m + 1, dtype=x.dtype) - m - 1.0) / (m * m)
-    spread = jnp.sum(jnp.sort(x, axis=-1) * weights, axis=-1)
-    return skill - spread
+    return _crps_sorted(jnp.sort(x, axis=-1), target)
+
+
+def _qice_counts_sorted(xs: jax.Array, target: jax.Array, num_bins: int) -> jax.Array:
+    q = _quantiles_sorted(xs, jnp.linspace(0.0, 1.0, num_bins + 1))      # [..., M+1]
+    membership = jnp.sum(target[..., None] > q, axis=-1)               # 0..M+1; 1..M are the bins
+    hits = membership[..., None] == jnp.arange(1, num_bins + 1)
+    return jnp.sum(hits.reshape(-1, num_bins), axis=0).astype(jnp.float32)
 
 
 def qice_bin_counts(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS) -> jax.Array:
@@ -75,11 +97,8 @@ def qice_bin_counts(samples: jax.Array, target: jax.Array, num_bins: int = QICE_
     Returns:
       f32 [num_bins]; targets outside [min sample, max sample] are in no bin (see module docstring).
     """
-    levels = jnp.linspace(0.0, 1.0, num_bins + 1, dtype=samples.dtype)
-    q = jnp.quantile(samples, levels, axis=1)                         # [M+1, B, H, N]
-    membership = jnp.sum(target[None] > q, axis=0)                    # 0..M+1; 1..M are the bins
-    return jnp.sum(membership[..., None] == jnp.arange(1, num_bins + 1), axis=(0, 1, 2)).astype(
-        jnp.float32)
+    xs = jnp.sort(jnp.moveaxis(samples, 1, -1), axis=-1)
+    return _qice_counts_sorted(xs, target, num_bins)
 
 
 def qice_from_counts(counts: jax.Array, num_points: jax.Array | float) -> jax.Array:
@@ -105,21 +124,22 @@ def metric_sums(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS
       ValueError: shapes are not [B, S, H, N] and [B, H, N].
     """
     _check(samples, target)
-    samples = samples.astype(jnp.float32)
     target = target.astype(jnp.float32)
-    mean = jnp.mean(samples, axis=1)
+    xs = jnp.sort(jnp.moveaxis(samples.astype(jnp.float32), 1, -1), axis=-1)   # [B, H, N, S], one sort
+    mean = jnp.mean(xs, axis=-1)
     out = {
         "points": jnp.asarray(target.size, jnp.float32),
         "sum_points": jnp.asarray(target.shape[0] * target.shape[1], jnp.float32),
-        "crps": jnp.sum(crps_ensemble(samples, target, axis=1)),
-        "crps_sum": jnp.sum(crps_ensemble(samples.sum(-1), target.sum(-1), axis=1)),
+        "crps": jnp.sum(_crps_sorted(xs, target)),
+        "crps_sum": jnp.sum(crps_ensemble(samples.astype(jnp.float32).sum(-1), target.sum(-1), axis=1)),
         "se": jnp.sum((mean - target) ** 2),
         "ae": jnp.sum(jnp.abs(mean - target)),
-        "qice_counts": qice_bin_counts(samples, target, num_bins),
+        "qice_counts": _qice_counts_sorted(xs, target, num_bins),
     }
     for p in COVERAGE_LEVELS:
-        lo, hi = jnp.quantile(samples, jnp.array([(1 - p) / 2, (1 + p) / 2]), axis=1)
-        out[f"covered_{round(100 * p)}"] = jnp.sum((target >= lo) & (target <= hi)).astype(jnp.float32)
+        q = _quantiles_sorted(xs, [(1 - p) / 2, (1 + p) / 2])
+        inside = (target >= q[..., 0]) & (target <= q[..., 1])
+        out[f"covered_{round(100 * p)}"] = jnp.sum(inside).astype(jnp.float32)
     return out
 
 

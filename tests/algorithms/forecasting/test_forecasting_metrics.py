@@ -121,3 +121,12 @@ def test_gaussian_nll_matches_scipy():
         size=(3, 2, 4, 1))
     np.testing.assert_allclose(float(losses.gaussian_nll(jnp.asarray(m), jnp.asarray(s), jnp.asarray(y))),
                                -stats.norm.logpdf(y, m, s).mean(), rtol=1e-5)
+
+
+def test_sorted_quantiles_match_numpy():
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(4, 3, 13)).astype(np.float32)
+    levels = [0.0, 0.05, 0.25, 0.5, 0.9, 1.0]
+    ours = metrics._quantiles_sorted(jnp.sort(jnp.asarray(x), -1), levels)
+    np.testing.assert_allclose(np.asarray(ours), np.moveaxis(np.quantile(x, levels, axis=-1), 0, -1),
+                               rtol=1e-5, atol=1e-6)
