@@ -251,6 +251,8 @@ def run_horizon(series: np.ndarray, table: data.Table, split: str, H: int,
         m["sample_seconds"] = time.perf_counter() - t0
         m["test_windows"] = len(te)
         results[method] = m
+        print(f"[forecasting] {name} H={H} {method}: CRPS {m['crps']:.4f}, QICE {m['qice']:.3f}%, "
+              f"MSE {m['mse']:.4f}, MAE {m['mae']:.4f}, train {m['train_seconds']:.0f} s", flush=True)
         if len(fan_idx):
             fan[method] = np.asarray(sampler(jnp.asarray(fan["x"]), k_eval))
     return results, fan, histories
@@ -344,8 +346,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                                          jax.random.fold_in(key, 1000 * di + int(H)), name, arima_cache)
             results[name][str(H)] = res
             histories[name][str(H)] = hist
-            print(f"[forecasting] {name} H={H}: " + ", ".join(
-                f"{m} CRPS {v['crps']:.4f} MSE {v['mse']:.4f}" for m, v in res.items()), flush=True)
             if fan.get("x") is not None and H == max(config.horizons):
                 ch = len(table.columns) - 1
                 figures.append(report.save_figure(
