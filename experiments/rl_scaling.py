@@ -45,19 +45,27 @@ NAME = "rl_scaling"
 
 
 class MixtureBatches:
-    """Warm-start batches from two problem pools; batch i depends only on (seed, i), so the
-    ``position`` attribute makes the stream resumable (core.training.PositionedIterator)."""
+    """Warm-start batches from two problem pools with an easy-first curriculum: the first
+    ``easy_steps`` batches are all easy, later ones hold a ``hard_fraction`` share of hard problems.
+    Batch i depends only on (seed, i), so the ``position`` attribute makes the stream resumable
+    (core.training.PositionedIterator)."""
 
-    def __init__(self, easy: dict, hard: dict, batch_size: int, hard_fraction: float, seed: int):
+    def __init__(self, easy: dict, hard: dict, batch_size: int, hard_fraction: float, seed: int,
+                 easy_steps: int = 0):
+        if not 0.0 <= hard_fraction <= 1.0 or easy_steps < 0:
+            raise ValueError(f"MixtureBatches: need hard_fraction in [0, 1] and easy_steps >= 0, "
+                             f"got {hard_fraction}, {easy_steps}")
         self.easy, self.hard, self.batch_size, self.seed = easy, hard, batch_size, seed
         self.num_hard = int(round(batch_size * hard_fraction))
+        self.easy_steps = easy_steps
         self.position = 0
 
     def __next__(self):
         rng = np.random.default_rng((self.seed, self.position))
+        num_hard = self.num_hard if self.position >= self.easy_steps else 0
         self.position += 1
-        ie = rng.integers(0, len(self.easy["lens"]), self.batch_size - self.num_hard)
-        ih = rng.integers(0, len(self.hard["lens"]), self.num_hard)
+        ie = rng.integers(0, len(self.easy["lens"]), self.batch_size - num_hard)
+        ih = rng.integers(0, len(self.hard["lens"]), num_hard)
         return {k: np.concatenate([self.easy[k][ie], self.hard[k][ih]]) for k in self.easy}
 
 
@@ -105,7 +113,8 @@ def warm_start(config, gd, params, easy, hard, out):
                                                max(w.steps, w.warmup_steps + 1),
                                                end_value=w.learning_rate * 0.1)
     tx = optax.adam(sched)
-    batches = MixtureBatches(easy, hard, w.batch_size, w.hard_fraction, config.seed)
+    batches = MixtureBatches(easy, hard, w.batch_size, w.hard_fraction, config.seed,
+                             w.easy_steps)
     result = train_loop(make_train_step(gd, tx, trainer.sft_loss), init_train_state(params, tx),
                         batches, jax.random.key(config.seed),
                         LoopConfig(num_steps=w.steps, log_every=50, checkpoint_every=0,
@@ -357,20 +366,24 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     # Interference per n: share of batch problems whose exact pass@1 fell after an update, and
     # the cosine between per-problem gradients at the warm start.
     interference = {}
-    probe_ids = np.arange(config.cosine_problems)
-    for n in config.ns:
+    cosines = None
+    if config.cosine_problems:
+        gcfg = grpo.GRPOConfig(advantage=config.advantage, aggregation=config.aggregation)
+        probe_ids = np.linspace(0, pool["lens"].shape[0] - 1, config.cosine_problems).astype(int)
+        cos_fn = jax.jit(functools.partial(trainer.group_gradient_cosine, gd,
+                                           ns=tuple(config.ns), max_new_tokens=answer_len,
+                                           cfg=gcfg))
+        cosines = jax.device_get(cos_fn(params0, jax.random.key(config.seed + 7),
+                                        *(pool[f][probe_ids] for f in ("prompts", "targets",
+                                                                       "lens"))))
+    for j, n in enumerate(config.ns):
         fallen = [v["fallen"].mean() for (ln, _, _), v in step_metrics.items() if ln == n]
         informative = [v["informative"].mean() for (ln, _, _), v in step_metrics.items()
                        if ln == n]
         entry = {"fallen": float(np.mean(fallen)), "informative_groups": float(np.mean(informative))}
-        if config.cosine_problems:
-            gcfg = grpo.GRPOConfig(advantage=config.advantage, aggregation=config.aggregation)
-            cos_fn = jax.jit(functools.partial(trainer.group_gradient_cosine, gd, n=n,
-                                               max_new_tokens=answer_len, cfg=gcfg))
-            cos, pairs = cos_fn(params0, jax.random.key(config.seed + 7),
-                                *(pool[f][probe_ids] for f in ("prompts", "targets", "lens")))
-            entry["grad_cosine"] = float(cos)
-            entry["grad_cosine_pairs"] = int(pairs)
+        if cosines is not None:
+            entry["grad_cosine"] = float(cosines[0][j])
+            entry["grad_cosine_pairs"] = int(cosines[1][j])
         interference[str(n)] = entry
 
     c_max = budgets[-1]

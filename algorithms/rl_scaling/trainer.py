@@ -183,38 +183,83 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
     return step
 
 
-def group_gradient_cosine(graphdef: nnx.GraphDef, params: nnx.State, key: jax.Array,
-                          prompts: jax.Array, targets: jax.Array, target_len: jax.Array, *,
-                          n: int, max_new_tokens: int, cfg: grpo.GRPOConfig,
-                          end_id: int = tasks.END_ID) -> tuple[jax.Array, jax.Array]:
-    """Mean cosine between the per-problem GRPO gradients estimated from n rollouts each.
+def per_problem_gradients(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
+                          completions: jax.Array, mask: jax.Array, rewards: jax.Array,
+                          n: jax.Array | int, cfg: grpo.GRPOConfig) -> jax.Array:
+    """Flattened GRPO gradients of each problem's own loss from its first ``n`` rollouts.
 
-    For each of the G problems (``prompts`` [G, P], ``targets`` [G, T], ``target_len`` [G]) sample
-    n completions, form group advantages and take the gradient of that problem's own GRPO loss
-    (first inner step, ratio 1); return :func:`metrics.mean_pairwise_cosine` of the flattened
-    gradients [G, D] (problems with uniform rewards, i.e. zero gradient, excluded) and the pair
-    count. Jittable with ``n``, ``max_new_tokens``, ``cfg``, ``end_id`` static.
+    Args:
+      prompts: int32 [G, P]; completions: int32 [G, N, T]; mask: bool [G, N, T];
+      rewards: float32 [G, N] (N rollouts sampled per problem).
+      n: group size, 1 <= n <= N; may be traced, so one compiled function serves every n.
+      cfg: the loss configuration (first inner step: ratio 1, so the clip is inactive).
+
+    Returns:
+      float32 [G, D]: for each problem, a positive multiple of the gradient of the GRPO loss on
+      rollouts 0..n-1 alone (the multiple comes from aggregation denominators that count all N rows;
+      cosines are unaffected). Rows are 0 for problems whose first n rewards are all equal.
     """
-    cfg.check_group_size(n)
-    g = prompts.shape[0]
-    rep = jnp.repeat(jnp.arange(g), n)
-    completions, _, mask = rollout.rollout(graphdef, params, prompts[rep], key,
-                                           max_new_tokens=max_new_tokens, end_id=end_id)
-    rewards = tasks.exact_match(completions, targets[rep], target_len[rep])
-    adv = grpo.group_advantages(rewards, n, mode=cfg.advantage, eps=cfg.adv_eps)
+    g, num, _ = completions.shape
     p = prompts.shape[1]
-    c = completions.reshape(g, n, -1)
-    m = mask.reshape(g, n, -1)
-    a = adv.reshape(g, n)
+    valid = jnp.arange(num) < n
+    validf = valid.astype(jnp.float32)
+    size = jnp.asarray(n, jnp.float32)
+    mean = (rewards * validf).sum(axis=1, keepdims=True) / size
+    centred = (rewards - mean) * validf
+    if cfg.advantage == "grpo":
+        std = jnp.sqrt((centred**2).sum(axis=1, keepdims=True) / size)
+        adv = centred / (std + cfg.adv_eps)
+    else:
+        adv = centred
+    del g
 
-    def one(prompt, comp, msk, ad):
+    def one(args):
+        prompt, comp, msk, ad = args
+
         def loss(prm):
             model = nnx.merge(graphdef, prm)
-            logp = rollout.completion_logprobs(model, jnp.broadcast_to(prompt, (n, p)), comp)
-            return grpo.grpo_loss(logp, jax.lax.stop_gradient(logp), ad, msk, cfg)[0]
+            logp = rollout.completion_logprobs(model, jnp.broadcast_to(prompt, (num, p)), comp)
+            return grpo.grpo_loss(logp, jax.lax.stop_gradient(logp), ad, msk & valid[:, None],
+                                  cfg)[0]
 
         grads = jax.grad(loss)(params)
         return jnp.concatenate([x.ravel() for x in jax.tree.leaves(grads)])
 
-    flat = jax.lax.map(lambda args: one(*args), (prompts, c, m, a))
-    return metrics.mean_pairwise_cosine(flat)
+    return jax.lax.map(one, (prompts, completions, mask, adv))
+
+
+def group_gradient_cosine(graphdef: nnx.GraphDef, params: nnx.State, key: jax.Array,
+                          prompts: jax.Array, targets: jax.Array, target_len: jax.Array, *,
+                          ns: tuple[int, ...], max_new_tokens: int, cfg: grpo.GRPOConfig,
+                          end_id: int = tasks.END_ID) -> tuple[jax.Array, jax.Array]:
+    """Mean cosine between per-problem GRPO gradients estimated from n rollouts each, per n.
+
+    For each of the G problems (``prompts`` [G, P], ``targets`` [G, T], ``target_len`` [G]) sample
+    N = max(ns) completions once; for each n in ``ns`` take each problem's gradient from its first
+    n rollouts (:func:`per_problem_gradients`, nested samples, one compilation for all n) and
+    return :func:`metrics.mean_pairwise_cosine` over the problems with a non-zero gradient.
+    Jittable with ``ns``, ``max_new_tokens``, ``cfg``, ``end_id`` static.
+
+    Returns:
+      (mean cosine float32 [K], number of contributing pairs int32 [K]) for K = len(ns).
+
+    Raises:
+      ValueError: empty ``ns`` or an n not allowed by ``cfg`` (n < 2 with group normalisation).
+    """
+    if not ns:
+        raise ValueError("group_gradient_cosine: ns is empty")
+    for n in ns:
+        cfg.check_group_size(n)
+    g, num = prompts.shape[0], max(ns)
+    rep = jnp.repeat(jnp.arange(g), num)
+    completions, _, mask = rollout.rollout(graphdef, params, prompts[rep], key,
+                                           max_new_tokens=max_new_tokens, end_id=end_id)
+    rewards = tasks.exact_match(completions, targets[rep], target_len[rep]).reshape(g, num)
+    comp = completions.reshape(g, num, -1)
+    msk = mask.reshape(g, num, -1)
+
+    def for_n(n):
+        return metrics.mean_pairwise_cosine(
+            per_problem_gradients(graphdef, params, prompts, comp, msk, rewards, n, cfg))
+
+    return jax.vmap(for_n)(jnp.asarray(ns, jnp.int32))

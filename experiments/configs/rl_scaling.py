@@ -5,8 +5,10 @@
     python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:paper --workdir=DIR  # accelerator
 
 ``tiny`` is the reduced sweep run by the main job (4 budgets x n in {2,4,8,16} x B_p in {4,8} x 3
-seeds); ``full`` is the whole CPU sweep (6 budgets, n up to 32, B_p up to 16, 4 seeds, and the
-per-problem gradient-cosine probe, which ``tiny`` skips to save its compilations).
+seeds); ``full`` is the whole CPU sweep (6 budgets, n up to 32, B_p up to 16, 4 seeds); ``smoke``
+runs every code path in seconds with meaningless numbers:
+
+    python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:smoke --workdir=workdir
 """
 
 import ml_collections
@@ -23,9 +25,11 @@ def base() -> ml_collections.ConfigDict:
     c.num_train = 4000  # training problems per split
     c.num_heldout = 256  # held-out problems per split
     c.model = ml_collections.ConfigDict(dict(d_model=128, num_layers=3, num_heads=4, mlp_dim=256))
-    # Supervised warm start on a mixture of both splits.
+    # Supervised warm start, easy first: `easy_steps` batches of easy sums only (a small model
+    # leaves the loss plateau much sooner on them), then a mixture with `hard_fraction` hard sums.
     c.warmup = ml_collections.ConfigDict(dict(
-        steps=300, batch_size=64, learning_rate=3e-3, warmup_steps=30, hard_fraction=0.3))
+        steps=700, batch_size=64, learning_rate=3e-3, warmup_steps=30, easy_steps=300,
+        hard_fraction=0.35))
     # GRPO.
     c.advantage = "grpo"  # or "drgrpo"
     c.aggregation = "seq_mean"  # "token_mean", "constant"
@@ -51,13 +55,24 @@ def base() -> ml_collections.ConfigDict:
 
 
 VARIANTS = {
-    "tiny": {"cosine_problems": 0},
+    "tiny": {},
+    # A few seconds; runs every code path of run() (warm start, sweep, fits, probes, plots, report).
+    # Its numbers mean nothing.
+    "smoke": {
+        "easy.digits": 1, "hard.digits": 2, "num_train": 64, "num_heldout": 16,
+        "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.mlp_dim": 64,
+        "warmup.steps": 4, "warmup.batch_size": 16, "warmup.warmup_steps": 2,
+        "warmup.easy_steps": 2, "smallest_budget": 16, "num_budgets": 3, "ns": (2, 4, 8),
+        "problems_per_batch": (2,), "num_seeds": 2, "pass_k": 2, "sampled_eval": 2,
+        "cosine_problems": 2, "num_boot": 10,
+    },
     "full": {"num_budgets": 6, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
              "num_seeds": 4},
     "paper": {
         "model.d_model": 512, "model.num_layers": 8, "model.num_heads": 8, "model.mlp_dim": 1536,
         "easy.digits": 3, "hard.terms": 3, "hard.digits": 4, "num_train": 50_000,
-        "num_heldout": 1024, "warmup.steps": 3000, "warmup.batch_size": 256,
+        "num_heldout": 1024, "warmup.steps": 3000, "warmup.easy_steps": 1000,
+        "warmup.batch_size": 256,
         "smallest_budget": 1024, "num_budgets": 7, "ns": (2, 4, 8, 16, 32, 64, 128),
         "problems_per_batch": (8, 32, 64), "num_seeds": 4, "pass_k": 32, "sampled_eval": 64,
         "cosine_problems": 32, "learning_rate": 1e-4,

@@ -203,3 +203,17 @@ def test_bootstrap_interval_contains_point():
     r = np.array([[0.1, 0.3, 0.2], [0.12, 0.28, 0.25], [0.09, 0.31, 0.22]])
     p, lo, hi = fit.bootstrap_n_star(x, r, 50, 0)
     assert lo <= p <= hi and 1.0 <= lo and hi <= 3.0
+
+
+def test_warm_start_curriculum_batches_are_easy_first_and_resumable():
+    from experiments.rl_scaling import MixtureBatches
+    easy = {"lens": np.zeros(50, np.int32), "src": np.zeros(50, np.int32)}
+    hard = {"lens": np.ones(30, np.int32), "src": np.ones(30, np.int32)}
+    it = MixtureBatches(easy, hard, batch_size=20, hard_fraction=0.35, seed=3, easy_steps=2)
+    batches = [next(it) for _ in range(4)]
+    assert [int(b["src"].sum()) for b in batches] == [0, 0, 7, 7]  # round(20 * 0.35) hard rows
+    again = MixtureBatches(easy, hard, batch_size=20, hard_fraction=0.35, seed=3, easy_steps=2)
+    again.position = 3
+    np.testing.assert_array_equal(next(again)["src"], batches[3]["src"])
+    with pytest.raises(ValueError):
+        MixtureBatches(easy, hard, batch_size=20, hard_fraction=1.5, seed=3)

@@ -84,3 +84,52 @@ def test_vmapped_rl_step_with_traced_n_is_finite_and_updates():
     if float(np.asarray(m["informative"]).max()) == 0.0:
         assert max(moved) == 0.0
     assert ((np.asarray(m["fallen"]) >= 0) & (np.asarray(m["fallen"]) <= 1)).all()
+
+
+def _flat_grad(gd, params, prompt, comps, msk, adv, cfg):
+    def loss(p):
+        model = nnx.merge(gd, p)
+        prompts = jnp.broadcast_to(prompt, (comps.shape[0], prompt.shape[0]))
+        logp = rollout.completion_logprobs(model, prompts, comps)
+        return grpo.grpo_loss(logp, jax.lax.stop_gradient(logp), adv, msk, cfg)[0]
+    return jnp.concatenate([x.ravel() for x in jax.tree.leaves(jax.grad(loss)(params))])
+
+
+def test_per_problem_gradients_use_only_the_first_n_rollouts():
+    gd, params = _model()
+    cfg = grpo.GRPOConfig()
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(tasks.encode_prompts(np.array([[12, 34], [56, 7]]), 7, 2))
+    comps = jnp.asarray(rng.integers(48, 58, size=(2, 4, 4)), jnp.int32)
+    mask = jnp.ones((2, 4, 4), bool)
+    rewards = jnp.array([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+    grads = jax.jit(trainer.per_problem_gradients, static_argnums=(0, 7))(
+        gd, params, prompts, comps, mask, rewards, jnp.int32(2), cfg)
+    # problem 0: first two rewards (1, 0) are mixed -> direction of the 2-rollout GRPO gradient
+    adv = grpo.group_advantages(rewards[0, :2], 2)
+    ref = _flat_grad(gd, params, prompts[0], comps[0, :2], mask[0, :2], adv, cfg)
+    cos = float(grads[0] @ ref / (jnp.linalg.norm(grads[0]) * jnp.linalg.norm(ref)))
+    assert cos == pytest.approx(1.0, abs=1e-5)
+    # seq_mean over N = 4 rows instead of 2: exactly half the 2-rollout loss gradient
+    np.testing.assert_allclose(grads[0], 0.5 * ref, rtol=1e-4, atol=1e-7)
+    # problem 1: first two rewards (0, 0) carry no signal -> zero gradient
+    assert float(jnp.abs(grads[1]).max()) == 0.0
+
+
+def test_group_gradient_cosine_without_signal_and_bad_group_size():
+    gd, params = _model()
+    ops = np.array([[3, 4], [10, 20], [7, 7]])
+    targets, lens = tasks.encode_answers(ops, 4)
+    prompts = jnp.asarray(tasks.encode_prompts(ops, 7, 2))
+    cfg = grpo.GRPOConfig()
+    fn = jax.jit(lambda p, k, a, b, c: trainer.group_gradient_cosine(
+        gd, p, k, a, b, c, ns=(2, 4), max_new_tokens=4, cfg=cfg))
+    # an untrained byte model essentially never samples the exact answer: every group has uniform
+    # (zero) rewards, so no problem has a gradient, no pair counts and the mean cosine is 0 (not NaN)
+    cos, pairs = fn(params, jax.random.key(0), prompts, jnp.asarray(targets), jnp.asarray(lens))
+    assert cos.shape == (2,) and pairs.shape == (2,)
+    np.testing.assert_array_equal(np.asarray(pairs), [0, 0])
+    np.testing.assert_array_equal(np.asarray(cos), [0.0, 0.0])
+    with pytest.raises(ValueError):
+        trainer.group_gradient_cosine(gd, params, jax.random.key(0), prompts, jnp.asarray(targets),
+                                      jnp.asarray(lens), ns=(1, 2), max_new_tokens=4, cfg=cfg)
