@@ -52,6 +52,12 @@ def base() -> ml_collections.ConfigDict:
 
 VARIANTS = {
     "tiny": {},
+    # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    "smoke": {"dim": 4, "batch": 2, "steps": 20, "test_episodes": 2, "tune_episodes": 2,
+              "step_grid": (0.1, 0.4), "adam_grid": (0.05,), "pc_pred_weights": (0.5,),
+              "forgetting_grid": (0.9,), "hidden": 8, "train_steps": 4, "train_episodes": 2,
+              "train_episode_steps": 10, "scaling_dims": (4, 16), "scaling_steps": 5,
+              "rls_max_dim": 16},
     "paper": {
         "dim": 100, "batch": 32, "steps": 1000, "test_episodes": 64, "tune_episodes": 32,
         "hidden": 64, "train_steps": 3000, "train_episodes": 32, "train_episode_steps": 400,
