@@ -45,8 +45,8 @@ def resolve_implementation(implementation: str) -> str:
 
 def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, cfg: QVGConfig,
                         start: jax.Array, num_quantized: jax.Array, num_new: int,
-                        rope_base: float | None, implementation: str = "auto"
-                        ) -> tuple[jax.Array, jax.Array]:
+                        rope_base: float | None, implementation: str = "auto",
+                        interpret: bool = False) -> tuple[jax.Array, jax.Array]:
     """Attention of query rows over QVG-quantized chunks, dequantizing on the fly.
 
     Args:
@@ -58,6 +58,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
       num_new: T.
       rope_base: RoPE base if keys were stored before RoPE, else None.
       implementation: see :func:`resolve_implementation`.
+      interpret: run a Pallas kernel in interpret mode (CPU tests); ignored by the reference.
 
     Returns:
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
@@ -70,10 +71,10 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     if impl == "pallas_tpu":
         from kernels.kv_quant import pallas_tpu
         return pallas_tpu.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized,
-                                              num_new, rope_base)
+                                              num_new, rope_base, interpret=interpret)
     from kernels.kv_quant import pallas_gpu
     return pallas_gpu.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized, num_new,
-                                          rope_base)
+                                          rope_base, interpret=interpret)
 
 
 def _quantized_mask(start, num_quantized, rows, t, slots):

@@ -64,7 +64,7 @@ def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
     pos = pos_ref[...]  # [Rp]; -1 for padding rows
     nq = jnp.max(nq_ref[...])
     lo = split * chunks_per_split
-    hi = jnp.minimum(lo + chunks_per_split, (nq + n - 1) // n)
+    hi = jnp.minimum(lo + chunks_per_split, lax.div(nq + n - 1, jnp.int32(n)))
 
     def pieces(code_refs, c):
         codes_ref, scale_ref = code_refs[0], code_refs[1]

@@ -121,7 +121,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     s, c = cfg.stages, cfg.num_centroids
 
     def chunk(bi, ki, ci, start_ref, nq_ref):
-        last = jnp.maximum((nq_ref[bi] + n - 1) // n - 1, 0)
+        # lax.div: truncating division of non-negative ints (jnp's floor division needs sign)
+        last = jnp.maximum(lax.div(nq_ref[bi] + n - 1, n) - 1, 0)
         return jnp.minimum(ci, last)
 
     def code_specs():
