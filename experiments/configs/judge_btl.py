@@ -50,6 +50,12 @@ def base() -> ml_collections.ConfigDict:
 
 VARIANTS = {
     "tiny": {},
+    # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    "smoke": {"rank_draws": 200, "cv_folds": 2, "ridge_grid": (1.0, 3.0), "data_path": "",
+              "sim.num_models": 8, "sim.num_reliable": 2, "sim.num_noisy": 2,
+              "sim.num_comparisons": 2000, "coverage.num_datasets": 8, "coverage.num_models": 4,
+              "coverage.num_judges": 3, "choix.num_models": 6, "choix.num_comparisons": 500,
+              "timing.num_models": 10, "timing.num_judges": 3, "timing.num_comparisons": 5000},
     "paper": {
         "num_splits": 5, "cv_folds": 5, "ridge_grid": (0.1, 0.3, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0),
         "bootstrap_samples": 200, "rank_draws": 20_000,
