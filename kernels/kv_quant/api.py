@@ -64,8 +64,10 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
     """
     impl = resolve_implementation(implementation)
+    nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
+    if impl == "pallas_gpu" and implementation == "auto" and not _pow2(n, q.shape[-1]):
+        impl = "reference"  # Triton tiles need power-of-two chunk and head dim
     if impl == "reference":
-        nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
         valid = _quantized_mask(start, num_quantized, q.shape[2], num_new, nc * n)
         return ref.qvg_chunk_attention_reference(q, k_code, v_code, cfg.bits, valid, rope_base)
     if impl == "pallas_tpu":
@@ -75,6 +77,10 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     from kernels.kv_quant import pallas_gpu
     return pallas_gpu.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized, num_new,
                                           rope_base, interpret=interpret)
+
+
+def _pow2(*sizes: int) -> bool:
+    return all(x > 0 and x & (x - 1) == 0 for x in sizes)
 
 
 def _quantized_mask(start, num_quantized, rows, t, slots):

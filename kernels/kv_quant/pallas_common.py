@@ -13,7 +13,7 @@ keeps the same code valid for Mosaic TPU and Triton.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

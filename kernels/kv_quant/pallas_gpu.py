@@ -91,7 +91,7 @@ def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
         slot = c * n + jnp.arange(n, dtype=jnp.int32)
         valid = (slot[None, :] < nq) & (slot[None, :] <= pos[:, None])
         prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m, l)
-        accs = [corr * a + _mm(prob, vx) for a, vx in zip(accs, pieces(v_refs, c))]
+        accs = [corr * a + _mm(prob, vx) for a, vx in zip(accs, pieces(v_refs, c), strict=True)]
         return accs, m_new, l_new
 
     init = ([jnp.zeros((rows, w), jnp.float32) for _ in range(d // w)],
