@@ -78,8 +78,13 @@ def hybrid_loss(samples: jax.Array, target: jax.Array, tau: float, bandwidth: fl
     return tau * kde + mse, {"kde_nll": kde, "mse": mse}
 
 
-def gaussian_nll(mean: jax.Array, std: jax.Array, target: jax.Array) -> jax.Array:
-    """Mean negative log-likelihood of ``target`` under ``N(mean, std^2)`` (all f32 [B, H, N]);
-    f32 scalar in nats per point."""
+def gaussian_nll(mean: jax.Array, std: jax.Array, target: jax.Array,
+                 clamp: float = -KDE_CLAMP) -> jax.Array:
+    """Negative log-likelihood of ``target`` under ``N(mean, std^2)`` (all f32 [B, H, N]), averaged
+    per window, each window's value clamped above at ``clamp`` (the counterpart of the KDE clamp: a
+    window that is constant in its input has a near-zero instance scale and would otherwise put an
+    astronomically large value into a batch mean), then averaged over windows. f32 scalar, nats per
+    point."""
     z = (target - mean) / std
-    return jnp.mean(0.5 * z * z + jnp.log(std) + 0.5 * math.log(2 * math.pi))
+    per_window = jnp.mean(0.5 * z * z + jnp.log(std) + 0.5 * math.log(2 * math.pi), axis=(1, 2))
+    return jnp.mean(jnp.minimum(per_window, clamp))

@@ -130,3 +130,11 @@ def test_sorted_quantiles_match_numpy():
     ours = metrics._quantiles_sorted(jnp.sort(jnp.asarray(x), -1), levels)
     np.testing.assert_allclose(np.asarray(ours), np.moveaxis(np.quantile(x, levels, axis=-1), 0, -1),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_gaussian_nll_clamps_degenerate_windows():
+    mean = jnp.zeros((2, 3, 1))
+    std = jnp.stack([jnp.full((3, 1), 1e-6), jnp.ones((3, 1))])   # window 0: collapsed scale
+    target = jnp.ones((2, 3, 1))
+    value = float(jax.jit(losses.gaussian_nll)(mean, std, target))
+    np.testing.assert_allclose(value, 0.5 * (25.0 - stats.norm.logpdf(1.0)), rtol=1e-6)
