@@ -59,8 +59,8 @@ def test_ppm_step_data_parallel():
     tx = optax.sgd(0.05)
     step = make_train_step(graphdef, tx, ppm_loss_fn(tau=0.1, bandwidth=0.3, num_samples=8))
     rng = np.random.default_rng(1)
-    batch = (rng.normal(size=(16, 24)).astype(np.float32),
-             rng.normal(size=(16, 12)).astype(np.float32))
+    batch = (rng.normal(size=(16, 24, 3)).astype(np.float32),
+             rng.normal(size=(16, 12, 3)).astype(np.float32))
     key = jax.random.key(4)
     out1 = run_on(jax.devices()[:1], step, init_train_state(params, tx), batch, {}, key)
     out8 = run_on(jax.devices(), step, init_train_state(params, tx), batch, {}, key)
