@@ -62,6 +62,13 @@ VARIANTS = {
         "learning_rate": 3e-3, "gaussian_learning_rate": 3e-3, "max_epochs": 6, "patience": 3,
         "test_stride": 2, "val_stride": 2, "arima_fit_steps": 600,
     },
+    # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    "smoke": {
+        "horizons": (12,), "input_len": 24, "d_model": 8, "d_ff": 16, "train_samples": 4,
+        "eval_samples": 8, "batch_size": 16, "learning_rate": 3e-3, "max_epochs": 1, "patience": 1,
+        "max_steps_per_epoch": 2, "val_stride": 64, "test_stride": 64, "arima_fit_steps": 200,
+        "fan_windows": 1,
+    },
     # ETTh1-sized CPU run at the paper's model size; early stopping and the halving rate stop
     # learning after a few epochs, so the epoch cap mostly bounds the wall time.
     # Training uses K = 32 prior draws per window (scoring still uses 100) to fit 2 CPU cores.
