@@ -49,6 +49,14 @@ def base() -> ml_collections.ConfigDict:
 
 VARIANTS = {
     "tiny": {},
+    # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    "smoke": {
+        "seq_len": 16, "batch_size": 8, "sizes": ((8, 1, 1), (12, 1, 1), (16, 1, 1)),
+        "reference_size": 1, "isoflop_families": ("ar", "mdlm", "mdlm_ce"),
+        "budgets": (2e7, 4e7, 8e7), "warmup_steps": 2, "eval_windows": 8, "eval_reps": 1,
+        "final_eval_windows": 8, "final_eval_reps": 1, "sample_steps": (2,), "log_every": 2,
+        "bootstrap_samples": 20,
+    },
     "paper": {
         # DiT-small backbone (12 layers, d=768, 12 heads), L=1024, AdamW 3e-4, warmup 2500, EMA.
         "seq_len": 1024, "batch_size": 512,
