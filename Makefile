@@ -31,7 +31,7 @@ run: $(STAMP)
 # Single-device tests, then the multi-device tests in their own process with 8 fake CPU devices.
 # pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not multidevice" tests
+	$(PY) -m pytest -q -n 2 -m "not multidevice" tests
 	$(MAKE) --no-print-directory test-multidevice
 
 test-multidevice: $(STAMP)
