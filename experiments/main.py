@@ -4,12 +4,17 @@
     python -m experiments.main --experiments=lm,judge_btl --workdir=DIR   # a subset
 
 A failing experiment is reported as failed in the report's opening table and does not stop the
-others; the exit code is 1 if any failed.
+others; the exit code is 1 if any failed. With several experiments, each runs in its own process
+(``--isolate``, the default): one experiment's global JAX state cannot leak into the next, and one
+that hangs is stopped after ``--timeout_minutes`` and reported as failed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -24,26 +29,61 @@ _EXPERIMENTS = flags.DEFINE_string(
 _VARIANT = flags.DEFINE_string("variant", "tiny", "config variant for every experiment")
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "output directory")
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first")
+_ISOLATE = flags.DEFINE_bool("isolate", True, "run each experiment in its own process")
+_TIMEOUT = flags.DEFINE_float("timeout_minutes", 30.0, "per-experiment limit when isolated")
+_SECTION_OUT = flags.DEFINE_string("section_out", "", "internal: write the section as JSON here")
 
 
-def run_all(names, variant: str, workdir: str) -> tuple[list[report.Section], list[str]]:
+def _failed_section(name: str, message: str, details: str) -> report.Section:
+    return report.Section(title=f"{name}: FAILED", body=f"```\n{details[-4000:]}\n```",
+                          headline={"method": name, "claim": "", "ours": message[:200],
+                                    "reproduces": "failed"})
+
+
+def _run_in_process(name: str, variant: str, workdir: str) -> report.Section:
+    module, config_module = registry.load(name)
+    return module.run(config_module.get_config(variant), workdir)
+
+
+def _run_isolated(name: str, variant: str, workdir: str, timeout_s: float) -> report.Section:
+    """Runs one experiment in a child process; its section comes back as JSON."""
+    out = os.path.join(workdir, name, "section.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    if os.path.exists(out):
+        os.remove(out)
+    cmd = [sys.executable, "-m", "experiments.main", f"--experiments={name}",
+           f"--variant={variant}", f"--workdir={workdir}", "--noisolate", f"--section_out={out}"]
+    try:
+        proc = subprocess.run(cmd, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return _failed_section(name, f"timed out after {timeout_s / 60:.0f} min",
+                               f"{name} did not finish within {timeout_s:.0f} s")
+    if proc.returncode != 0 or not os.path.exists(out):
+        return _failed_section(name, f"exit code {proc.returncode}",
+                               f"{name} exited with code {proc.returncode}; its traceback is "
+                               "in the job's standard error")
+    with open(out) as f:
+        return report.Section(**json.load(f))
+
+
+def run_all(names, variant: str, workdir: str, isolate: bool = False, timeout_s: float = 1800.0
+            ) -> tuple[list[report.Section], list[str]]:
     """Runs each experiment; returns (sections, names of failed experiments)."""
     sections, failed = [], []
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] {name} ({variant}) ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        try:
-            module, config_module = registry.load(name)
-            section = module.run(config_module.get_config(variant), workdir)
-        except Exception as e:  # noqa: BLE001 - one failing experiment must not stop the others
+        if isolate:
+            section = _run_isolated(name, variant, workdir, timeout_s)
+        else:
+            try:
+                section = _run_in_process(name, variant, workdir)
+            except Exception as e:  # noqa: BLE001 - one failing experiment must not stop the others
+                tb = traceback.format_exc()
+                print(tb, file=sys.stderr)
+                section = _failed_section(name, f"{type(e).__name__}: {e}", tb)
+        if (section.headline or {}).get("reproduces") == "failed":
             failed.append(name)
-            tb = traceback.format_exc()
-            print(tb, file=sys.stderr)
-            section = report.Section(
-                title=f"{name}: FAILED",
-                body=f"```\n{tb[-4000:]}\n```",
-                headline={"method": name, "claim": "", "ours": f"{type(e).__name__}: {e}"[:200],
-                          "reproduces": "failed"})
         seconds = time.perf_counter() - t0
         section.body += f"\n\n_{name} took {seconds:.0f} s._\n"
         print(f"[{i + 1}/{len(names)}] {name} done in {seconds:.0f} s"
@@ -64,7 +104,15 @@ def main(argv):
         return 2
     os.makedirs(_WORKDIR.value, exist_ok=True)
     t0 = time.perf_counter()
-    sections, failed = run_all(names, _VARIANT.value, _WORKDIR.value)
+    if _SECTION_OUT.value:  # child of an isolated run: one experiment, section as JSON
+        if len(names) != 1:
+            raise app.UsageError("--section_out needs exactly one experiment")
+        section = _run_in_process(names[0], _VARIANT.value, _WORKDIR.value)
+        report.write_json(_SECTION_OUT.value, dataclasses.asdict(section))
+        return 0
+    sections, failed = run_all(names, _VARIANT.value, _WORKDIR.value,
+                               isolate=_ISOLATE.value and len(names) > 1,
+                               timeout_s=_TIMEOUT.value * 60)
     path = report.write_report(
         os.path.join(_WORKDIR.value, "report.md"), "ICML 2026 methods in JAX: report", sections,
         preamble=(f"Variant `{_VARIANT.value}`, experiments: {', '.join(names)}; total "

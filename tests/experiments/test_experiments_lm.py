@@ -61,3 +61,16 @@ def test_lm_sequence_longer_than_model_raises(tmp_path):
     config = lm_config.get_config("tiny,seq_len=512")
     with pytest.raises(ValueError, match="seq_len=512 exceeds model.max_len=256"):
         lm.run(config, str(tmp_path))
+
+
+def test_main_runs_experiments_in_isolated_processes(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "experiments.main", "--experiments=lm,benchmark_game",
+                           "--variant=smoke", f"--workdir={tmp_path}"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report_md = (tmp_path / "report.md").read_text()
+    assert "| Transformer LM (foundation) |" in report_md
+    assert "## Byte-level language model (lm)" in report_md and "benchmark_game" in report_md.lower()
+    for name in ("lm", "benchmark_game"):
+        assert (tmp_path / name / "metrics.json").exists()
+        assert json.loads((tmp_path / name / "section.json").read_text())["title"]
