@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -150,6 +151,7 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
         state, meta = ckpt.restore(state)
         start = resumed = int(meta["step"])
         batches.position = int(meta["data_position"])
+        print(f"{config.desc}: resuming from step {start} ({ckpt.directory})", file=sys.stderr)
     last_good = resumed
     history: list[dict[str, float]] = []
     pending: list[tuple[int, dict[str, jax.Array]]] = []
@@ -194,6 +196,11 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
                 last_good = step_done
             bar.update(1)
         flush()
+    except KeyboardInterrupt:
+        print(f"\n{config.desc}: interrupted; last checkpoint: "
+              f"{'none' if last_good is None else f'step {last_good}'}. Rerun the same command "
+              "to resume.", file=sys.stderr)
+        raise
     finally:
         bar.close()
         if ckpt is not None:

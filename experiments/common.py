@@ -46,9 +46,16 @@ def app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.S
             raise app.UsageError(f"unexpected arguments: {argv[1:]}")
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
         sharding.initialize_distributed(multihost.value)
-        section = run(config_flag.value, workdir_flag.value)
-        path = report.write_report(os.path.join(workdir_flag.value, "report.md"),
-                                   f"Report: {name}", [section])
+        try:
+            section = run(config_flag.value, workdir_flag.value)
+        except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
+            print(f"error: {name}: {e}", file=sys.stderr)
+            return 2
+        # <workdir>/<name>/report.md, so runs of several experiments into one workdir coexist.
+        path = report.write_report(os.path.join(workdir_flag.value, name, "report.md"),
+                                   f"Report: {name} ({config_flag.value.get('variant', '')})",
+                                   [section])
         print(f"report: {os.path.abspath(path)}", file=sys.stderr)
+        return 0
 
     app.run(main)

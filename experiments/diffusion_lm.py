@@ -44,7 +44,7 @@ from algorithms.diffusion_lm.families import FamilySpec, sample, transformer_con
 from algorithms.diffusion_lm.processes import nats_to_bpb
 from algorithms.diffusion_lm.training import init_state, make_step
 from core import config as cfg_lib
-from core import report
+from core import report, sharding
 from core.checkpoint import Checkpointer
 from core.data import ByteTokenizer, TextBatcher, load_corpus
 from core.data.text import sequential_windows
@@ -104,7 +104,7 @@ class _Run:
                                       num_heads=heads)
         self.graphdef, params = nnx.split(Transformer(self.cfg, rngs=nnx.Rngs(config.seed)))
         self.params_count = param_count(params)
-        self.state = init_state(params, tx, config.ema_decay)
+        self.state = sharding.replicate(init_state(params, tx, config.ema_decay), _mesh())
         self.flops_per_token = forward_flops_per_token(self.cfg, config.seq_len)
         # Eso-LM trains on an L-token diffusion pass plus a 2L-token AR pass.
         if spec.name == "esolm" and spec.alpha0 < 1:
@@ -123,8 +123,21 @@ def _step_cache(graphdef, tx, spec, ema_decay, cache={}):  # noqa: B006 (deliber
     return cache[key]
 
 
+def _mesh():
+    """The data-parallel mesh over all devices (built once; one device on a CPU run)."""
+    if "mesh" not in _MESH:
+        _MESH["mesh"] = sharding.make_mesh()
+    return _MESH["mesh"]
+
+
+_MESH: dict = {}
+
+
 def _batch(x, train: bool, ce: bool):
-    return {"x": jnp.asarray(x), "train": jnp.float32(train), "ce": jnp.float32(ce)}
+    """Batch dict: tokens split over the mesh's ``data`` axis, the flags replicated."""
+    mesh = _mesh()
+    return {"x": sharding.shard_batch(np.asarray(x, np.int32), mesh),
+            **sharding.replicate({"train": jnp.float32(train), "ce": jnp.float32(ce)}, mesh)}
 
 
 def _evaluate(run: _Run, step_fn, windows: np.ndarray, batch_size: int, reps: int, key
@@ -388,7 +401,6 @@ def _section(config, m, figs, ref_steps) -> report.Section:
     rows = [[LABELS[f], m["val_bpb"][f], m["val_bpb_se"][f], m["val_ppl_bound"][f]] for f in fams]
     table = report.markdown_table(["family", "val bits/byte (NELBO)", "s.e.",
                                    "perplexity bound"], rows)
-    steps_cols = sorted({k for f in fams for k in m["gen_ppl"][f]}, key=int)
     srows = []
     for f in fams:
         for k in m["gen_ppl"][f]:

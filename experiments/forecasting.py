@@ -30,7 +30,7 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from algorithms.forecasting import baselines, data, metrics, training
-from core import report
+from core import report, sharding
 from core.training import NonFiniteLossError, init_train_state, make_train_step
 from experiments import common
 from models.forecasting import PPM, GaussianPrior, PPMConfig
@@ -100,7 +100,8 @@ def fit_network(model: nnx.Module, loss_fn, series: np.ndarray, train_starts: np
         raise ValueError(f"{desc}: {len(train_starts)} training windows, fewer than one batch of {B}")
     tx = optax.adam(training.halving_schedule(lr, steps))
     step_fn = jax.jit(make_train_step(graphdef, tx, loss_fn), donate_argnums=0)
-    state = init_train_state(params, tx)
+    mesh = sharding.make_mesh()  # data parallel over every device (one on a CPU run)
+    state = sharding.replicate(init_train_state(params, tx), mesh)
     rng = np.random.default_rng(config.seed)
     best, best_val, bad, history = None, math.inf, 0, []
     t0 = time.perf_counter()
@@ -109,7 +110,8 @@ def fit_network(model: nnx.Module, loss_fn, series: np.ndarray, train_starts: np
         order = rng.permutation(train_starts)[:steps * B]
         losses_ = []
         for i, batch in enumerate(_batches(series, order, L, H, B)):
-            state, m = step_fn(state, batch, jax.random.fold_in(key, epoch * steps + i))
+            state, m = step_fn(state, sharding.shard_batch(batch, mesh),
+                               jax.random.fold_in(key, epoch * steps + i))
             losses_.append(m["loss"])
         train_loss = float(jnp.mean(jnp.stack(losses_)))
         if not math.isfinite(train_loss):

@@ -131,9 +131,9 @@ def _cv_select(d, train_idx, n_models, n_judges, grid, folds, pad_to, rng):
     scores = np.zeros(len(grid))
     for g, lam in enumerate(grid):
         cfg = btl.FitConfig(ridge_alpha=float(lam))
-        params, _ = jax.vmap(lambda t: btl.solve(t, cfg))(stack)
+        params, _ = jax.vmap(lambda t, cfg=cfg: btl.solve(t, cfg))(stack)
         for f in range(folds):
-            p = jax.tree.map(lambda x: x[f], params)
+            p = jax.tree.map(lambda x, f=f: x[f], params)
             scores[g] += _per_comparison_loglik(p, tests[f]) / folds
     return float(grid[int(np.argmax(scores))]), scores
 

@@ -236,7 +236,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         axes[0].scatter(synth[m]["effective_bits"], synth[m]["rel_err"], marker=mk,
                         facecolors="none", edgecolors="k", label=f"{m} (synthetic)")
     axes[0].set(xlabel="true bits per element", ylabel="attention rel. error",
-                title="Error vs true bits (INT%d)" % config.bits)
+                title=f"Error vs true bits (INT{config.bits})")
     axes[0].legend(fontsize=7)
     names = ["full", "qvg", "kivi", f"entrokv {pct}%", f"uniform {pct}%"]
     vals = [metrics["bpb_full"], metrics["bpb_qvg"], metrics["bpb_kivi"],

@@ -99,6 +99,8 @@ def main(argv):
     sharding.initialize_distributed(_MULTIHOST.value)
     try:
         names = registry.resolve(_EXPERIMENTS.value)
+        for name in names:  # an unknown variant fails here, before anything runs
+            registry.load(name)[1].get_config(_VARIANT.value)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -312,7 +312,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
          for r in rows], fmt=".3g")
     quality = report.markdown_table(
         ["method", "density", "kept mass", "rel err", "needle recall"],
-        [["FFD (delta=%g)" % config.delta, real["density"], real["kept_mass"], real["rel_err"],
+        [[f"FFD (delta={config.delta:g})", real["density"], real["kept_mass"], real["rel_err"],
           needle["needle_recall"]],
          ["Quest (matched density)", real["quest_density"], real["quest_kept_mass"],
           real["quest_rel_err"], needle["quest_needle_recall"]]], fmt=".4g")

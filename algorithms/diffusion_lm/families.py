@@ -28,8 +28,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from algorithms.diffusion_lm import esolm
-from algorithms.diffusion_lm.losses import (ar_nll, duo_nelbo, masked_ce, masked_nelbo,
-                                            mixing_nelbo, shift_right)
+from algorithms.diffusion_lm.losses import (
+    ar_nll,
+    duo_nelbo,
+    masked_ce,
+    masked_nelbo,
+    mixing_nelbo,
+    shift_right,
+)
 from algorithms.diffusion_lm.processes import Process, antithetic_times, denoiser_log_probs
 from models.transformer import TransformerConfig
 
@@ -72,7 +78,7 @@ class FamilySpec:
         if not self.num_classes <= self.bos_id < self.vocab_size:
             raise ValueError(f"FamilySpec: bos_id={self.bos_id} must be a non-data id in "
                              f"[{self.num_classes}, {self.vocab_size})")
-        self.process  # validates the process parameters
+        _ = self.process  # validates the process parameters
 
     @property
     def process(self) -> Process | None:

@@ -45,7 +45,7 @@ def run(slots: int = 4096, head_dim: int = 64, kv_heads: int = 4, groups: int = 
     return "\n".join([
         "## kv_quant: QVG-quantized decode attention vs dense (bf16)",
         "",
-        f"| cache | time per decode step (ms) | bytes | ratio to dense |",
+        "| cache | time per decode step (ms) | bytes | ratio to dense |",
         "|---|---|---|---|",
         f"| dense bf16 | {1e3 * t_d:.2f} | {nbytes_d:,} | 1.00 |",
         f"| QVG INT2 (jnp reference, dequantize then attend) | {1e3 * t_q:.2f} | {nbytes_q:,} | "

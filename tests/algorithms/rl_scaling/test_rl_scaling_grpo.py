@@ -12,7 +12,6 @@ import pytest
 
 from algorithms.rl_scaling import allocation, fit, grpo, metrics, tasks
 
-
 # --- advantages ---------------------------------------------------------------------------------
 
 def test_grpo_advantages_zero_mean_unit_std():

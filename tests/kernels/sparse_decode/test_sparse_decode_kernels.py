@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.sparse_decode import api, pallas_gpu, pallas_tpu
+from kernels.sparse_decode import api
 from kernels.sparse_decode import reference as ref
-
 
 _update = jax.jit(ref.update_ffd_cache)
 
