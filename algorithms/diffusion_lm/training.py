@@ -61,6 +61,6 @@ def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: Fa
             new["ema"] = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p,
                                       state["ema"], new["params"])
         new = jax.tree.map(lambda n, o: jnp.where(training, n, o), new, state)
-        return new, {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+        return new, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
 
     return step

@@ -155,7 +155,7 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
             updates, o = tx.update(grads, o, p)
             return (optax.apply_updates(p, updates), o), {
-                "loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+                "loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
 
         # Exact pass@1 of the batch's distinct problems before and after the update.
         batch_valid = jnp.arange(r) < r // n
