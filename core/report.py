@@ -93,7 +93,7 @@ class Section:
       body: markdown text (tables, numbers, commands).
       figures: PNG paths, relative to the report's folder or absolute.
       headline: one row for the report's opening table, keys ``method``, ``claim``, ``ours``,
-        ``reproduces`` (``"yes"``, ``"no"``, ``"partly"``) — optional.
+        ``reproduces`` (``"yes"``, ``"no"``, ``"partly"``, ``"failed"``) — optional.
     """
 
     title: str
@@ -109,15 +109,37 @@ class Section:
         return "\n".join(parts)
 
 
-def write_report(path: str, title: str, sections: Sequence[Section], preamble: str = "") -> str:
-    """Writes ``report.md``: a headline table (method, claim, ours, reproduces), then sections."""
+def write_report(path: str, title: str, sections: Sequence[Section], preamble: str = "",
+                 no_verdict: str | None = None) -> str:
+    """Writes ``report.md``: a headline table (method, claim, ours, reproduces), then sections.
+
+    Args:
+      path: the report file; its folder is created.
+      title: the level-1 heading.
+      sections: the sections, in order; those with a ``headline`` give the table's rows.
+      preamble: markdown placed under the title.
+      no_verdict: the name of a variant whose numbers are meaningless (e.g. ``"smoke"``), or
+        ``None``. When given, the report opens with a notice saying so, and the table's
+        "reproduces" column reads ``n/a (<no_verdict>)`` instead of a verdict, except for
+        experiments that failed. The sections are not modified.
+
+    Returns:
+      ``path``.
+    """
     report_dir = os.path.dirname(os.path.abspath(path))
-    rows = [
-        [s.headline.get(k, "") for k in ("method", "claim", "ours", "reproduces")]
-        for s in sections
-        if s.headline
-    ]
+    rows = []
+    for s in sections:
+        if not s.headline:
+            continue
+        row = [s.headline.get(k, "") for k in ("method", "claim", "ours", "reproduces")]
+        if no_verdict and row[3] != "failed":
+            row[3] = f"n/a ({no_verdict})"
+        rows.append(row)
     parts = [f"# {title}", ""]
+    if no_verdict:
+        parts += [f"> **Variant `{no_verdict}`: the numbers in this report are meaningless.** "
+                  "It runs every code path at toy sizes to check that the code works; it judges "
+                  "no paper claim. Use `tiny` (CPU) or `paper` (accelerator) for results.", ""]
     if preamble:
         parts += [preamble.strip(), ""]
     if rows:

@@ -6,7 +6,9 @@
 A failing experiment is reported as failed in the report's opening table and does not stop the
 others; the exit code is 1 if any failed. With several experiments, each runs in its own process
 (``--isolate``, the default): one experiment's global JAX state cannot leak into the next, and one
-that hangs is stopped after ``--timeout_minutes`` and reported as failed.
+that hangs is stopped after ``--timeout_minutes`` and reported as failed. Bad flags (unknown name,
+bad value, unknown experiment or variant) print one line to stderr and exit with status 2. A
+``--variant=smoke`` report says at the top that its numbers are meaningless and judges no claim.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import traceback
 
 from absl import app, flags, logging
 
+from core import config as cfg_lib
 from core import report, sharding
-from experiments import registry
+from experiments import common, registry
 
 _EXPERIMENTS = flags.DEFINE_string(
     "experiments", "all", f"comma-separated subset of: {', '.join(registry.EXPERIMENTS)}")
@@ -92,9 +95,22 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False, timeout_s:
     return sections, failed
 
 
+def write_main_report(workdir: str, variant: str, names, sections: list[report.Section],
+                      seconds: float) -> str:
+    """Writes ``<workdir>/report.md`` and returns its path. ``variant`` is the ``--variant`` value
+    (``"smoke"``, ``"tiny,steps=3"``, ...); for a variant whose numbers are meaningless
+    (``core.config.NO_VERDICT_VARIANTS``) the report says so at the top and its "reproduces"
+    column reads ``n/a (<variant>)`` rather than a verdict (failed experiments stay ``failed``)."""
+    variant_name = cfg_lib.parse_arg(variant)[0]
+    return report.write_report(
+        os.path.join(workdir, "report.md"), "ICML 2026 methods in JAX: report", sections,
+        preamble=(f"Variant `{variant}`, experiments: {', '.join(names)}; total {seconds:.0f} s."),
+        no_verdict=variant_name if variant_name in cfg_lib.NO_VERDICT_VARIANTS else None)
+
+
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        common.usage_error("main", f"unexpected arguments: {argv[1:]} (flags are --name=value)")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     sharding.initialize_distributed(_MULTIHOST.value)
     try:
@@ -102,23 +118,20 @@ def main(argv):
         for name in names:  # an unknown variant fails here, before anything runs
             registry.load(name)[1].get_config(_VARIANT.value)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        common.usage_error("main", str(e))
     os.makedirs(_WORKDIR.value, exist_ok=True)
     t0 = time.perf_counter()
     if _SECTION_OUT.value:  # child of an isolated run: one experiment, section as JSON
         if len(names) != 1:
-            raise app.UsageError("--section_out needs exactly one experiment")
+            common.usage_error("main", "--section_out needs exactly one experiment")
         section = _run_in_process(names[0], _VARIANT.value, _WORKDIR.value)
         report.write_json(_SECTION_OUT.value, dataclasses.asdict(section))
         return 0
     sections, failed = run_all(names, _VARIANT.value, _WORKDIR.value,
                                isolate=_ISOLATE.value and len(names) > 1,
                                timeout_s=_TIMEOUT.value * 60)
-    path = report.write_report(
-        os.path.join(_WORKDIR.value, "report.md"), "ICML 2026 methods in JAX: report", sections,
-        preamble=(f"Variant `{_VARIANT.value}`, experiments: {', '.join(names)}; total "
-                  f"{time.perf_counter() - t0:.0f} s."))
+    path = write_main_report(_WORKDIR.value, _VARIANT.value, names, sections,
+                             time.perf_counter() - t0)
     print(f"report: {os.path.abspath(path)}", file=sys.stderr)
     if failed:
         print(f"failed experiments: {', '.join(failed)}", file=sys.stderr)
@@ -127,4 +140,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=common.parse_flags_or_exit("main"))

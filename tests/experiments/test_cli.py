@@ -1,0 +1,111 @@
+"""Command-line behaviour of ``python -m experiments.<name>`` and ``python -m experiments.main``:
+one-line errors with exit status 2, ``--helpshort`` listing the entry point's flags, and the
+report of a ``smoke`` run judging no claim."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from core import report
+from experiments import main as main_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = "--config=experiments/configs/judge_btl.py:smoke"
+
+
+def _run(*args, module="experiments.judge_btl", only_check_args=True):
+    # --only_check_args: absl exits 0 right after a successful parse, so nothing runs
+    extra = ["--only_check_args"] if only_check_args else []
+    return subprocess.run([sys.executable, "-m", module, *args, *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def _one_error_line(proc, prefix):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(prefix), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((CONFIG, "--config.sed=1"), "config has no field 'sed' (did you mean 'seed'?)"),
+    # no --config: ml_collections would fail while the flag is being defined
+    (("--config.sed=1",), "config has no field 'sed' (did you mean 'seed'?)"),
+    ((CONFIG, "--config.sim.num_model=3"), "did you mean 'sim.num_models'"),
+    ((CONFIG, "--config.seed=abc"), "--config.seed=abc: expected int"),
+    (("--config=experiments/configs/judge_btl.py:smok",),
+     "unknown config variant 'smok' (did you mean 'smoke'?)"),
+    (("--config=experiments/configs/nope.py:tiny",), "'experiments/configs/nope.py' does not exist"),
+    ((CONFIG, "--workdr=x"), "Unknown command line flag 'workdr'"),
+])
+def test_experiment_bad_flags_give_one_line_and_status_2(args, expected):
+    line = _one_error_line(_run(*args), "error: judge_btl: ")
+    assert expected in line
+
+
+def test_experiment_valid_overrides_parse():
+    proc = _run(CONFIG, "--config.seed=3", "--config.columns.judge=annotator",
+                "--config.ridge_grid=1.0", "--config.ridge_grid=2.0", "--workdir=unused")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_main_bad_flags_give_one_line_and_status_2():
+    # the variant is checked in main(), before any experiment runs
+    proc = _run("--variant=smok", "--experiments=judge_btl", "--workdir=unused",
+                module="experiments.main", only_check_args=False)
+    line = _one_error_line(proc, "error: main: ")
+    assert "unknown config variant 'smok' (did you mean 'smoke'?)" in line
+    line = _one_error_line(_run("--timeout_minutes=x", module="experiments.main"), "error: main: ")
+    assert "--timeout_minutes=x: expected float" in line
+
+
+@pytest.mark.parametrize("module, expected", [
+    ("experiments.judge_btl", ("--config", "--workdir", "--[no]multihost")),
+    ("experiments.main", ("--experiments", "--variant", "--workdir", "--timeout_minutes",
+                          "--[no]isolate")),
+])
+def test_helpshort_lists_the_entry_points_flags(module, expected):
+    proc = subprocess.run([sys.executable, "-m", module, "--helpshort"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    flags_part = proc.stdout.split("\nflags:\n", 1)
+    assert len(flags_part) == 2, proc.stdout
+    listed = [line.split(":")[0].strip() for line in flags_part[1].splitlines()
+              if line.startswith("  --")]
+    for flag in expected:
+        assert flag in listed, listed
+
+
+def _sections():
+    return [
+        report.Section("a", headline={"method": "A", "claim": "c", "ours": "1", "reproduces": "no"}),
+        report.Section("b", headline={"method": "B", "claim": "c", "ours": "2",
+                                      "reproduces": "yes"}),
+        report.Section("c: FAILED", headline={"method": "C", "claim": "", "ours": "boom",
+                                              "reproduces": "failed"}),
+    ]
+
+
+def _table_verdicts(text):
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "method" not in line]
+    return {r.split("|")[1].strip(): r.split("|")[4].strip() for r in rows}
+
+
+@pytest.mark.parametrize("variant", ["smoke", "smoke,seed=1"])
+def test_smoke_report_judges_no_claim(tmp_path, variant):
+    path = main_lib.write_main_report(str(tmp_path), variant, ["a", "b", "c"], _sections(), 3.0)
+    text = open(path).read()
+    assert _table_verdicts(text) == {"A": "n/a (smoke)", "B": "n/a (smoke)", "C": "failed"}
+    notice = text.split("\n\n")[1]  # the first paragraph under the title
+    assert "`smoke`" in notice and "meaningless" in notice
+
+
+def test_tiny_report_keeps_verdicts(tmp_path):
+    sections = _sections()
+    path = main_lib.write_main_report(str(tmp_path), "tiny", ["a", "b", "c"], sections, 3.0)
+    text = open(path).read()
+    assert _table_verdicts(text) == {"A": "no", "B": "yes", "C": "failed"}
+    assert "meaningless" not in text
+    assert sections[0].headline["reproduces"] == "no"  # the sections themselves are not changed
