@@ -84,6 +84,7 @@ class LoopResult:
     steps_run: int
     seconds: float
     resumed_from: int | None
+    stopped_early_at: int | None = None
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
@@ -121,7 +122,8 @@ def _to_float(x) -> float:
 def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key: jax.Array,
                config: LoopConfig, workdir: str | None = None,
                put_batch: Callable[[Any], Any] | None = None,
-               on_log: Callable[[int, dict[str, float]], None] | None = None) -> LoopResult:
+               on_log: Callable[[int, dict[str, float]], None] | None = None,
+               stop_when: Callable[[int, PyTree], bool] | None = None) -> LoopResult:
     """Runs ``step_fn`` for ``config.num_steps`` steps, resuming from ``workdir`` if possible.
 
     Args:
@@ -135,9 +137,14 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
         ``workdir/train_metrics.jsonl``; ``None`` disables both.
       put_batch: maps a host batch to device arrays (e.g. ``core.sharding.shard_batch``).
       on_log: called with ``(step, metrics)`` at every log step.
+      stop_when: early stopping; called with ``(step, state)`` at every log step (after
+        ``on_log``). Returning True ends training at that step: the state is checkpointed with
+        ``stopped_early`` in its metadata, and a rerun on the same ``workdir`` restores it and
+        trains no further.
 
     Returns:
-      :class:`LoopResult` with the final state and the logged history.
+      :class:`LoopResult` with the final state and the logged history (``stopped_early_at`` is
+      the step at which ``stop_when`` ended training, also when restored from such a run).
 
     Raises:
       NonFiniteLossError: a NaN/inf loss; the checkpoint directory keeps the last good step.
@@ -146,12 +153,18 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints) if workdir \
         else None
     writer = JsonLinesWriter(os.path.join(workdir, "train_metrics.jsonl")) if workdir else None
-    start, resumed = 0, None
+    start, resumed, stopped_at = 0, None, None
+    end = config.num_steps
     if ckpt is not None and ckpt.latest_step() is not None:
         state, meta = ckpt.restore(state)
         start = resumed = int(meta["step"])
         batches.position = int(meta["data_position"])
-        print(f"{config.desc}: resuming from step {start} ({ckpt.directory})", file=sys.stderr)
+        if meta.get("stopped_early"):
+            stopped_at = end = start
+            print(f"{config.desc}: restored the early-stopped run at step {start} "
+                  f"({ckpt.directory})", file=sys.stderr)
+        else:
+            print(f"{config.desc}: resuming from step {start} ({ckpt.directory})", file=sys.stderr)
     last_good = resumed
     history: list[dict[str, float]] = []
     pending: list[tuple[int, dict[str, jax.Array]]] = []
@@ -178,23 +191,29 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
                disable=not config.progress, leave=False)
     t0 = time.perf_counter()
     try:
-        for i in range(start, config.num_steps):
+        for i in range(start, end):
             batch = next(batches)
             if put_batch is not None:
                 batch = put_batch(batch)
             state, metrics = jitted(state, batch, jax.random.fold_in(key, i))
             step_done = i + 1
             pending.append((step_done, metrics))
-            if step_done % config.log_every == 0 or step_done == config.num_steps:
+            log_now = step_done % config.log_every == 0 or step_done == end
+            if log_now:
                 flush()
+                if stop_when is not None and step_done < end and stop_when(step_done, state):
+                    stopped_at = end = step_done
             save_now = ckpt is not None and (
-                step_done == config.num_steps
+                step_done == end
                 or (config.checkpoint_every and step_done % config.checkpoint_every == 0))
             if save_now:
                 flush()
-                ckpt.save(step_done, state, {"step": step_done, "data_position": batches.position})
+                ckpt.save(step_done, state, {"step": step_done, "data_position": batches.position,
+                                             "stopped_early": stopped_at is not None})
                 last_good = step_done
             bar.update(1)
+            if step_done == end:
+                break
         flush()
     except KeyboardInterrupt:
         print(f"\n{config.desc}: interrupted; last checkpoint: "
@@ -206,5 +225,5 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
         if ckpt is not None:
             ckpt.close()
     jax.block_until_ready(state)
-    return LoopResult(state, history, config.num_steps - start, time.perf_counter() - t0, resumed)
+    return LoopResult(state, history, end - start, time.perf_counter() - t0, resumed, stopped_at)
 

@@ -74,7 +74,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     ckpt = Checkpointer(str(tmp_path / "checkpoints"))
     assert ckpt.latest_step() == 4
     restored, meta = ckpt.restore(setup()[1])
-    assert meta == {"step": 4, "data_position": 4}
+    assert meta == {"step": 4, "data_position": 4, "stopped_early": False}
     chex_finite = all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored))
     assert chex_finite
 
@@ -82,3 +82,33 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 def test_bad_loop_config():
     with pytest.raises(ValueError, match="log_every"):
         LoopConfig(num_steps=3, log_every=0)
+
+
+def test_early_stop_checkpoints_and_is_final_on_rerun(tmp_path):
+    fn, st = setup()
+    seen = []
+
+    def stop_when(step, state):
+        seen.append((step, int(state["step"])))
+        return step == 4
+
+    def go(stop=None):
+        return train_loop(fn, st if stop else setup()[1], TextBatcher(TOKENS, 4, 16, seed=1),
+                          jax.random.key(7),
+                          LoopConfig(num_steps=10, log_every=2, checkpoint_every=0, progress=False),
+                          workdir=str(tmp_path), stop_when=stop)
+
+    stopped = go(stop_when)
+    # consulted at log steps only, with the state after that step; stopped at step 4
+    assert seen == [(2, 2), (4, 4)]
+    assert stopped.stopped_early_at == 4 and stopped.steps_run == 4
+    assert int(stopped.state["step"]) == 4 and [h["step"] for h in stopped.history] == [2, 4]
+    assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 4
+    # a rerun restores the early-stopped state and trains no further
+    again = go()
+    assert again.stopped_early_at == 4 and again.steps_run == 0 and again.resumed_from == 4
+    jax.tree.map(np.testing.assert_array_equal, stopped.state, again.state)
+    # the same steps without stopping give the same state at step 4 (stopping changes nothing)
+    ref = train_loop(*setup(), TextBatcher(TOKENS, 4, 16, seed=1), jax.random.key(7),
+                     LoopConfig(num_steps=4, log_every=2, progress=False))
+    jax.tree.map(np.testing.assert_array_equal, ref.state, stopped.state)
