@@ -11,6 +11,11 @@ tuned SGD step and is trained on fresh simulated episodes. Metrics on held-out e
 ``mean ||x_t - x*(t)||^2`` and population excess risk after a burn-in, ``ratio_to_kalman`` on problem 2,
 and, on drifting least squares at d in ``scaling_dims``, seconds per step and error per method.
 
+SPF training is data-parallel: each step's ``train_episodes`` simulated episodes are split over the
+``data`` axis of a mesh over every device (:func:`data_parallel_mesh`, :class:`EpisodeBatches`) with
+the network replicated; the trained network does not depend on the device count beyond the order of
+the sums over episodes. Baseline tuning, evaluation and the scaling sweep run on one device.
+
     python -m experiments.spf --config=experiments/configs/spf.py:tiny --workdir=workdir
 """
 
@@ -20,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 import time
 
 import jax
@@ -28,13 +34,14 @@ import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
 import optax
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from algorithms.spf import baselines as B
 from algorithms.spf import malliavin as ML
 from algorithms.spf import problems as P
 from algorithms.spf import spf as S
-from core import report
+from core import report, sharding
 from core.training import LoopConfig, init_train_state, make_train_step, train_loop
 from experiments import common
 
@@ -117,29 +124,90 @@ def _evaluate(kind, X, theta, start):
             "per_episode_mse": per_episode.tolist()}, err.mean(axis=0)
 
 
-class _Counter:
-    """The training loop's batch iterator: SPF samples its own episodes from the step key."""
+def data_parallel_mesh(episodes: int) -> Mesh:
+    """The mesh SPF trains on: a ``data`` axis over every device whose size divides ``episodes``.
 
-    def __init__(self):
+    The training batch (``episodes`` simulated episodes per step) is split evenly over the ``data``
+    axis, so its size must divide ``episodes``. In a single-process run whose device count does not
+    divide it, the mesh takes the first k devices, k the largest divisor of ``episodes`` not above
+    the device count, and says so on stderr (the trained network is the same: only the split
+    changes); a multi-process run must use every device.
+
+    Raises:
+      ValueError: ``episodes < 1``; or, with several processes, ``episodes`` not a multiple of the
+        device count.
+    """
+    if episodes < 1:
+        raise ValueError(f"spf config: train_episodes={episodes} must be >= 1")
+    devices = jax.devices()
+    n = len(devices)
+    if episodes % n == 0:
+        return sharding.make_mesh()
+    if jax.process_count() > 1:
+        raise ValueError(f"spf config: train_episodes={episodes} must be a multiple of the {n} "
+                         "devices of this multi-process run (each device trains on an equal share)")
+    k = max(c for c in range(1, n + 1) if episodes % c == 0)
+    print(f"spf: train_episodes={episodes} is not a multiple of the {n} devices; training "
+          f"data-parallel over {k} of them (set --config.train_episodes to a multiple of {n} to use "
+          "all)", file=sys.stderr)
+    return sharding.make_mesh(devices=devices[:k])
+
+
+class EpisodeBatches:
+    """The training loop's batches (a positioned iterator): SPF trains on fresh simulated episodes.
+
+    Batch ``i`` is ``(theta [E, T, d], A [E, T, M, d], y [E, T, M])`` float32, the first fields of
+    ``sample_episodes(fold_in(key, i), problem, E)``: a function of ``key`` and ``i`` only, so a
+    resumed run sees the same episodes and any mesh the same values. The episodes are simulated on
+    the devices by one jitted call whose outputs are laid out along ``mesh``'s ``data`` axis
+    (E / n per device; nothing passes through the host). The simulator's batched draw is one
+    ``rbg`` stream for all E episodes, which XLA may compute whole on each device before keeping
+    its slice; that is O(E T M d), small beside the training step's rollout and backward pass,
+    which are split.
+
+    Raises:
+      ValueError: E is not a multiple of the size of ``mesh``'s ``data`` axis.
+    """
+
+    def __init__(self, problem: P.Problem, episodes: int, key: jax.Array, mesh: Mesh):
+        n = mesh.shape[sharding.DATA]
+        if episodes < 1 or episodes % n:
+            raise ValueError(f"spf: {episodes} training episodes per step cannot be split evenly "
+                             f"over {n} data-parallel devices")
+        out = tuple(sharding.batch_sharding(mesh, nd) for nd in (3, 4, 3))
+        self._sample = jax.jit(lambda k: tuple(P.sample_episodes(k, problem, episodes)[:3]),
+                               out_shardings=out)
+        self._key = key
         self.position = 0
 
     def __next__(self):
+        batch = self._sample(jax.random.fold_in(self._key, self.position))
         self.position += 1
-        return jnp.zeros((), jnp.int32)
+        return batch
 
 
 def train_spf(problem: P.Problem, cfg: S.SPFConfig, config, workdir: str, seed: int):
-    """Trains the SPF network on fresh episodes of ``problem`` (resumes from ``workdir``)."""
+    """Trains the SPF network on fresh episodes of ``problem`` (resumes from ``workdir``),
+    data-parallel over :func:`data_parallel_mesh` with the parameters replicated.
+
+    Returns:
+      (graphdef, params as host arrays, loop result).
+    """
     train_problem = dataclasses.replace(problem, steps=config.train_episode_steps)
     graphdef, params = S.init_spf(cfg, seed)
     tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
-    step = make_train_step(graphdef, tx, S.make_loss_fn(train_problem, cfg, config.train_episodes))
-    result = train_loop(step, init_train_state(params, tx), _Counter(), jax.random.key(seed),
+    step = make_train_step(graphdef, tx, S.make_episode_loss_fn(problem.kind, cfg))
+    mesh = data_parallel_mesh(config.train_episodes)
+    key = jax.random.key(seed)
+    # the episodes of step i come from fold_in(key, i), as the step key does
+    batches = EpisodeBatches(train_problem, config.train_episodes, key, mesh)
+    result = train_loop(step, sharding.replicate(init_train_state(params, tx), mesh), batches, key,
                         LoopConfig(num_steps=config.train_steps, log_every=10,
                                    progress=config.progress,
                                    desc=f"spf train {problem.kind}_{problem.drift}"),
                         workdir=workdir)
-    return graphdef, result.state["params"], result
+    # evaluation runs on the default device: bring the (replicated) parameters to the host
+    return graphdef, jax.device_get(result.state["params"]), result
 
 
 def _run_dir(out: str, name: str, cfg: S.SPFConfig, config) -> str:

@@ -46,6 +46,12 @@ available to us, so everything below is our reconstruction from those principles
    (``lax.scan``) on the integrated excess risk plus ``residual_weight`` times the squared optimality
    residual ``|grad F(X_t, t)|^2`` (:func:`spf_objective`); deployment is one forward pass per step,
    O(M d + d W^2) time and O(d) memory.
+
+Data parallelism: the training batch is E simulated episodes (:func:`make_episode_loss_fn`). Given
+the shared parameters the episodes are independent and the objective is a mean over them, so the
+batch is split along E over a mesh's ``data`` axis (``core.sharding``) with the parameters
+replicated: each device rolls out and backpropagates through E / n episodes, and only the loss and
+the gradient are summed across devices.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from algorithms.spf.problems import (
+    KINDS,
     Problem,
     check_stream,
     excess_risk,
@@ -227,17 +234,58 @@ def spf_objective(params: nnx.State, graphdef: nnx.GraphDef, theta: jax.Array, A
     return excess + cfg.residual_weight * residual, {"excess": excess, "residual": residual}
 
 
+def make_episode_loss_fn(kind: str, cfg: SPFConfig):
+    """``loss_fn(model, batch, key) -> (loss, aux)`` for :func:`core.training.make_train_step` on a
+    batch of simulated episodes: :func:`spf_objective` of ``batch = (theta, A, y)``.
+
+    Args:
+      kind: ``"lsq"`` or ``"logistic"``.
+      cfg: SPF hyper-parameters.
+
+    The returned function takes ``batch`` = (theta [E, T, d], A [E, T, M, d], y [E, T, M]) float32
+    (e.g. the first three fields of :func:`~algorithms.spf.problems.sample_episodes`); ``key`` is
+    unused. The batch may be split along E over a mesh's ``data`` axis with replicated parameters
+    (``core.sharding.shard_batch``): the result is the single-device one up to the order of the
+    sums over episodes.
+
+    Raises:
+      ValueError: unknown ``kind`` (here); a batch that is not three arrays with matching E, T, M,
+        d (when the returned function is traced).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"make_episode_loss_fn: kind={kind!r}; expected one of {KINDS}")
+
+    def loss_fn(model, batch, key):
+        del key
+        if not isinstance(batch, (tuple, list)) or len(batch) != 3:
+            raise ValueError("SPF episode batch: expected (theta [E, T, d], A [E, T, M, d], "
+                             f"y [E, T, M]), got {type(batch).__name__}")
+        theta, A, y = batch
+        if A.ndim != 4 or theta.shape != A.shape[:2] + A.shape[3:] or y.shape != A.shape[:3]:
+            raise ValueError(f"SPF episode batch: theta {theta.shape}, A {A.shape}, y {y.shape}; "
+                             "expected [E, T, d], [E, T, M, d], [E, T, M]")
+        graphdef, params = nnx.split(model)
+        return spf_objective(params, graphdef, theta, A, y, kind, cfg)
+
+    return loss_fn
+
+
 def make_loss_fn(problem: Problem, cfg: SPFConfig, episodes: int):
     """``loss_fn(model, batch, key) -> (loss, aux)`` for :func:`core.training.make_train_step`:
     samples ``episodes`` fresh episodes of ``problem`` from ``key`` (``batch`` is unused) and
-    evaluates :func:`spf_objective`."""
+    evaluates :func:`spf_objective` (single-device form; the data-parallel form takes the episodes
+    as its batch, :func:`make_episode_loss_fn`, and gives the same value for the same episodes).
+
+    Raises:
+      ValueError: ``episodes < 1``.
+    """
     if episodes < 1:
         raise ValueError(f"make_loss_fn: episodes={episodes} must be >= 1")
+    episode_loss = make_episode_loss_fn(problem.kind, cfg)
 
     def loss_fn(model, batch, key):
         del batch
-        graphdef, params = nnx.split(model)
         ep = sample_episodes(key, problem, episodes)
-        return spf_objective(params, graphdef, ep.theta, ep.A, ep.y, problem.kind, cfg)
+        return episode_loss(model, (ep.theta, ep.A, ep.y), key)
 
     return loss_fn

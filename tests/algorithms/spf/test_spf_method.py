@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from algorithms.spf import baselines as B
 from algorithms.spf import problems as P
@@ -119,3 +120,27 @@ def test_mismatched_stream_raises():
         S.spf(graphdef, params, A, y, x0[:3], "lsq", cfg)
     with pytest.raises(ValueError):
         S.make_loss_fn(P.Problem(), cfg, episodes=0)
+
+
+def test_episode_loss_equals_sampling_loss_and_checks_the_batch():
+    problem = P.Problem(kind="logistic", drift="sinusoid", dim=3, batch=2, steps=8)
+    cfg = S.SPFConfig(step=0.2, hidden=4)
+    graphdef, params = S.init_spf(cfg)
+    model = nnx.merge(graphdef, _random_params(params))
+    key = jax.random.key(5)
+    ep = P.sample_episodes(key, problem, 3)
+    batch = (ep.theta, ep.A, ep.y)
+    loss_b, aux_b = S.make_episode_loss_fn("logistic", cfg)(model, batch, key)
+    loss_k, aux_k = S.make_loss_fn(problem, cfg, 3)(model, None, key)
+    assert float(loss_b) == float(loss_k) and float(aux_b["excess"]) == float(aux_k["excess"])
+    # the loss is the mean over episodes: splitting the batch and averaging the halves agrees
+    halves = [S.make_episode_loss_fn("logistic", cfg)(model, tuple(x[s] for x in batch), key)[0]
+              for s in (slice(0, 1), slice(1, 3))]
+    np.testing.assert_allclose(float(loss_b), (float(halves[0]) + 2 * float(halves[1])) / 3, rtol=1e-6)
+    with pytest.raises(ValueError, match="kind"):
+        S.make_episode_loss_fn("huber", cfg)
+    loss_fn = S.make_episode_loss_fn("logistic", cfg)
+    with pytest.raises(ValueError, match="episode batch"):
+        loss_fn(model, (ep.theta, ep.A, ep.y, ep.eps), key)
+    with pytest.raises(ValueError, match="episode batch"):
+        loss_fn(model, (ep.theta[:, :-1], ep.A, ep.y), key)
