@@ -5,7 +5,8 @@ split), then trained with GRPO under rollout budgets C = n * B_p * M for a grid 
 problem n, problems per batch B_p and seeds. With a constant learning rate the run at budget C is
 the first C / (n B_p) steps of the run at the largest budget, so each (n, B_p, seed) is trained once
 and evaluated at every budget on the log grid. All (n, B_p, seed) lanes with the same rollouts per
-step R = n B_p run as one vmapped, jitted step.
+step R = n B_p run as one vmapped, jitted step; on several devices (or hosts) the lanes are split
+over the data axis of a mesh of all devices (independent runs: no cross-device traffic).
 
 Measured: held-out exact pass@1 (easy) and pass@k / coverage (hard), n*(C) with bootstrap
 intervals, a sigmoid-vs-power-law fit of n*(C), interference (share of batch problems whose pass
@@ -32,7 +33,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from algorithms.rl_scaling import allocation, fit, grpo, metrics, rollout, tasks, trainer
-from core import report
+from core import report, sharding
 from core.training import LoopConfig, init_train_state, make_train_step, train_loop
 from experiments import common
 from models.transformer import Transformer, TransformerConfig, param_count
@@ -45,27 +46,26 @@ NAME = "rl_scaling"
 
 
 class MixtureBatches:
-    """Warm-start batches from two problem pools with an easy-first curriculum: the first
-    ``easy_steps`` batches are all easy, later ones hold a ``hard_fraction`` share of hard problems.
-    Batch i depends only on (seed, i), so the ``position`` attribute makes the stream resumable
-    (core.training.PositionedIterator)."""
+    """Warm-start batches from two problem pools: each holds round(batch_size * hard_fraction) hard
+    problems and the rest easy ones, drawn with replacement. Batch i depends only on (seed, i), so
+    the ``position`` attribute makes the stream resumable (core.training.PositionedIterator).
 
-    def __init__(self, easy: dict, hard: dict, batch_size: int, hard_fraction: float, seed: int,
-                 easy_steps: int = 0):
-        if not 0.0 <= hard_fraction <= 1.0 or easy_steps < 0:
-            raise ValueError(f"MixtureBatches: need hard_fraction in [0, 1] and easy_steps >= 0, "
-                             f"got {hard_fraction}, {easy_steps}")
+    Raises:
+      ValueError: hard_fraction outside [0, 1].
+    """
+
+    def __init__(self, easy: dict, hard: dict, batch_size: int, hard_fraction: float, seed: int):
+        if not 0.0 <= hard_fraction <= 1.0:
+            raise ValueError(f"MixtureBatches: need hard_fraction in [0, 1], got {hard_fraction}")
         self.easy, self.hard, self.batch_size, self.seed = easy, hard, batch_size, seed
         self.num_hard = int(round(batch_size * hard_fraction))
-        self.easy_steps = easy_steps
         self.position = 0
 
     def __next__(self):
         rng = np.random.default_rng((self.seed, self.position))
-        num_hard = self.num_hard if self.position >= self.easy_steps else 0
         self.position += 1
-        ie = rng.integers(0, len(self.easy["lens"]), self.batch_size - num_hard)
-        ih = rng.integers(0, len(self.hard["lens"]), num_hard)
+        ie = rng.integers(0, len(self.easy["lens"]), self.batch_size - self.num_hard)
+        ih = rng.integers(0, len(self.hard["lens"]), self.num_hard)
         return {k: np.concatenate([self.easy[k][ie], self.hard[k][ih]]) for k in self.easy}
 
 
@@ -79,10 +79,17 @@ def validate(config: ml_collections.ConfigDict) -> tuple[int, ...]:
     """Checks the sweep settings; returns the budget grid.
 
     Raises:
-      ValueError: n < 2 with group normalisation, k > n_eval, a budget grid whose largest budget
-        no configuration divides, or too small a training pool.
+      ValueError: bad warm-start targets or caps, n < 2 with group normalisation, k > n_eval,
+        a budget grid whose largest budget no configuration divides, or too small a training
+        pool.
     """
     budgets = allocation.budget_grid(config.smallest_budget, config.num_budgets)
+    w = config.warmup
+    if not (0 < w.easy_target <= 1 and 0 < w.hard_target <= 1 and 0 < w.max_easy_steps
+            < w.max_steps and 1 <= w.probe_problems <= config.num_train and w.check_every >= 1):
+        raise ValueError(f"rl_scaling: bad warm-start settings {w.to_dict()}: need targets in "
+                         "(0, 1], 0 < max_easy_steps < max_steps, 1 <= probe_problems <= "
+                         "num_train, check_every >= 1")
     if config.num_budgets < 3:
         raise ValueError(f"rl_scaling: num_budgets={config.num_budgets}; the n*(C) fit needs >= 3")
     grpo.GRPOConfig(advantage=config.advantage).check_group_size(min(config.ns))
@@ -108,19 +115,56 @@ def validate(config: ml_collections.ConfigDict) -> tuple[int, ...]:
 
 
 def warm_start(config, gd, params, easy, hard, out):
+    """Supervised warm start in two stages that end on measured pass rates, not step counts.
+
+    A small model sits on a loss plateau (digits predicted without using the operands) for a
+    number of steps that depends on the batch order, and learns nothing about hard sums from easy
+    ones. So: (1) easy sums alone until the exact pass@1 on ``probe_problems`` easy *training*
+    problems reaches ``easy_target``; (2) a mixture with ``hard_fraction`` hard sums until the
+    hard probe reaches ``hard_target``. Each stage is capped (``max_easy_steps``, ``max_steps`` in
+    all) and checked every ``check_every`` steps; the held-out sets are never looked at.
+
+    Returns:
+      (params, info) with info = {"easy_steps", "mixed_steps", "probe_easy", "probe_hard",
+      "reached": both targets met}.
+    """
     w = config.warmup
-    sched = optax.warmup_cosine_decay_schedule(0.0, w.learning_rate, w.warmup_steps,
-                                               max(w.steps, w.warmup_steps + 1),
-                                               end_value=w.learning_rate * 0.1)
-    tx = optax.adam(sched)
-    batches = MixtureBatches(easy, hard, w.batch_size, w.hard_fraction, config.seed,
-                             w.easy_steps)
-    result = train_loop(make_train_step(gd, tx, trainer.sft_loss), init_train_state(params, tx),
-                        batches, jax.random.key(config.seed),
-                        LoopConfig(num_steps=w.steps, log_every=50, checkpoint_every=0,
-                                   desc=f"{NAME} warm start"),
-                        workdir=os.path.join(out, "warmstart"))
-    return result.state["params"]
+    tx = optax.chain(optax.clip_by_global_norm(config.grad_clip),
+                     optax.adam(optax.warmup_constant_schedule(0.0, w.learning_rate,
+                                                               w.warmup_steps)))
+    step_fn = make_train_step(gd, tx, trainer.sft_loss)
+    probe_fn = jax.jit(lambda p, *e: trainer.answer_prob(gd, p, *e).mean())
+    probes = {name: tuple(jnp.asarray(split[f][:w.probe_problems])
+                          for f in ("prompts", "targets", "lens"))
+              for name, split in (("easy", easy), ("hard", hard))}
+    last = {}
+
+    def reached(name, target):
+        def stop_when(step, state):
+            last.update({k: float(probe_fn(state["params"], *v)) for k, v in probes.items()})
+            return last[name] >= target
+        return stop_when
+
+    state = init_train_state(params, tx)
+    steps = {}
+    for stage, (hard_fraction, seed, cap, name, target) in enumerate((
+            (0.0, config.seed, w.max_easy_steps, "easy", w.easy_target),
+            (w.hard_fraction, config.seed + 1, w.max_steps - w.max_easy_steps, "hard",
+             w.hard_target))):
+        label = ("easy", "mixed")[stage]
+        result = train_loop(step_fn, state, MixtureBatches(easy, hard, w.batch_size, hard_fraction,
+                                                           seed),
+                            jax.random.key(config.seed),
+                            LoopConfig(num_steps=cap, log_every=w.check_every, checkpoint_every=0,
+                                       desc=f"{NAME} warm start ({label})"),
+                            workdir=os.path.join(out, "warmstart", label),
+                            stop_when=reached(name, target))
+        state = result.state
+        steps[f"{label}_steps"] = result.stopped_early_at or cap
+    last.update({k: float(probe_fn(state["params"], *v)) for k, v in probes.items()})
+    info = {**steps, "probe_easy": last["easy"], "probe_hard": last["hard"],
+            "reached": last["easy"] >= w.easy_target and last["hard"] >= w.hard_target}
+    return state["params"], info
 
 
 # ------------------------------------------------------------------------------------------------
@@ -131,17 +175,30 @@ def stack(tree, num: int):
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (num, *x.shape)), tree)
 
 
-def run_sweep(config, gd, params0, pool, evals, budgets):
+def pad_lanes(lanes: list, num_devices: int) -> list:
+    """``lanes`` extended by copies of its last entry to a multiple of ``num_devices``; the copies
+    recompute that lane (same key), their results are dropped."""
+    return lanes + [lanes[-1]] * (-len(lanes) % num_devices)
+
+
+def run_sweep(config, gd, params0, pool, evals, budgets, mesh=None):
     """Trains every (n, B_p, seed) lane to the largest budget, evaluating at each budget.
+
+    Lanes sharing R = n B_p are vmapped in one jitted step, and the lane axis is split over the
+    ``data`` axis of ``mesh`` (default: every device), padded with repeated lanes to a multiple of
+    its size. Results do not depend on the number of devices.
 
     Returns (records: list of dicts per lane and budget, step metrics per lane, timing dict).
     """
+    mesh = mesh or sharding.make_mesh()
+    num_dev = mesh.shape[sharding.DATA]
+    pool, evals = sharding.replicate((pool, evals), mesh)
     tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
     gcfg = grpo.GRPOConfig(advantage=config.advantage, aggregation=config.aggregation,
                            clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high,
                            kl_beta=config.kl_beta, inner_steps=config.inner_steps)
     answer_len = pool["targets"].shape[1]
-    ref = params0 if config.kl_beta > 0 else None
+    ref = sharding.replicate(params0, mesh) if config.kl_beta > 0 else None
     c_max = budgets[-1]
     groups = collections.defaultdict(list)
     for n in config.ns:
@@ -162,24 +219,26 @@ def run_sweep(config, gd, params0, pool, evals, budgets):
     bar = tqdm(total=total_steps, desc=f"{NAME} sweep", mininterval=2.0, leave=False)
     for r in sorted(groups):
         lanes = [(n, bp, s) for n, bp in groups[r] for s in range(config.num_seeds)]
+        run_lanes = pad_lanes(lanes, num_dev)
         spec = trainer.RLSpec(rollouts_per_step=r, max_new_tokens=answer_len, grpo=gcfg,
                               temperature=config.temperature)
         step = jax.jit(jax.vmap(trainer.make_rl_step(gd, tx, spec),
                                 in_axes=(0, 0, 0, 0, None, None)), donate_argnums=(0, 1))
-        params = stack(params0, len(lanes))
+        params = sharding.shard_batch(stack(params0, len(run_lanes)), mesh)
         opt_state = jax.vmap(tx.init)(params)
-        ns = jnp.asarray([n for n, _, _ in lanes], jnp.int32)
+        ns = sharding.shard_batch(np.asarray([n for n, _, _ in run_lanes], np.int32), mesh)
         base_keys = [jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed + 1 + s), n),
-                                        bp) for n, bp, s in lanes]
+                                        bp) for n, bp, s in run_lanes]
         hist = []
         for m in range(1, c_max // r + 1):
-            keys = jnp.stack([jax.random.fold_in(k, m) for k in base_keys])
+            keys = jax.device_put(jnp.stack([jax.random.fold_in(k, m) for k in base_keys]),
+                                  sharding.batch_sharding(mesh, 1))
             t0 = time.perf_counter()
             params, opt_state, met = step(params, opt_state, keys, ns, pool, ref)
             met = jax.device_get(met)
             if m > 1:  # exclude compilation
                 step_seconds += time.perf_counter() - t0
-                rollouts_done += r * len(lanes)
+                rollouts_done += r * len(run_lanes)
             hist.append(met)
             bar.update(1)
             if m * r in budgets:
@@ -346,12 +405,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                              d_model=config.model.d_model, num_layers=config.model.num_layers,
                              num_heads=config.model.num_heads, mlp_dim=config.model.mlp_dim)
     gd, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(config.seed)))
-    params0 = warm_start(config, gd, params, data["easy"][0], data["hard"][0], out)
+    params0, warm_info = warm_start(config, gd, params, data["easy"][0], data["hard"][0], out)
     warm = {k: np.asarray(trainer.answer_prob(gd, params0, *evals[k])) for k in evals}
     warm_metrics = {"easy_pass1": float(warm["easy"].mean()),
                     "hard_pass1": float(warm["hard"].mean()),
                     "hard_passk": float(metrics.expected_pass_at_k(warm["hard"],
-                                                                   config.pass_k).mean())}
+                                                                   config.pass_k).mean()),
+                    **warm_info}
 
     # RL training pool: a mixture of easy and hard training problems.
     n_hard = int(round(config.num_train * config.hard_fraction_rl))
@@ -440,7 +500,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         f"{easy_t.num_terms} {easy_t.num_digits}-digit numbers, hard = {hard_t.num_terms} "
         f"{hard_t.num_digits}-digit numbers (answers reversed, exact match). Warm start: held-out "
         f"easy pass@1 {warm_metrics['easy_pass1']:.3f}, hard pass@1 {warm_metrics['hard_pass1']:.3f}"
-        f", hard pass@{config.pass_k} {warm_metrics['hard_passk']:.3f}.",
+        f", hard pass@{config.pass_k} {warm_metrics['hard_passk']:.3f} after "
+        f"{warm_info['easy_steps']} easy-only and {warm_info['mixed_steps']} mixed steps"
+        + ("." if warm_info["reached"] else " (a stage hit its step cap before its target)."),
         "",
         f"Sweep: budgets C = {', '.join(map(str, budgets))} rollouts; n in {tuple(config.ns)}; "
         f"B_p in {tuple(config.problems_per_batch)}; {config.num_seeds} seeds; GRPO "

@@ -21,15 +21,19 @@ def base() -> ml_collections.ConfigDict:
     c.seed = 0
     # Tasks: sums of `terms` numbers of `digits` digits (answer reversed, exact-match reward).
     c.easy = ml_collections.ConfigDict(dict(terms=2, digits=2))
-    c.hard = ml_collections.ConfigDict(dict(terms=2, digits=3))
+    c.hard = ml_collections.ConfigDict(dict(terms=3, digits=2))
     c.num_train = 4000  # training problems per split
     c.num_heldout = 256  # held-out problems per split
     c.model = ml_collections.ConfigDict(dict(d_model=128, num_layers=3, num_heads=4, mlp_dim=256))
-    # Supervised warm start, easy first: `easy_steps` batches of easy sums only (a small model
-    # leaves the loss plateau much sooner on them), then a mixture with `hard_fraction` hard sums.
+    # Supervised warm start in two stages that end on exact pass@1 of `probe_problems` training
+    # problems, checked every `check_every` steps: easy sums alone until easy >= `easy_target`
+    # (a small model leaves its loss plateau much sooner on them, after a number of steps that
+    # depends on the batch order), then a mixture with `hard_fraction` hard sums until
+    # hard >= `hard_target`. Caps: `max_easy_steps` for the first stage, `max_steps` in all.
     c.warmup = ml_collections.ConfigDict(dict(
-        steps=700, batch_size=64, learning_rate=3e-3, warmup_steps=30, easy_steps=300,
-        hard_fraction=0.35))
+        batch_size=64, learning_rate=3e-3, warmup_steps=30, hard_fraction=0.35,
+        easy_target=0.5, hard_target=0.02, check_every=50, probe_problems=256,
+        max_easy_steps=2500, max_steps=4500))
     # GRPO.
     c.advantage = "grpo"  # or "drgrpo"
     c.aggregation = "seq_mean"  # "token_mean", "constant"
@@ -59,10 +63,11 @@ VARIANTS = {
     # A few seconds; runs every code path of run() (warm start, sweep, fits, probes, plots, report).
     # Its numbers mean nothing.
     "smoke": {
-        "easy.digits": 1, "hard.digits": 2, "num_train": 64, "num_heldout": 16,
+        "easy.digits": 1, "hard.digits": 1, "num_train": 64, "num_heldout": 16,
         "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.mlp_dim": 64,
-        "warmup.steps": 4, "warmup.batch_size": 16, "warmup.warmup_steps": 2,
-        "warmup.easy_steps": 2, "smallest_budget": 16, "num_budgets": 3, "ns": (2, 4, 8),
+        "warmup.max_easy_steps": 4, "warmup.max_steps": 8, "warmup.batch_size": 16,
+        "warmup.warmup_steps": 2, "warmup.check_every": 2, "warmup.probe_problems": 16,
+        "smallest_budget": 16, "num_budgets": 3, "ns": (2, 4, 8),
         "problems_per_batch": (2,), "num_seeds": 2, "pass_k": 2, "sampled_eval": 2,
         "cosine_problems": 2, "num_boot": 10,
     },
@@ -70,9 +75,9 @@ VARIANTS = {
              "num_seeds": 4},
     "paper": {
         "model.d_model": 512, "model.num_layers": 8, "model.num_heads": 8, "model.mlp_dim": 1536,
-        "easy.digits": 3, "hard.terms": 3, "hard.digits": 4, "num_train": 50_000,
-        "num_heldout": 1024, "warmup.steps": 3000, "warmup.easy_steps": 1000,
-        "warmup.batch_size": 256,
+        "easy.digits": 3, "hard.terms": 3, "hard.digits": 3, "num_train": 50_000,
+        "num_heldout": 1024, "warmup.max_easy_steps": 10_000, "warmup.max_steps": 20_000,
+        "warmup.batch_size": 256, "warmup.probe_problems": 1024,
         "smallest_budget": 1024, "num_budgets": 7, "ns": (2, 4, 8, 16, 32, 64, 128),
         "problems_per_batch": (8, 32, 64), "num_seeds": 4, "pass_k": 32, "sampled_eval": 64,
         "cosine_problems": 32, "learning_rate": 1e-4,

@@ -204,14 +204,15 @@ def test_bootstrap_interval_contains_point():
     assert lo <= p <= hi and 1.0 <= lo and hi <= 3.0
 
 
-def test_warm_start_curriculum_batches_are_easy_first_and_resumable():
+def test_warm_start_mixture_batches_and_resumable():
     from experiments.rl_scaling import MixtureBatches
     easy = {"lens": np.zeros(50, np.int32), "src": np.zeros(50, np.int32)}
     hard = {"lens": np.ones(30, np.int32), "src": np.ones(30, np.int32)}
-    it = MixtureBatches(easy, hard, batch_size=20, hard_fraction=0.35, seed=3, easy_steps=2)
+    it = MixtureBatches(easy, hard, batch_size=20, hard_fraction=0.35, seed=3)
     batches = [next(it) for _ in range(4)]
-    assert [int(b["src"].sum()) for b in batches] == [0, 0, 7, 7]  # round(20 * 0.35) hard rows
-    again = MixtureBatches(easy, hard, batch_size=20, hard_fraction=0.35, seed=3, easy_steps=2)
+    assert [int(b["src"].sum()) for b in batches] == [7] * 4  # round(20 * 0.35) hard rows
+    assert next(MixtureBatches(easy, hard, 20, 0.0, seed=3))["src"].sum() == 0
+    again = MixtureBatches(easy, hard, batch_size=20, hard_fraction=0.35, seed=3)
     again.position = 3
     np.testing.assert_array_equal(next(again)["src"], batches[3]["src"])
     with pytest.raises(ValueError):

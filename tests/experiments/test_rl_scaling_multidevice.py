@@ -1,0 +1,51 @@
+"""Scale-out of the GRPO sweep: (n, B_p, seed) lanes split over 8 fake CPU devices give the same
+runs as on one device (run in their own process; see the Makefile)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from algorithms.rl_scaling import tasks
+from core import sharding
+from experiments import rl_scaling as exp
+from experiments.configs import rl_scaling as cfg
+from models.transformer import Transformer, TransformerConfig
+
+pytestmark = pytest.mark.multidevice
+
+
+def test_pad_lanes():
+    assert exp.pad_lanes([1, 2, 3], 8) == [1, 2, 3] + [3] * 5
+    assert exp.pad_lanes([1, 2], 2) == [1, 2] and exp.pad_lanes([1, 2], 1) == [1, 2]
+
+
+def test_sweep_lanes_sharded_over_8_devices_match_one_device():
+    assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    config = cfg.get_config("smoke")
+    task = tasks.ArithmeticTask(2, 1)
+    train, held = tasks.make_split(task, config.num_train, config.num_heldout, seed=0)
+    prompt_len, answer_len = 1 + task.prompt_chars, task.answer_chars
+    pool = {k: jnp.asarray(v) for k, v in exp.encode(train, task, prompt_len, answer_len).items()}
+    ev = exp.encode(held, task, prompt_len, answer_len)
+    evals = {s: tuple(jnp.asarray(ev[f]) for f in ("prompts", "targets", "lens"))
+             for s in ("easy", "hard")}
+    mcfg = TransformerConfig(vocab_size=258, max_len=prompt_len + answer_len, d_model=32,
+                             num_layers=1, num_heads=2, mlp_dim=64)
+    gd, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
+    budgets = exp.validate(config)
+    runs = {}
+    for num in (8, 1):
+        mesh = sharding.make_mesh(devices=jax.devices()[:num])
+        runs[num] = exp.run_sweep(config, gd, params, pool, evals, budgets, mesh=mesh)
+    (rec8, steps8, _), (rec1, steps1, _) = runs[8], runs[1]
+    assert len(rec8) == len(rec1) == 3 * 2 * len(budgets)  # ns x seeds x budgets (B_p = 2)
+    for a, b in zip(rec8, rec1):
+        assert {k: a[k] for k in ("budget", "n", "bp", "seed")} == \
+            {k: b[k] for k in ("budget", "n", "bp", "seed")}
+        for k in ("easy_pass1", "hard_pass1", "train_reward"):
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-6)
+    assert steps8.keys() == steps1.keys()
+    for lane in steps8:
+        np.testing.assert_allclose(steps8[lane]["reward"], steps1[lane]["reward"])
