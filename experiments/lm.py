@@ -147,7 +147,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     sample_ids, _ = generate(graphdef, params, jnp.asarray(prompt), jax.random.key(1),
                              max_new_tokens=min(config.sample_len,
                                                 config.model.max_len - prompt.shape[1]),
-                             temperature=0.8)
+                             temperature=0.8,
+                             banned_ids=(tokenizer.mask_id, tokenizer.bos_id))
     sample = tokenizer.decode(np.concatenate([prompt[0], np.asarray(sample_ids[0])]))
 
     metrics = {

@@ -22,10 +22,11 @@ def sample_logits(key: jax.Array, logits: jax.Array, temperature: float) -> jax.
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature",
-                                              "backend"))
+                                              "backend", "banned_ids"))
 def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, key: jax.Array, *,
              max_new_tokens: int, temperature: float = 1.0,
-             backend: kvc.KVCacheBackend = kvc.DENSE) -> tuple[jax.Array, jax.Array]:
+             backend: kvc.KVCacheBackend = kvc.DENSE,
+             banned_ids: tuple[int, ...] = ()) -> tuple[jax.Array, jax.Array]:
     """Samples ``max_new_tokens`` continuations of ``prompt`` with the KV cache.
 
     Args:
@@ -35,13 +36,16 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, key: 
       max_new_tokens: N >= 1; P + N must not exceed the model's ``max_len``.
       temperature: softmax temperature; 0 is greedy.
       backend: KV-cache backend (hashable, static).
+      banned_ids: token ids never sampled (e.g. a tokenizer's BOS/MASK specials); their logits are
+        set to -inf, so the model is renormalised over the other ids.
 
     Returns:
       (tokens int32 [B, N], log-probabilities float32 [B, N] of the sampled tokens under the
-      temperature-1 model).
+      temperature-1 model restricted to the allowed ids).
 
     Raises:
-      ValueError: P + N exceeds ``max_len`` or N < 1 (at trace time).
+      ValueError: P + N exceeds ``max_len``, N < 1, or a banned id outside [0, vocab_size) or
+        every id banned (at trace time).
     """
     model = nnx.merge(graphdef, params)
     b, p = prompt.shape
@@ -51,16 +55,26 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, key: 
         raise ValueError(
             f"prompt length {p} + max_new_tokens {max_new_tokens} exceeds max_len={model.cfg.max_len}"
         )
+    vocab = model.cfg.vocab_size
+    if any(not 0 <= i < vocab for i in banned_ids) or len(set(banned_ids)) >= vocab:
+        raise ValueError(f"banned_ids={banned_ids}: need ids in [0, {vocab}) and at least one "
+                         "allowed id")
+    allowed = jnp.ones((vocab,), bool).at[jnp.asarray(banned_ids, jnp.int32)].set(False) \
+        if banned_ids else None
+
+    def restrict(logits):
+        return logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
+
     cache = model.init_cache(b, p + max_new_tokens, backend)
     logits, cache = model.decode(prompt, cache, jnp.zeros((b,), jnp.int32), backend)
-    last = logits[:, -1]
+    last = restrict(logits[:, -1])
 
     def body(carry, key_t):
         cache, last, pos = carry
         tok = sample_logits(key_t, last, temperature)
         logp = jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
         logits, cache = model.decode(tok[:, None], cache, pos, backend)
-        return (cache, logits[:, 0], pos + 1), (tok, logp)
+        return (cache, restrict(logits[:, 0]), pos + 1), (tok, logp)
 
     keys = jax.random.split(key, max_new_tokens)
     _, (toks, logps) = jax.lax.scan(body, (cache, last, jnp.full((b,), p, jnp.int32)), keys)

@@ -107,6 +107,27 @@ def test_generate_greedy_matches_argmax_of_full_forward():
     np.testing.assert_allclose(logp, ref_logp, atol=1e-5)
 
 
+def test_generate_never_samples_banned_ids_and_renormalises():
+    cfg, m = make()
+    graphdef, params = nnx.split(m)
+    prompt = tokens(2, 5, seed=3)
+    greedy, _ = generate(graphdef, params, prompt, jax.random.key(0), max_new_tokens=6,
+                         temperature=0.0)
+    banned = tuple(int(t) for t in np.unique(greedy))  # every token greedy decoding would pick
+    toks, logp = generate(graphdef, params, prompt, jax.random.key(0), max_new_tokens=6,
+                          temperature=0.0, banned_ids=banned)
+    assert not np.isin(np.asarray(toks), banned).any()
+    # the log-probs are those of the model renormalised over the allowed ids
+    logits = m(jnp.concatenate([prompt, toks], axis=1))[:, 4:-1]
+    logits = jnp.where(jnp.isin(jnp.arange(cfg.vocab_size), jnp.asarray(banned)), -jnp.inf, logits)
+    np.testing.assert_array_equal(toks, jnp.argmax(logits, -1))
+    ref = jnp.take_along_axis(jax.nn.log_softmax(logits), toks[..., None], -1)[..., 0]
+    np.testing.assert_allclose(logp, ref, atol=1e-5)
+    with pytest.raises(ValueError, match="banned_ids"):
+        generate(graphdef, params, prompt, jax.random.key(0), max_new_tokens=2,
+                 banned_ids=(cfg.vocab_size,))
+
+
 def test_rope_is_relative_and_orthogonal():
     k1, k2 = jax.random.split(jax.random.key(0))
     q = jax.random.normal(k1, (1, 1, 1, 16))
