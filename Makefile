@@ -37,8 +37,10 @@ test: $(STAMP)
 test-multidevice: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m multidevice tests
 
+# Every benchmark at its CPU size (a few minutes on 2 cores) -> BENCHMARKS.md; BENCH_SIZE=accelerator
+# for the GPU/TPU sizes, BENCH_SIZE=smoke to check the code paths in seconds.
 bench: $(STAMP)
-	$(PY) -m experiments.bench.run_all --out=BENCHMARKS.md
+	$(PY) -m experiments.bench.run_all --out=BENCHMARKS.md $(if $(BENCH_SIZE),--size=$(BENCH_SIZE),)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check core models kernels algorithms experiments tests

@@ -1,10 +1,13 @@
 """Runs every benchmark module in ``experiments/bench`` and writes ``BENCHMARKS.md``.
 
-    python -m experiments.bench.run_all --out=BENCHMARKS.md [--only=decode,sparse_decode]
+    python -m experiments.bench.run_all --out=BENCHMARKS.md [--only=decode,sparse_decode] [--size=cpu]
 
-Each module ``experiments.bench.<name>`` has ``run() -> str`` (a markdown section whose numbers are
-ratios against a baseline measured in the same run). A failing benchmark is reported and does not
-stop the others; the exit code is 1 if any failed.
+Each module ``experiments.bench.<name>`` has ``SIZES`` and ``run(size="cpu") -> str`` (a markdown
+section whose numbers are ratios against a baseline measured in the same run, with the command that
+reproduces it). ``--size`` picks the problem sizes of every module: ``cpu`` (default; the whole run
+takes a few minutes on a 2-core CPU), ``accelerator`` (sized for a GPU/TPU) or ``smoke`` (seconds,
+numbers meaningless). A failing benchmark is reported and does not stop the others; the exit code
+is 1 if any failed, 2 for an unknown benchmark or size.
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ import traceback
 import jax
 from absl import app, flags, logging
 
+from experiments.bench.timing import SIZE_NAMES
+
 _OUT = flags.DEFINE_string("out", "BENCHMARKS.md", "output markdown file")
 _ONLY = flags.DEFINE_string("only", "", "comma-separated subset of benchmark modules")
+_SIZE = flags.DEFINE_string("size", "cpu", "problem sizes: one of " + ", ".join(SIZE_NAMES))
 
 _SKIP = {"run_all", "timing"}
 
@@ -40,6 +46,7 @@ def machine_description() -> str:
 
 
 def discover() -> list[str]:
+    """Sorted names of the benchmark modules in ``experiments/bench`` (helpers excluded)."""
     import experiments.bench as bench
 
     return sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if m.name not in _SKIP)
@@ -56,16 +63,28 @@ def main(argv):
             print(f"error: unknown benchmarks {unknown}; known: {names}", file=sys.stderr)
             return 2
         names = wanted
-    parts = ["# Benchmarks", "", f"Machine: {machine_description()}", "",
-             "Regenerate with `make bench` (`python -m experiments.bench.run_all`). Every number is a "
-             "ratio against a baseline measured in the same run, or an absolute time with its "
-             "baseline beside it.", ""]
+    if _SIZE.value not in SIZE_NAMES:
+        print(f"error: unknown size {_SIZE.value!r}; expected one of {list(SIZE_NAMES)}", file=sys.stderr)
+        return 2
+    size = _SIZE.value
+    size_flag = "" if size == "cpu" else f" --size={size}"
+    parts = ["# Benchmarks", "",
+             f"Machine: {machine_description()}", "",
+             f"Regenerate with `make bench` (`python -m experiments.bench.run_all{size_flag}`); one "
+             "benchmark alone with `python -m experiments.bench.run_all --only=<name>` or the command "
+             f"under its table. Problem sizes: `{size}`. Every number is a ratio against a baseline "
+             "measured in the same run, or an absolute time with its baseline beside it.", "",
+             "On a shared 2-core CPU absolute times are noisy (other jobs compete for the cores and "
+             "the memory bandwidth): only ratios measured in the same run are meaningful. Baseline "
+             "and method are timed in alternation and the best call of each is kept, but a ratio "
+             "can still move between runs when the load changes; compare runs by their ratios, "
+             "never by their times.", ""]
     failed = []
     for name in names:
         print(f"bench {name} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            section = importlib.import_module(f"experiments.bench.{name}").run()
+            section = importlib.import_module(f"experiments.bench.{name}").run(size=size)
         except Exception:  # noqa: BLE001 - report and continue
             failed.append(name)
             section = f"## {name}: FAILED\n\n```\n{traceback.format_exc()[-3000:]}\n```\n"

@@ -1,0 +1,144 @@
+"""Benchmark: RL rollout throughput with the KV cache against recomputing the forward pass.
+
+    python -m experiments.bench.rl_rollouts [smoke|cpu|accelerator]
+
+Dimensions: R rollouts, P prompt length, T new tokens, V vocabulary. Samples R completions of P
+prompt tokens with :func:`algorithms.rl_scaling.rollout.rollout` (jitted prefill, then a
+``lax.scan`` of one-token steps through the dense KV cache; rows stop at the end token) and with a
+plain jnp baseline written here: the same sampling loop (same PRNG keys, end-token handling and
+log-probs) that runs the whole causal forward pass over the padded [R, P + T] sequence for every
+new token. The policy is the ``rl_scaling`` experiment's transformer (random weights: speed does
+not depend on them) at two completion lengths: the experiment's arithmetic answers (P and T of
+its ``hard`` task) and a longer completion. Reports rollouts/s and the KV-cache speed-up, and the
+fraction of sampled tokens on which the two samplers agree (1 up to float rounding).
+
+Sizes (``SIZES``; the model and task geometry come from the variant of
+``experiments/configs/rl_scaling.py`` named there): ``cpu`` (``tiny`` model, R 64, long
+completion 64 tokens; about a minute on a 2-core CPU); ``accelerator`` (``paper`` model, R 512, long
+completion 256 tokens) is meant for a GPU/TPU; ``smoke`` runs in seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from algorithms.rl_scaling import rollout, tasks
+from core.report import markdown_table
+from experiments.bench.timing import best_seconds, pick_size
+from experiments.configs import rl_scaling as rl_config
+from models.transformer import Transformer, TransformerConfig
+
+SIZES = {
+    "smoke": dict(variant="smoke", rollouts=4, long_tokens=8, repeats=1),
+    "cpu": dict(variant="tiny", rollouts=64, long_tokens=64, repeats=3),
+    "accelerator": dict(variant="paper", rollouts=512, long_tokens=256, repeats=5),
+}
+
+
+def recompute_rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
+                      key: jax.Array, *, max_new_tokens: int, end_id: int,
+                      temperature: float = 1.0) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The baseline sampler: :func:`rollout.rollout` without a cache (full forward per token).
+
+    Traceable; ``graphdef``, ``max_new_tokens``, ``end_id`` and ``temperature`` are static.
+
+    Args:
+      graphdef, params: a causal :class:`models.transformer.Transformer`, split with nnx.
+      prompts: int32 [R, P].
+      key: PRNG key (split per step exactly as :func:`rollout.rollout` does).
+      max_new_tokens: T >= 1 with P + T <= the model's max_len.
+      end_id: the end token; a row emits only ``end_id`` after it.
+      temperature: sampling temperature (> 0); log-probs are under the temperature-1 policy.
+
+    Returns:
+      (tokens int32 [R, T], logp float32 [R, T], mask bool [R, T]) as :func:`rollout.rollout`.
+
+    Raises:
+      ValueError: T < 1 or temperature <= 0.
+    """
+    if max_new_tokens < 1 or not temperature > 0:
+        raise ValueError(f"recompute_rollout: need max_new_tokens >= 1 and temperature > 0, got "
+                         f"{max_new_tokens}, {temperature}")
+    model = nnx.merge(graphdef, params)
+    r, p = prompts.shape
+    seq = jnp.concatenate([prompts.astype(jnp.int32),
+                           jnp.full((r, max_new_tokens), end_id, jnp.int32)], axis=1)
+
+    def body(carry, xs):
+        seq, done = carry
+        i, key_t = xs
+        logits = model(seq)  # [R, P + T, V]; causal, so the padding after p + i does not matter
+        last = jax.lax.dynamic_index_in_dim(logits, p + i - 1, axis=1, keepdims=False)
+        tok = jax.random.categorical(key_t, last / temperature, axis=-1).astype(jnp.int32)
+        tok = jnp.where(done, end_id, tok)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
+        seq = jax.lax.dynamic_update_slice_in_dim(seq, tok[:, None], p + i, axis=1)
+        return (seq, done | (tok == end_id)), (tok, logp)
+
+    steps = (jnp.arange(max_new_tokens), jax.random.split(key, max_new_tokens))
+    _, (toks, logps) = jax.lax.scan(body, (seq, jnp.zeros((r,), bool)), steps)
+    toks, logps = toks.T, logps.T
+    return toks, logps, rollout.completion_mask(toks, end_id)
+
+
+def _measure(config, rollouts: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+    m = config.model
+    cfg = TransformerConfig(vocab_size=258, max_len=prompt_len + new_tokens, d_model=m.d_model,
+                            num_layers=m.num_layers, num_heads=m.num_heads, mlp_dim=m.mlp_dim)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(config.seed)))
+    prompts = jax.random.randint(jax.random.key(config.seed), (rollouts, prompt_len), 0, 256)
+    key = jax.random.key(config.seed + 1)
+    kw = dict(max_new_tokens=new_tokens, end_id=tasks.END_ID, temperature=config.temperature)
+    cached = jax.jit(lambda params, prompts, key: rollout.rollout(graphdef, params, prompts, key, **kw))
+    full = jax.jit(lambda params, prompts, key: recompute_rollout(graphdef, params, prompts, key, **kw))
+    t = best_seconds({"cache": lambda: cached(params, prompts, key),
+                      "full": lambda: full(params, prompts, key)}, repeats)
+    t_cache, t_full = t["cache"], t["full"]
+    agree = float(jnp.mean(cached(params, prompts, key)[0] == full(params, prompts, key)[0]))
+    return dict(t_cache=t_cache, t_full=t_full, agree=agree, params=cfg)
+
+
+def run(size: str = "cpu") -> str:
+    """Times both samplers at ``SIZES[size]``; returns a markdown section with the speed-ups.
+
+    Raises:
+      ValueError: unknown ``size``.
+    """
+    s = pick_size(SIZES, size, "bench rl_rollouts")
+    config = rl_config.get_config(s["variant"])
+    task = tasks.ArithmeticTask(config.hard.terms, config.hard.digits, "hard")
+    prompt_len = 1 + task.prompt_chars  # BOS + "a+b+c="
+    r = s["rollouts"]
+    rows = []
+    for label, t in ((f"arithmetic answer ({config.hard.terms} terms of {config.hard.digits} digits)",
+                      task.answer_chars), ("long completion", s["long_tokens"])):
+        res = _measure(config, r, prompt_len, t, s["repeats"])
+        rows.append([label, prompt_len, t, "full recompute (baseline)", f"{res['t_full'] * 1e3:.1f}",
+                     f"{r / res['t_full']:,.0f}", "1.0x", ""])
+        rows.append(["", "", "", "KV cache (`rollout.rollout`)", f"{res['t_cache'] * 1e3:.1f}",
+                     f"{r / res['t_cache']:,.0f}", f"{res['t_full'] / res['t_cache']:.1f}x",
+                     f"{res['agree']:.3f}"])
+    m = config.model
+    return "\n".join([
+        "## rl_rollouts: RL rollout sampling, KV cache vs recomputation",
+        "",
+        f"{r} rollouts per call (temperature {config.temperature}) from the `rl_scaling` policy "
+        f"(`{s['variant']}` model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, "
+        f"MLP {m.mlp_dim}; random weights); size `{size}`, best of {s['repeats']} interleaved calls "
+        "after a warm-up. The baseline runs the full forward pass over the padded prompt + completion for "
+        "every token; 'same tokens' is the fraction of sampled tokens equal in the two samplers "
+        "(same keys).",
+        "",
+        markdown_table(["completion", "P", "T", "sampler", "ms per call", "rollouts/s",
+                        "speed-up", "same tokens"], rows),
+        "",
+        f"Command: `python -m experiments.bench.rl_rollouts {size}`",
+    ])
+
+
+if __name__ == "__main__":
+    print(run(sys.argv[1] if len(sys.argv) > 1 else "cpu"))
