@@ -19,6 +19,13 @@ Decoding goes through a KV-cache backend (see :mod:`models.kv_cache`): :meth:`Tr
 appends new keys/values to each layer's cache and computes attention of the new queries over it with
 ``backend.attend``. The dense backend is the reference; the sparse-decode (FFD, Quest) and
 quantized (QVG, KIVI) kernels implement the same protocol.
+
+Layer layout: by default the N blocks are separate modules applied in a Python loop (N copies of
+the block in the compiled program). With ``TransformerConfig.scan_layers`` the blocks' parameters
+are stacked along a leading layer axis [N, ...] and applied with one ``jax.lax.scan`` (one copy);
+the KV cache is then stacked the same way. :func:`stack_layer_params` /
+:func:`unstack_layer_params` convert parameters between the two layouts, and
+:func:`stack_layer_caches` / :func:`unstack_layer_caches` caches.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from models import kv_cache as kvc
@@ -54,6 +62,12 @@ class TransformerConfig:
       rope_base: RoPE base frequency.
       norm_eps: RMSNorm epsilon.
       dtype: computation dtype (parameters are float32).
+      scan_layers: store the blocks' parameters stacked along a leading layer axis [num_layers, ...]
+        and apply them with one ``scan`` (the compiled program holds one block instead of
+        num_layers); the KV cache of :meth:`Transformer.init_cache` is then stacked the same way.
+        Same function and same parameter count; convert parameters between the layouts with
+        :func:`stack_layer_params` / :func:`unstack_layer_params`. On XLA:CPU, float8 cache
+        writes inside the loop are slow (the FFD cache's decode step ran ~5x slower scanned).
     """
 
     vocab_size: int
@@ -70,6 +84,7 @@ class TransformerConfig:
     rope_base: float = 10_000.0
     norm_eps: float = 1e-6
     dtype: Any = jnp.float32
+    scan_layers: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads"):
@@ -281,7 +296,15 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype,
                                embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        if cfg.scan_layers:
+            # One Block whose parameters carry a leading layer axis, each layer from its own key.
+            @nnx.vmap(in_axes=0, out_axes=0)
+            def stacked_blocks(layer_rngs):
+                return Block(cfg, rngs=layer_rngs)
+
+            self.blocks = stacked_blocks(rngs.split(cfg.num_layers))
+        else:
+            self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=cfg.dtype,
                                       rngs=rngs)
         self.head = _dense(rngs, cfg.d_model, cfg.vocab_size, cfg,
@@ -356,8 +379,16 @@ class Transformer(nnx.Module):
                     else jnp.ones((l, l), bool))[None]
         c = self.condition(cond)
         x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x, positions, mask, c)
+        if self.cfg.scan_layers:
+            block_def, block_params = nnx.split(self.blocks)
+
+            def layer(h, params):
+                return nnx.merge(block_def, params)(h, positions, mask, c), None
+
+            x, _ = jax.lax.scan(layer, x, block_params)
+        else:
+            for block in self.blocks:
+                x = block(x, positions, mask, c)
         if return_hidden:
             return x
         return self._head(x, c)
@@ -365,22 +396,38 @@ class Transformer(nnx.Module):
     # -- KV-cache decoding ----------------------------------------------------------------------
 
     def init_cache(self, batch_size: int, max_len: int | None = None,
-                   backend: kvc.KVCacheBackend | None = None) -> list[Any]:
+                   backend: kvc.KVCacheBackend | None = None) -> Any:
         """An empty cache: one backend-specific pytree per layer.
 
+        Returns:
+          a list of ``num_layers`` layer caches; with ``scan_layers``, one layer cache pytree whose
+          leaves carry a leading layer axis [num_layers, ...] (:func:`stack_layer_caches` of that
+          list).
+
         Raises:
-          ValueError: ``max_len`` exceeds the model's ``max_len``.
+          ValueError: ``max_len`` exceeds the model's ``max_len``; with ``scan_layers``, the
+            backend's layer cache has a leaf that is not an array (it cannot be stacked).
         """
         backend = backend or kvc.DenseKVCache()
         max_len = max_len or self.cfg.max_len
         if max_len > self.cfg.max_len:
             raise ValueError(f"cache length {max_len} exceeds the model's max_len={self.cfg.max_len}")
+        if self.cfg.scan_layers:
+            layer = backend.init(batch_size, max_len, self.cfg.kv_heads, self.cfg.dim_per_head,
+                                 self.cfg.dtype)
+            for leaf in jax.tree.leaves(layer):
+                if not isinstance(leaf, jax.Array | np.ndarray):
+                    raise ValueError(
+                        f"KV-cache backend {type(backend).__name__}: its layer cache has a leaf of "
+                        f"type {type(leaf).__name__}, which cannot be stacked along a layer axis "
+                        "(scan_layers=True); use scan_layers=False with this backend")
+            return stack_layer_caches([layer] * self.cfg.num_layers)
         return [backend.init(batch_size, max_len, self.cfg.kv_heads, self.cfg.dim_per_head,
                              self.cfg.dtype) for _ in range(self.cfg.num_layers)]
 
-    def decode(self, tokens: jax.Array, cache: list[Any], start: jax.Array,
+    def decode(self, tokens: jax.Array, cache: Any, start: jax.Array,
                backend: kvc.KVCacheBackend | None = None, cond: jax.Array | None = None
-               ) -> tuple[jax.Array, list[Any]]:
+               ) -> tuple[jax.Array, Any]:
         """Appends ``tokens`` at positions ``start .. start + T - 1`` and returns their logits.
 
         Prefill is ``decode`` of the whole prompt with ``start = 0``; generation then decodes one
@@ -389,13 +436,18 @@ class Transformer(nnx.Module):
 
         Args:
           tokens: int [B, T].
-          cache: from :meth:`init_cache` (same backend).
+          cache: from :meth:`init_cache` (same backend): a list of layer caches, or with
+            ``scan_layers`` the stacked layer cache (leaves [num_layers, ...]).
           start: int32 [B], number of tokens already in each row's cache (ragged rows allowed).
           backend: the KV-cache backend (default dense).
           cond: as in :meth:`__call__`.
 
         Returns:
-          (float32 logits [B, T, V], the updated cache).
+          (float32 logits [B, T, V], the updated cache, in the layout it was given).
+
+        Raises:
+          ValueError: as :meth:`__call__`; with ``scan_layers``, a cache that is a list or whose
+            leaves do not lead with ``num_layers``.
         """
         backend = backend or kvc.DenseKVCache()
         self._check_tokens(tokens, "Transformer.decode")
@@ -404,8 +456,165 @@ class Transformer(nnx.Module):
         positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
         c = self.condition(cond)
         x = self.embed(tokens)
+        if self.cfg.scan_layers:
+            _check_stacked(cache, self.cfg.num_layers, "Transformer.decode: cache")
+
+            block_def, block_params = nnx.split(self.blocks)
+
+            # The stacked cache rides in the carry and layer i's slice is written back in place:
+            # passing it as scanned input/output instead copies the whole cache every step (2x
+            # slower greedy generation with the dense cache on CPU).
+            def layer(carry, xs):
+                h, stacked = carry
+                params, i = xs
+                layer_cache = jax.tree.map(
+                    lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
+                h, layer_cache = nnx.merge(block_def, params).decode(h, positions, layer_cache,
+                                                                     backend, c)
+                stacked = jax.tree.map(
+                    lambda a, new: jax.lax.dynamic_update_index_in_dim(a, new, i, 0), stacked,
+                    layer_cache)
+                return (h, stacked), None
+
+            (x, cache), _ = jax.lax.scan(
+                layer, (x, cache), (block_params, jnp.arange(self.cfg.num_layers)))
+            return self._head(x, c), cache
         new_cache = []
         for block, layer_cache in zip(self.blocks, cache, strict=True):
             x, layer_cache = block.decode(x, positions, layer_cache, backend, c)
             new_cache.append(layer_cache)
         return self._head(x, c), new_cache
+
+
+# ----------------------------------------------------------------------------------------------
+# Converting between the unrolled and the scanned (stacked) layouts
+
+
+def _check_stacked(tree: Any, num_layers: int, where: str) -> None:
+    if isinstance(tree, list | tuple):
+        raise ValueError(f"{where} is a list of {len(tree)} per-layer entries, but the model has "
+                         "scan_layers=True and expects them stacked along a leading layer axis "
+                         "(see stack_layer_caches / stack_layer_params)")
+    for leaf in jax.tree.leaves(tree):
+        if not getattr(leaf, "shape", ()) or leaf.shape[0] != num_layers:
+            raise ValueError(f"{where}: a leaf of shape {getattr(leaf, 'shape', None)} does not "
+                             f"lead with the layer axis num_layers={num_layers}")
+
+
+def stack_layer_caches(caches: list[Any]) -> Any:
+    """Per-layer caches -> one cache pytree whose leaves gain a leading layer axis.
+
+    Args:
+      caches: a non-empty list of layer caches with one pytree structure (leaves [...]).
+
+    Returns:
+      the stacked cache (leaves [num_layers, ...]), as ``init_cache`` returns with ``scan_layers``.
+
+    Raises:
+      ValueError: an empty list, or layer caches whose pytree structures or leaf shapes differ.
+    """
+    if not caches:
+        raise ValueError("stack_layer_caches: no layer caches given")
+    structs = {jax.tree.structure(c) for c in caches}
+    if len(structs) > 1:
+        raise ValueError(f"stack_layer_caches: the layer caches have {len(structs)} different "
+                         "pytree structures; only identical ones can be stacked")
+    shapes = {tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(c)) for c in caches}
+    if len(shapes) > 1:
+        raise ValueError("stack_layer_caches: the layer caches' leaf shapes or dtypes differ")
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *caches)
+
+
+def unstack_layer_caches(cache: Any) -> list[Any]:
+    """Inverse of :func:`stack_layer_caches`: leaves [num_layers, ...] -> list of layer caches.
+
+    Raises:
+      ValueError: a leaf without a leading axis, or leaves whose leading axes differ.
+    """
+    leaves = jax.tree.leaves(cache)
+    lead = {x.shape[0] if getattr(x, "shape", ()) else None for x in leaves}
+    if not leaves or len(lead) != 1 or None in lead:
+        raise ValueError("unstack_layer_caches: every leaf needs the same leading layer axis, got "
+                         f"leading sizes {sorted(lead, key=str)}")
+    n = lead.pop()
+    return [jax.tree.map(lambda x, i=i: x[i], cache) for i in range(n)]
+
+
+def stack_layer_params(params: nnx.State) -> nnx.State:
+    """Parameters of an unrolled model -> those of the same model with ``scan_layers=True``.
+
+    ``params['blocks']`` of an unrolled model holds one subtree per layer (keys 0 .. N-1); the
+    result holds one subtree whose arrays are those of the layers stacked along a new leading
+    axis [N, ...]; every other entry is passed through. ``nnx.merge`` it with the graphdef of a
+    model built with ``scan_layers=True`` (and otherwise the same config). Works on any state with
+    the model's structure (e.g. parameter-shaped optimizer moments).
+
+    Args:
+      params: ``nnx.split(model)[1]`` (or any ``nnx.State`` of that structure) of an unrolled model.
+
+    Returns:
+      an ``nnx.State`` in the scanned layout (same leaves, same dtypes, N times fewer block leaves).
+
+    Raises:
+      ValueError: not a Transformer state, no per-layer ``blocks`` entries (already stacked), layer
+        indices that are not 0 .. N-1, or layers with different entries.
+    """
+    flat = _flat_state(params, "stack_layer_params")
+    layers: dict[int, dict[tuple, Any]] = {}
+    rest = []
+    for path, var in flat:
+        if path[0] == "blocks" and len(path) > 1 and isinstance(path[1], int):
+            layers.setdefault(path[1], {})[path[2:]] = var
+        else:
+            rest.append((path, var))
+    if not layers:
+        raise ValueError("stack_layer_params: params['blocks'] has no per-layer entries (keys "
+                         "0..N-1); already in the scanned layout?")
+    n = len(layers)
+    if sorted(layers) != list(range(n)):
+        raise ValueError(f"stack_layer_params: layer indices {sorted(layers)} are not 0..{n - 1}")
+    names = set(layers[0])
+    for i in range(n):
+        if set(layers[i]) != names:
+            raise ValueError(f"stack_layer_params: layer {i} has entries "
+                             f"{sorted(map(str, set(layers[i]) ^ names))} that layer 0 lacks "
+                             "or the reverse")
+    stacked = [(("blocks",) + name, jax.tree.map(lambda *xs: jnp.stack(xs),
+                                                  *[layers[i][name] for i in range(n)]))
+               for name in sorted(names, key=str)]
+    return nnx.from_flat_state(rest + stacked)
+
+
+def unstack_layer_params(params: nnx.State) -> nnx.State:
+    """Inverse of :func:`stack_layer_params`: scanned layout -> unrolled layout (keys 0 .. N-1).
+
+    Args:
+      params: an ``nnx.State`` of a model with ``scan_layers=True`` (block leaves [N, ...]).
+
+    Returns:
+      an ``nnx.State`` that ``nnx.merge`` accepts with the graphdef of the unrolled model.
+
+    Raises:
+      ValueError: not a Transformer state, ``blocks`` already per-layer, or block leaves that do
+        not share one leading layer axis.
+    """
+    flat = _flat_state(params, "unstack_layer_params")
+    blocks = [(path, var) for path, var in flat if path[0] == "blocks"]
+    rest = [(path, var) for path, var in flat if path[0] != "blocks"]
+    if not blocks or any(isinstance(path[1], int) for path, _ in blocks):
+        raise ValueError("unstack_layer_params: params['blocks'] is missing or already per-layer")
+    lead = {x.shape[0] if x.ndim else None for _, var in blocks for x in jax.tree.leaves(var)}
+    if len(lead) != 1 or None in lead:
+        raise ValueError("unstack_layer_params: the blocks' leaves do not share one leading layer "
+                         f"axis (leading sizes {sorted(lead, key=str)})")
+    n = lead.pop()
+    layers = [(("blocks", i) + path[1:], jax.tree.map(lambda x, i=i: x[i], var))
+              for i in range(n) for path, var in blocks]
+    return nnx.from_flat_state(rest + layers)
+
+
+def _flat_state(params: nnx.State, where: str) -> list[tuple[tuple, Any]]:
+    if not isinstance(params, nnx.State) or "blocks" not in params:
+        raise ValueError(f"{where}: expected the nnx.State of a Transformer (with a 'blocks' "
+                         f"entry), got {type(params).__name__}")
+    return list(nnx.to_flat_state(params))
