@@ -41,6 +41,34 @@ def support_pairs(m: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return rows[ri], cols[ci]
 
 
+def solve_small(M: jax.Array, v: jax.Array) -> jax.Array:
+    """Solves ``M z = v`` for one small square system by Gauss-Jordan elimination with partial
+    pivoting, in plain ``jnp`` (unrolled over the static size; vmap it for batches).
+
+    Args:
+      M: [k, k] float; v: [k] float (k up to a few tens: the loop is unrolled).
+
+    Returns:
+      z: [k], same dtype. A singular ``M`` gives non-finite entries (a zero pivot divides by zero),
+      which callers detect with ``isfinite``.
+
+    Used instead of ``jnp.linalg.solve`` because the LAPACK custom call it lowers to, batched over
+    thousands of support pairs inside this program, deadlocked sporadically on XLA:CPU (jaxlib
+    0.10.2: the host waited forever on a result while every worker thread was idle).
+    """
+    k = M.shape[0]
+    aug = jnp.concatenate([M, v[:, None]], axis=1)  # [k, k + 1]
+    idx = jnp.arange(k)
+    for j in range(k):
+        p = jnp.argmax(jnp.where(idx >= j, jnp.abs(aug[:, j]), -1.0))  # pivot row among j..k-1
+        row_j, row_p = aug[j], aug[p]
+        aug = aug.at[j].set(row_p).at[p].set(row_j)
+        pivot = aug[j] / aug[j, j]
+        factors = aug[:, j].at[j].set(0.0)
+        aug = (aug - factors[:, None] * pivot[None, :]).at[j].set(pivot)
+    return aug[:, k]
+
+
 def _indifferent_mix(A: jax.Array, rows: jax.Array, cols: jax.Array):
     """The mix ``y`` [n] on ``cols`` making the row player indifferent on ``rows`` (|rows| = |cols|),
     and the common value ``u``. Solves the masked (n + 1)-square system; rows are selected by a stable
@@ -53,7 +81,7 @@ def _indifferent_mix(A: jax.Array, rows: jax.Array, cols: jax.Array):
     rhs = jnp.zeros(m + n + 1, A.dtype).at[-1].set(1.0)
     active = jnp.concatenate([rows, ~cols, jnp.ones(1, bool)])
     take = jnp.argsort(~active, stable=True)[: n + 1]  # exactly n + 1 active rows, in order
-    z = jnp.linalg.solve(system[take], rhs[take])
+    z = solve_small(system[take], rhs[take])
     return z[:n], z[n]
 
 

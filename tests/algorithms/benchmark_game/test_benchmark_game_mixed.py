@@ -1,10 +1,13 @@
 """Two-player mixed equilibria by support enumeration, checked against nashpy; strict dominance."""
 
+import jax
+import jax.numpy as jnp
 import nashpy
 import numpy as np
 import pytest
 
 import algorithms.benchmark_game as bg
+from algorithms.benchmark_game import mixed
 
 
 def as_set(pairs, decimals=4):
@@ -94,3 +97,23 @@ def test_bad_input_raises():
         bg.support_enumeration(np.zeros((11, 11)), np.zeros((11, 11)))
     with pytest.raises(ValueError, match="two-player"):
         bg.contest_bimatrix(np.zeros((3, 2, 2, 2)))
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 11])
+def test_solve_small_matches_numpy_and_flags_singular(k):
+    rng = np.random.default_rng(k)
+    M = rng.normal(size=(64, k, k)) + 3.0 * np.eye(k)  # well conditioned
+    v = rng.normal(size=(64, k))
+    got = np.asarray(jax.vmap(mixed.solve_small)(jnp.asarray(M, jnp.float32),
+                                                 jnp.asarray(v, jnp.float32)))
+    np.testing.assert_allclose(got, np.linalg.solve(M, v[..., None])[..., 0], rtol=2e-4, atol=2e-5)
+    # a row permutation that needs pivoting (zero on the diagonal)
+    P = np.eye(k)[::-1]
+    got = np.asarray(mixed.solve_small(jnp.asarray(P @ M[0], jnp.float32),
+                                       jnp.asarray(P @ v[0], jnp.float32)))
+    np.testing.assert_allclose(got, np.linalg.solve(M[0], v[0]), rtol=2e-4, atol=2e-5)
+    if k > 1:  # a singular system gives non-finite entries
+        S = M[0].copy()
+        S[-1] = 0.0
+        assert not np.all(np.isfinite(np.asarray(mixed.solve_small(jnp.asarray(S, jnp.float32),
+                                                                   jnp.ones(k)))))
