@@ -33,7 +33,9 @@ _VARIANT = flags.DEFINE_string("variant", "tiny", "config variant for every expe
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "output directory")
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first")
 _ISOLATE = flags.DEFINE_bool("isolate", True, "run each experiment in its own process")
-_TIMEOUT = flags.DEFINE_float("timeout_minutes", 30.0, "per-experiment limit when isolated")
+_TIMEOUT = flags.DEFINE_float(
+    "timeout_minutes", None, "per-experiment limit when isolated; default 12 for `tiny` and "
+    "`smoke` (the slowest `tiny` experiment takes about 4 min on 2 cores), none otherwise")
 _SECTION_OUT = flags.DEFINE_string("section_out", "", "internal: write the section as JSON here")
 
 
@@ -48,7 +50,16 @@ def _run_in_process(name: str, variant: str, workdir: str) -> report.Section:
     return module.run(config_module.get_config(variant), workdir)
 
 
-def _run_isolated(name: str, variant: str, workdir: str, timeout_s: float) -> report.Section:
+def _timeout_s(variant: str) -> float | None:
+    """Per-experiment limit in seconds: ``--timeout_minutes``, else 12 min for the CPU-sized
+    variants and none for the others."""
+    if _TIMEOUT.value is not None:
+        return _TIMEOUT.value * 60
+    return 12 * 60.0 if variant.split(",")[0] in ("tiny", "smoke") else None
+
+
+def _run_isolated(name: str, variant: str, workdir: str, timeout_s: float | None
+                  ) -> report.Section:
     """Runs one experiment in a child process; its section comes back as JSON."""
     out = os.path.join(workdir, name, "section.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -59,7 +70,7 @@ def _run_isolated(name: str, variant: str, workdir: str, timeout_s: float) -> re
     try:
         proc = subprocess.run(cmd, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
-        return _failed_section(name, f"timed out after {timeout_s / 60:.0f} min",
+        return _failed_section(name, f"timed out after {timeout_s / 60:g} min",
                                f"{name} did not finish within {timeout_s:.0f} s")
     if proc.returncode != 0 or not os.path.exists(out):
         return _failed_section(name, f"exit code {proc.returncode}",
@@ -69,7 +80,8 @@ def _run_isolated(name: str, variant: str, workdir: str, timeout_s: float) -> re
         return report.Section(**json.load(f))
 
 
-def run_all(names, variant: str, workdir: str, isolate: bool = False, timeout_s: float = 1800.0
+def run_all(names, variant: str, workdir: str, isolate: bool = False,
+            timeout_s: float | None = 1800.0
             ) -> tuple[list[report.Section], list[str]]:
     """Runs each experiment; returns (sections, names of failed experiments)."""
     sections, failed = [], []
@@ -129,7 +141,7 @@ def main(argv):
         return 0
     sections, failed = run_all(names, _VARIANT.value, _WORKDIR.value,
                                isolate=_ISOLATE.value and len(names) > 1,
-                               timeout_s=_TIMEOUT.value * 60)
+                               timeout_s=_timeout_s(_VARIANT.value))
     path = write_main_report(_WORKDIR.value, _VARIANT.value, names, sections,
                              time.perf_counter() - t0)
     print(f"report: {os.path.abspath(path)}", file=sys.stderr)
