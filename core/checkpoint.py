@@ -67,5 +67,18 @@ class Checkpointer:
         )
         return restored["state"], dict(restored["metadata"])
 
+    def restore_metadata(self, step: int | None = None) -> dict[str, Any]:
+        """The metadata dict saved at ``step`` (default: latest), without reading the state.
+
+        Raises:
+          FileNotFoundError: no checkpoint exists in the directory.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))
+        return dict(restored["metadata"])
+
     def close(self) -> None:
         self._manager.close()

@@ -11,6 +11,8 @@ ends bit-identical (on CPU) to an uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import sys
@@ -119,11 +121,35 @@ def _to_float(x) -> float:
     return float(np.asarray(x))
 
 
+def config_fingerprint(*configs: Any) -> str:
+    """A short stable hash (16 hex digits) of JSON-able settings (dicts, ConfigDicts via
+    ``to_dict()``, numbers, strings, tuples) for :func:`train_loop`'s ``fingerprint``."""
+    plain = [c.to_dict() if hasattr(c, "to_dict") else c for c in configs]
+    text = json.dumps(plain, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _restore_same_run(ckpt: Checkpointer, state: PyTree, fingerprint: str | None,
+                      desc: str) -> tuple[PyTree, dict[str, Any]]:
+    """Restores the latest checkpoint; ValueError if it belongs to another run (see train_loop)."""
+    where = f"{desc}: {ckpt.directory} holds a checkpoint of a different run"
+    fix = "; use another --workdir or delete that directory"
+    stored = ckpt.restore_metadata().get("fingerprint")
+    if fingerprint is not None and stored is not None and stored != fingerprint:
+        raise ValueError(f"{where} (settings fingerprint {stored}, this run {fingerprint}){fix}")
+    try:
+        return ckpt.restore(state)
+    except (ValueError, KeyError, TypeError) as e:  # orbax: saved tree != this run's state
+        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{where} (its state does not match this run's: {first}){fix}") from None
+
+
 def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key: jax.Array,
                config: LoopConfig, workdir: str | None = None,
                put_batch: Callable[[Any], Any] | None = None,
                on_log: Callable[[int, dict[str, float]], None] | None = None,
-               stop_when: Callable[[int, PyTree], bool] | None = None) -> LoopResult:
+               stop_when: Callable[[int, PyTree], bool] | None = None,
+               fingerprint: str | None = None) -> LoopResult:
     """Runs ``step_fn`` for ``config.num_steps`` steps, resuming from ``workdir`` if possible.
 
     Args:
@@ -142,12 +168,18 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
         ``stopped_early`` in its metadata, and a rerun on the same ``workdir`` restores it and
         trains no further.
 
+      fingerprint: a string identifying what is trained (e.g. :func:`config_fingerprint` of the
+        settings that shape the run); stored with every checkpoint, and a checkpoint in
+        ``workdir`` with a different fingerprint is not resumed from (``ValueError``).
+
     Returns:
       :class:`LoopResult` with the final state and the logged history (``stopped_early_at`` is
       the step at which ``stop_when`` ended training, also when restored from such a run).
 
     Raises:
       NonFiniteLossError: a NaN/inf loss; the checkpoint directory keeps the last good step.
+      ValueError: ``workdir`` holds a checkpoint of a different run (another fingerprint, or a
+        state of another structure); nothing is overwritten.
     """
     jitted = jax.jit(step_fn, donate_argnums=0)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints) if workdir \
@@ -156,7 +188,7 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
     start, resumed, stopped_at = 0, None, None
     end = config.num_steps
     if ckpt is not None and ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(state)
+        state, meta = _restore_same_run(ckpt, state, fingerprint, config.desc)
         start = resumed = int(meta["step"])
         batches.position = int(meta["data_position"])
         if meta.get("stopped_early"):
@@ -208,8 +240,11 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
                 or (config.checkpoint_every and step_done % config.checkpoint_every == 0))
             if save_now:
                 flush()
-                ckpt.save(step_done, state, {"step": step_done, "data_position": batches.position,
-                                             "stopped_early": stopped_at is not None})
+                meta = {"step": step_done, "data_position": batches.position,
+                        "stopped_early": stopped_at is not None}
+                if fingerprint is not None:
+                    meta["fingerprint"] = fingerprint
+                ckpt.save(step_done, state, meta)
                 last_good = step_done
             bar.update(1)
             if step_done == end:

@@ -174,8 +174,18 @@ def app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.S
         try:
             section = run(config_flag.value, workdir_flag.value)
         except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
-            print(f"error: {name}: {e}", file=sys.stderr)
+            message = str(e).strip()
+            if message.startswith(f"{name}: "):  # do not repeat the experiment's name
+                message = message[len(name) + 2:]
+            print(f"error: {name}: {message}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            # Checkpointed training resumes on a rerun; leave without a traceback, and without the
+            # interpreter teardown, which can crash while XLA threads are still running.
+            print(f"\n{name}: interrupted; rerun the same command to resume from the last "
+                  "checkpoint", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(130)
         # <workdir>/<name>/report.md, so runs of several experiments into one workdir coexist.
         variant = config_flag.value.get("variant", "")
         path = report.write_report(os.path.join(workdir_flag.value, name, "report.md"),

@@ -24,7 +24,13 @@ from flax import nnx
 from core import report, sharding
 from core.data import ByteTokenizer, TextBatcher, load_corpus
 from core.data.text import sequential_windows
-from core.training import LoopConfig, init_train_state, make_train_step, train_loop
+from core.training import (
+    LoopConfig,
+    config_fingerprint,
+    init_train_state,
+    make_train_step,
+    train_loop,
+)
 from experiments import common
 from models.losses import next_token_nll
 from models.sampling import generate
@@ -107,7 +113,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         make_train_step(graphdef, tx, lm_loss), state, batches, jax.random.key(config.seed),
         LoopConfig(num_steps=config.steps, log_every=config.log_every,
                    checkpoint_every=config.checkpoint_every, progress=progress, desc=NAME),
-        workdir=workdir, put_batch=lambda b: sharding.shard_batch(b, mesh))
+        workdir=workdir, put_batch=lambda b: sharding.shard_batch(b, mesh),
+        # what shapes the run (not `steps`: a finished run can be extended by raising it)
+        fingerprint=config_fingerprint(config.model, config.corpus, config.seed,
+                                       config.val_fraction, config.seq_len, config.batch_size,
+                                       config.learning_rate, config.warmup_steps,
+                                       config.weight_decay, config.grad_clip))
     return graphdef, result.state["params"], corpus, result
 
 

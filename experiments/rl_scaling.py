@@ -34,7 +34,13 @@ from tqdm.auto import tqdm
 
 from algorithms.rl_scaling import allocation, fit, grpo, metrics, rollout, tasks, trainer
 from core import report, sharding
-from core.training import LoopConfig, init_train_state, make_train_step, train_loop
+from core.training import (
+    LoopConfig,
+    config_fingerprint,
+    init_train_state,
+    make_train_step,
+    train_loop,
+)
 from experiments import common
 from models.transformer import Transformer, TransformerConfig, param_count
 
@@ -83,13 +89,23 @@ def validate(config: ml_collections.ConfigDict) -> tuple[int, ...]:
         a budget grid whose largest budget no configuration divides, or too small a training
         pool.
     """
+    for field in ("ns", "problems_per_batch"):
+        values = config[field]
+        if not isinstance(values, tuple | list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+            raise ValueError(f"{field}={values!r}: expected a tuple of positive integers")
     budgets = allocation.budget_grid(config.smallest_budget, config.num_budgets)
     w = config.warmup
-    if not (0 < w.easy_target <= 1 and 0 < w.hard_target <= 1 and 0 < w.max_easy_steps
-            < w.max_steps and 1 <= w.probe_problems <= config.num_train and w.check_every >= 1):
-        raise ValueError(f"rl_scaling: bad warm-start settings {w.to_dict()}: need targets in "
-                         "(0, 1], 0 < max_easy_steps < max_steps, 1 <= probe_problems <= "
-                         "num_train, check_every >= 1")
+    checks = {"easy_target": 0 < w.easy_target <= 1, "hard_target": 0 < w.hard_target <= 1,
+              "max_easy_steps": 0 < w.max_easy_steps < w.max_steps,
+              "probe_problems": 1 <= w.probe_problems <= config.num_train,
+              "check_every": w.check_every >= 1}
+    bad = [f"warmup.{k}={w[k]}" for k, ok in checks.items() if not ok]
+    if bad:
+        raise ValueError(f"bad warm-start setting(s) {', '.join(bad)}: need targets in (0, 1], "
+                         "0 < max_easy_steps < max_steps, 1 <= probe_problems <= num_train, "
+                         "check_every >= 1")
+    grpo.GRPOConfig(advantage=config.advantage, aggregation=config.aggregation)
     if config.num_budgets < 3:
         raise ValueError(f"rl_scaling: num_budgets={config.num_budgets}; the n*(C) fit needs >= 3")
     grpo.GRPOConfig(advantage=config.advantage).check_group_size(min(config.ns))
@@ -158,7 +174,11 @@ def warm_start(config, gd, params, easy, hard, out):
                             LoopConfig(num_steps=cap, log_every=w.check_every, checkpoint_every=0,
                                        desc=f"{NAME} warm start ({label})"),
                             workdir=os.path.join(out, "warmstart", label),
-                            stop_when=reached(name, target))
+                            stop_when=reached(name, target),
+                            fingerprint=config_fingerprint(label, config.seed, config.grad_clip,
+                                                           config.warmup, config.model,
+                                                           config.easy, config.hard,
+                                                           config.num_train))
         state = result.state
         steps[f"{label}_steps"] = result.stopped_early_at or cap
     last.update({k: float(probe_fn(state["params"], *v)) for k, v in probes.items()})

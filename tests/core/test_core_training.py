@@ -112,3 +112,24 @@ def test_early_stop_checkpoints_and_is_final_on_rerun(tmp_path):
     ref = train_loop(*setup(), TextBatcher(TOKENS, 4, 16, seed=1), jax.random.key(7),
                      LoopConfig(num_steps=4, log_every=2, progress=False))
     jax.tree.map(np.testing.assert_array_equal, ref.state, stopped.state)
+
+
+def test_resume_refuses_a_checkpoint_of_another_run(tmp_path):
+    fn, st = setup()
+
+    def go(fingerprint, state=None, step_fn=None):
+        return train_loop(step_fn or fn, state or st, TextBatcher(TOKENS, 4, 16, seed=1),
+                          jax.random.key(7), LoopConfig(num_steps=2, log_every=1, progress=False),
+                          workdir=str(tmp_path), fingerprint=fingerprint)
+
+    go("aaaa")
+    assert go("aaaa").steps_run == 0  # same run: restored, nothing left to do
+    with pytest.raises(ValueError, match="different run.*aaaa.*bbbb"):
+        go("bbbb")
+    # another model (different state structure) in the same workdir: one clear error
+    other = TransformerConfig(vocab_size=64, max_len=16, d_model=16, num_layers=2, num_heads=2)
+    graphdef, params = nnx.split(Transformer(other, rngs=nnx.Rngs(0)))
+    tx = optax.adam(1e-2)
+    with pytest.raises(ValueError, match="different run.*does not match"):
+        go(None, init_train_state(params, tx), make_train_step(graphdef, tx, lm_loss))
+    assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 2  # nothing overwritten
