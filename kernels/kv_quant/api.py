@@ -17,6 +17,7 @@ kernel (``"pallas_gpu"``); ``"auto"`` picks by the default backend.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any
 
@@ -91,17 +92,20 @@ def _quantized_mask(start, num_quantized, rows, t, slots):
 
 
 @dataclasses.dataclass(frozen=True)
-class _ChunkedQuantCache:
+class _ChunkedQuantCache(abc.ABC):
     """Shared streaming logic; subclasses define the chunk quantizer and the quantized attention."""
 
+    @abc.abstractmethod
     def _chunk(self) -> int:
-        raise NotImplementedError
+        """Tokens per quantized chunk."""
 
+    @abc.abstractmethod
     def _check(self, head_dim: int) -> None:
-        raise NotImplementedError
+        """Raises ValueError if the cache cannot serve this head dimension."""
 
+    @abc.abstractmethod
     def _quantize(self, x: jax.Array, key: jax.Array, is_key: bool) -> Any:
-        raise NotImplementedError
+        """Quantizes one chunk of keys (``is_key``) or values."""
 
     def _pre_rope(self) -> bool:
         return False
