@@ -94,17 +94,26 @@ def test_ragged_rows_decode_independently():
     np.testing.assert_allclose(logits[1, 0], m(x[1:, :4])[0, 3], atol=2e-5, rtol=2e-5)
 
 
+def check_greedy_against_full_forward(m, prompt, toks, logp, banned=()):
+    """Greedy tokens are the argmax, and their log-probs the log-softmax, of the full forward over
+    prompt + tokens, with ``banned`` ids removed (logits -inf) before both."""
+    p = prompt.shape[1]
+    logits = m(jnp.concatenate([prompt, toks], axis=1))[:, p - 1:-1]
+    if banned:
+        logits = jnp.where(jnp.isin(jnp.arange(logits.shape[-1]), jnp.asarray(banned)), -jnp.inf,
+                           logits)
+    np.testing.assert_array_equal(toks, jnp.argmax(logits, -1))
+    ref = jnp.take_along_axis(jax.nn.log_softmax(logits), toks[..., None], -1)[..., 0]
+    np.testing.assert_allclose(logp, ref, atol=1e-5)
+
+
 def test_generate_greedy_matches_argmax_of_full_forward():
     cfg, m = make()
     graphdef, params = nnx.split(m)
     prompt = tokens(2, 5, seed=9)
     toks, logp = generate(graphdef, params, prompt, jax.random.key(0), max_new_tokens=6,
                           temperature=0.0)
-    seq = jnp.concatenate([prompt, toks], axis=1)
-    full = m(seq)
-    np.testing.assert_array_equal(toks, jnp.argmax(full[:, 4:-1], -1))
-    ref_logp = jnp.take_along_axis(jax.nn.log_softmax(full[:, 4:-1]), toks[..., None], -1)[..., 0]
-    np.testing.assert_allclose(logp, ref_logp, atol=1e-5)
+    check_greedy_against_full_forward(m, prompt, toks, logp)
 
 
 def test_generate_never_samples_banned_ids_and_renormalises():
@@ -118,11 +127,7 @@ def test_generate_never_samples_banned_ids_and_renormalises():
                           temperature=0.0, banned_ids=banned)
     assert not np.isin(np.asarray(toks), banned).any()
     # the log-probs are those of the model renormalised over the allowed ids
-    logits = m(jnp.concatenate([prompt, toks], axis=1))[:, 4:-1]
-    logits = jnp.where(jnp.isin(jnp.arange(cfg.vocab_size), jnp.asarray(banned)), -jnp.inf, logits)
-    np.testing.assert_array_equal(toks, jnp.argmax(logits, -1))
-    ref = jnp.take_along_axis(jax.nn.log_softmax(logits), toks[..., None], -1)[..., 0]
-    np.testing.assert_allclose(logp, ref, atol=1e-5)
+    check_greedy_against_full_forward(m, prompt, toks, logp, banned)
     with pytest.raises(ValueError, match="banned_ids"):
         generate(graphdef, params, prompt, jax.random.key(0), max_new_tokens=2,
                  banned_ids=(cfg.vocab_size,))
