@@ -113,7 +113,7 @@ def mixed_at_zero(score, cost, config) -> dict:
     contest = bg.make_contest(theta, efforts, bg.winner_take_all(2), cost)
     scores = bg.observed_scores(score, contest, 0.0)
     A, B = bg.contest_bimatrix(bg.payoff_tensor(scores, contest.costs, contest.rewards))
-    eqs = bg.distinct(bg.support_enumeration(A, B))
+    eqs = bg.nash_equilibria(A, B)
     s = np.asarray(scores)
     better_first = (s[0][:, None] >= s[1][None, :]).astype(np.float64)  # ties go to the better model
     out = {"levels": config.mixed_levels, "n_pure_ne": int(bg.pure_equilibria(score, contest, 0.0).count),
@@ -269,7 +269,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         f"{gaps_add['max_abs_diff']:.3g} (additive), {gaps_logit['max_abs_diff']:.3g} (logit).",
         f"Two providers (winner takes all) at Delta = 0 on {config.mixed_levels} levels: "
         f"{mixed['n_pure_ne']} pure, "
-        f"{mixed['n_mixed_ne']} mixed equilibria (support enumeration).", "",
+        f"{mixed['n_mixed_ne']} mixed equilibria (support and vertex enumeration).", "",
         report.markdown_table(["P(better model ranks first)", "expected Kendall tau",
                                "expected effort (better / worse)"], mixed_rows) if mixed_rows else "",
         "",

@@ -2,8 +2,8 @@
 
 A designer picks the amount ``Delta`` of tune-before-test training; providers then choose extra
 benchmark-specific effort and are paid by leaderboard rank. ``game`` builds payoff tensors, pure
-equilibria and best-response dynamics; ``mixed`` does two-player support enumeration; ``designer``
-gives the threshold ``Delta*`` (closed form and numeric) and the designer's objective.
+equilibria and best-response dynamics; ``mixed`` finds two-player mixed equilibria (support and
+vertex enumeration); ``designer`` gives the threshold ``Delta*`` (closed form and numeric) and the designer's objective.
 """
 
 from algorithms.benchmark_game.designer import (
@@ -41,16 +41,21 @@ from algorithms.benchmark_game.mixed import (
     MixedEquilibria,
     contest_bimatrix,
     distinct,
+    is_equilibrium,
+    nash_equilibria,
+    regrets,
     strictly_dominated,
     support_enumeration,
+    vertex_enumeration,
 )
 
 __all__ = [
-    "AdditiveSaturating", "Contest", "Dynamics", "Equilibria", "LogitLogSteps", "MixedEquilibria",
-    "PowerCost", "Sweep", "best_response", "best_response_dynamics", "best_response_mask",
-    "contest_bimatrix", "cycle_taus", "delta_star_closed_form", "delta_star_numeric",
-    "designer_objective", "distinct", "fidelity", "kendall_tau_to_quality", "linear_rewards",
-    "make_contest", "observed_scores", "pair_thresholds", "payoff_tensor", "profile_ranks",
-    "pure_equilibria", "pure_nash_mask", "refine_delta_star", "strictly_dominated",
-    "support_enumeration", "sweep_deltas", "winner_take_all",
+    "AdditiveSaturating", "best_response", "best_response_dynamics", "best_response_mask",
+    "Contest", "contest_bimatrix", "cycle_taus", "delta_star_closed_form", "delta_star_numeric",
+    "designer_objective", "distinct", "Dynamics", "Equilibria", "fidelity", "is_equilibrium",
+    "kendall_tau_to_quality", "linear_rewards", "LogitLogSteps", "make_contest", "MixedEquilibria",
+    "nash_equilibria", "observed_scores", "pair_thresholds", "payoff_tensor", "PowerCost",
+    "profile_ranks", "pure_equilibria", "pure_nash_mask", "refine_delta_star", "regrets",
+    "strictly_dominated", "support_enumeration", "Sweep", "sweep_deltas", "vertex_enumeration",
+    "winner_take_all",
 ]
