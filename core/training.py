@@ -27,7 +27,13 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from core.checkpoint import Checkpointer
+from core.checkpoint import (
+    Checkpointer,
+    CheckpointRestoreError,
+    Restored,
+    defer_interrupts,
+    run_dir_lock,
+)
 from core.report import JsonLinesWriter
 
 PyTree = Any
@@ -129,19 +135,48 @@ def config_fingerprint(*configs: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped :func:`train_loop`; the message names the last checkpoint.
+
+    A ``KeyboardInterrupt``, so code that lets interrupts through still does; an entry point
+    prints ``str(error)`` as its one line. A checkpoint being written when the signal came is
+    committed first (``core.checkpoint.defer_interrupts``).
+    """
+
+    def __init__(self, desc: str, checkpoint_step: int | None, directory: str | None):
+        self.checkpoint_step = checkpoint_step
+        where = "no checkpoint" if checkpoint_step is None else (
+            f"last checkpoint: step {checkpoint_step} in {directory}")
+        super().__init__(f"{desc}: interrupted; {where}. Rerun the same command to resume.")
+
+
 def _restore_same_run(ckpt: Checkpointer, state: PyTree, fingerprint: str | None,
-                      desc: str) -> tuple[PyTree, dict[str, Any]]:
-    """Restores the latest checkpoint; ValueError if it belongs to another run (see train_loop)."""
-    where = f"{desc}: {ckpt.directory} holds a checkpoint of a different run"
-    fix = "; use another --workdir or delete that directory"
-    stored = ckpt.restore_metadata().get("fingerprint")
-    if fingerprint is not None and stored is not None and stored != fingerprint:
-        raise ValueError(f"{where} (settings fingerprint {stored}, this run {fingerprint}){fix}")
+                      desc: str) -> Restored | None:
+    """The newest cleanly restoring checkpoint of this run (see train_loop), or None."""
+    fix = "use another --workdir, or move that directory aside to start this run afresh"
+
+    def same_run(meta: dict[str, Any]) -> None:
+        stored = meta.get("fingerprint")
+        if fingerprint is not None and stored is not None and stored != fingerprint:
+            raise ValueError(f"{desc}: {ckpt.directory} holds a checkpoint of a different run "
+                             f"(settings fingerprint {stored}, this run {fingerprint}); {fix}")
+
     try:
-        return ckpt.restore(state)
-    except (ValueError, KeyError, TypeError) as e:  # orbax: saved tree != this run's state
-        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{where} (its state does not match this run's: {first}){fix}") from None
+        return ckpt.restore_newest(state, check_metadata=same_run)
+    except CheckpointRestoreError as e:
+        raise CheckpointRestoreError(f"{desc}: {e}") from None
+    except ValueError as e:
+        message = str(e)
+        if "different run" in message:
+            raise
+        raise ValueError(f"{desc}: {ckpt.directory} holds a checkpoint of a different run (its "
+                         f"state does not match this run's: {_first_line(message)}); {fix}"
+                         ) from None
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key: jax.Array,
@@ -160,7 +195,10 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
       key: base PRNG key; step ``i`` uses ``fold_in(key, i)``.
       config: loop settings.
       workdir: checkpoints go to ``workdir/checkpoints`` and metrics to
-        ``workdir/train_metrics.jsonl``; ``None`` disables both.
+        ``workdir/train_metrics.jsonl``; ``None`` disables both. The directory is locked for the
+        duration (``core.checkpoint.run_dir_lock``). On resume from step ``s`` the metrics file
+        keeps only the records of steps ``<= s`` (a torn last line is dropped), so every step is
+        logged once; a fresh start empties it.
       put_batch: maps a host batch to device arrays (e.g. ``core.sharding.shard_batch``).
       on_log: called with ``(step, metrics)`` at every log step.
       stop_when: early stopping; called with ``(step, state)`` at every log step (after
@@ -179,17 +217,44 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
     Raises:
       NonFiniteLossError: a NaN/inf loss; the checkpoint directory keeps the last good step.
       ValueError: ``workdir`` holds a checkpoint of a different run (another fingerprint, or a
-        state of another structure); nothing is overwritten.
+        state of another structure), or one trained beyond ``config.num_steps``; nothing is
+        overwritten.
+      core.checkpoint.CheckpointRestoreError: no checkpoint in ``workdir`` restores cleanly. (A
+        damaged newest step with an intact older one is not an error: the older one is restored
+        and the damaged one named in a warning and moved aside.)
+      core.checkpoint.RunDirectoryInUseError: another process is training in ``workdir``.
+      TrainingInterrupted: SIGINT; a checkpoint being saved is committed first.
     """
+    if workdir is None or jax.process_index() != 0:
+        return _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log,
+                           stop_when, fingerprint)
+    with run_dir_lock(workdir):
+        return _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log,
+                           stop_when, fingerprint)
+
+
+def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log, stop_when,
+                fingerprint) -> LoopResult:
     jitted = jax.jit(step_fn, donate_argnums=0)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints) if workdir \
         else None
     writer = JsonLinesWriter(os.path.join(workdir, "train_metrics.jsonl")) if workdir else None
     start, resumed, stopped_at = 0, None, None
     end = config.num_steps
-    if ckpt is not None and ckpt.latest_step() is not None:
-        state, meta = _restore_same_run(ckpt, state, fingerprint, config.desc)
+    try:
+        found = _restore_same_run(ckpt, state, fingerprint, config.desc) if ckpt else None
+    except BaseException:
+        ckpt.close()
+        raise
+    if found is not None:
+        state, meta = found.state, found.metadata
         start = resumed = int(meta["step"])
+        if start > config.num_steps:
+            ckpt.close()
+            raise ValueError(
+                f"{config.desc}: {ckpt.directory} holds this run trained to step {start}, beyond "
+                f"num_steps={config.num_steps}; ask for at least {start} steps to reuse it, or use "
+                "another --workdir")
         batches.position = int(meta["data_position"])
         if meta.get("stopped_early"):
             stopped_at = end = start
@@ -197,6 +262,11 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
                   f"({ckpt.directory})", file=sys.stderr)
         else:
             print(f"{config.desc}: resuming from step {start} ({ckpt.directory})", file=sys.stderr)
+    if writer is not None:
+        dropped = writer.truncate(lambda r, s=start: int(r.get("step", 0)) <= s)
+        if dropped and found is not None:
+            print(f"{config.desc}: dropped {dropped} record(s) after step {start} from "
+                  f"{writer.path}", file=sys.stderr)
     last_good = resumed
     history: list[dict[str, float]] = []
     pending: list[tuple[int, dict[str, jax.Array]]] = []
@@ -244,6 +314,7 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
                         "stopped_early": stopped_at is not None}
                 if fingerprint is not None:
                     meta["fingerprint"] = fingerprint
+                last_good = None  # unknown until the save returns (it may raise after committing)
                 ckpt.save(step_done, state, meta)
                 last_good = step_done
             bar.update(1)
@@ -251,14 +322,13 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
                 break
         flush()
     except KeyboardInterrupt:
-        print(f"\n{config.desc}: interrupted; last checkpoint: "
-              f"{'none' if last_good is None else f'step {last_good}'}. Rerun the same command "
-              "to resume.", file=sys.stderr)
-        raise
+        if ckpt is not None and last_good is None:
+            last_good = ckpt.latest_step()
+        raise TrainingInterrupted(config.desc, last_good,
+                                  ckpt.directory if ckpt is not None else None) from None
     finally:
         bar.close()
         if ckpt is not None:
             ckpt.close()
     jax.block_until_ready(state)
     return LoopResult(state, history, end - start, time.perf_counter() - t0, resumed, stopped_at)
-
