@@ -11,7 +11,8 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -55,11 +56,56 @@ class JsonLinesWriter:
         with open(self.path, "a") as f:
             f.write(json.dumps(_jsonable(dict(record)), sort_keys=True) + "\n")
 
+    def truncate(self, keep: Callable[[dict[str, Any]], bool]) -> int:
+        """Rewrites the file (atomically) with only the records for which ``keep`` is true, in
+        order, dropping a torn last line; a missing file stays missing. Used on resume, so that
+        steps logged after the restored checkpoint are not logged twice.
+
+        Returns:
+          How many records (or torn lines) were dropped.
+
+        Raises:
+          ValueError: a line other than the last is not JSON (names the file and line).
+        """
+        if not os.path.exists(self.path):
+            return 0
+        with open(self.path) as f:
+            lines = f.read().splitlines()
+        records = _parse_json_lines(self.path, lines)
+        kept = [r for r in records if keep(r)]
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in kept)
+        os.replace(tmp, self.path)
+        return sum(1 for line in lines if line.strip()) - len(kept)
+
+
+def _parse_json_lines(path: str, lines: Sequence[str]) -> list[dict[str, Any]]:
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    records = []
+    for k, (number, line) in enumerate(numbered):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if k == len(numbered) - 1:  # a write cut short by a kill: drop it
+                print(f"warning: {path}:{number}: dropped a torn last line ({e.msg})",
+                      file=sys.stderr, flush=True)
+                break
+            raise ValueError(f"{path}:{number}: not a JSON line ({e.msg}): {line[:80]!r}") from None
+    return records
+
 
 def read_json_lines(path: str) -> list[dict[str, Any]]:
-    """Reads a JSON-lines file written by :class:`JsonLinesWriter`."""
+    """Reads a JSON-lines file written by :class:`JsonLinesWriter`.
+
+    A torn last line (the writer was killed mid-write) is dropped with a warning on stderr.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: a line other than the last is not JSON (the message names the file and line).
+    """
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return _parse_json_lines(path, f.read().splitlines())
 
 
 def save_figure(fig: plt.Figure, path: str) -> str:
@@ -91,7 +137,10 @@ class Section:
     Attributes:
       title: the section heading.
       body: markdown text (tables, numbers, commands).
-      figures: PNG paths, relative to the report's folder or absolute.
+      figures: PNG paths, absolute or relative to the current working directory (as
+        :func:`save_figure` returns them); made absolute on construction, so that a section sent
+        through JSON from another process still finds them, and written into the report relative
+        to the report's own folder.
       headline: one row for the report's opening table, keys ``method``, ``claim``, ``ours``,
         ``reproduces`` (``"yes"``, ``"no"``, ``"partly"``, ``"failed"``) — optional.
     """
@@ -101,10 +150,15 @@ class Section:
     figures: list[str] = dataclasses.field(default_factory=list)
     headline: dict[str, str] | None = None
 
+    def __post_init__(self):
+        self.figures = [os.path.abspath(f) for f in self.figures]
+
     def to_markdown(self, report_dir: str) -> str:
+        """The section as markdown; image links are relative to ``report_dir`` (the folder of the
+        report file), so they resolve wherever the report and its folder are opened from."""
         parts = [f"## {self.title}", "", self.body.strip(), ""]
         for fig in self.figures:
-            rel = os.path.relpath(fig, report_dir) if os.path.isabs(fig) else fig
+            rel = os.path.relpath(fig, os.path.abspath(report_dir)).replace(os.sep, "/")
             parts += [f"![{os.path.basename(fig)}]({rel})", ""]
         return "\n".join(parts)
 
