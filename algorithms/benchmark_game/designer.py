@@ -88,12 +88,31 @@ class Sweep(NamedTuple):
     min_tau: jax.Array  # [G] f32
 
 
-@functools.partial(jax.jit, static_argnames=("max_equilibria",))
 def sweep_deltas(score: ScoreFamily, contest: Contest, deltas: jax.Array,
                  max_equilibria: int = 16) -> Sweep:
     """Pure equilibria at every ``Delta`` in ``deltas`` [G] (sequential ``lax.map``: the payoff
-    tensor of one ``Delta`` is built at a time, so memory stays ``N * M**N`` floats)."""
+    tensor of one ``Delta`` is built at a time, so memory stays ``N * M**N`` floats).
 
+    Raises:
+      ValueError: concrete ``deltas`` that are not a vector of finite values >= 0. Traced ``deltas``
+        are not checked here; a bad entry gives ``count = -1``, ``zero_effort_unique = False`` and
+        NaN taus at its grid point (see :func:`~algorithms.benchmark_game.game.pure_equilibria`).
+    """
+    if np.ndim(deltas) != 1:
+        raise ValueError(f"deltas must be a vector [G], got shape {np.shape(deltas)}")
+    if not isinstance(deltas, jax.core.Tracer):
+        d = np.asarray(deltas, np.float64)
+        bad = np.flatnonzero(~(np.isfinite(d) & (d >= 0)))
+        if bad.size:
+            raise ValueError(f"deltas must be finite and >= 0, got deltas[{bad[0]}] = {d[bad[0]]}")
+    if not isinstance(max_equilibria, (int, np.integer)) or max_equilibria < 1:
+        raise ValueError(f"max_equilibria must be an integer >= 1, got {max_equilibria!r}")
+    return _sweep_deltas(score, contest, jnp.asarray(deltas, jnp.float32), int(max_equilibria))
+
+
+@functools.partial(jax.jit, static_argnames=("max_equilibria",))
+def _sweep_deltas(score: ScoreFamily, contest: Contest, deltas: jax.Array,
+                  max_equilibria: int) -> Sweep:
     def one(delta):
         eq = pure_equilibria(score, contest, delta, max_equilibria)
         return eq.count, eq.zero_effort_unique, jnp.nanmean(eq.taus), jnp.nanmin(eq.taus)
@@ -122,7 +141,16 @@ def delta_star_numeric(deltas, good) -> float:
 def refine_delta_star(score: ScoreFamily, contest: Contest, lo: float, hi: float,
                       iters: int = 30) -> float:
     """Bisection on ``[lo, hi]`` for the point where ``zero_effort_unique`` switches on (expects it
-    off at ``lo`` and on at ``hi``, e.g. the grid neighbours of :func:`delta_star_numeric`)."""
+    off at ``lo`` and on at ``hi``, e.g. the grid neighbours of :func:`delta_star_numeric`).
+
+    Raises:
+      ValueError: ``lo`` or ``hi`` not finite, ``lo < 0`` or ``lo > hi``; ``iters < 0``.
+    """
+    lo, hi = float(lo), float(hi)
+    if not (np.isfinite(lo) and np.isfinite(hi) and 0 <= lo <= hi):
+        raise ValueError(f"need finite 0 <= lo <= hi, got lo={lo}, hi={hi}")
+    if iters < 0:
+        raise ValueError(f"iters must be >= 0, got {iters}")
     for _ in range(iters):
         mid = 0.5 * (lo + hi)
         if bool(pure_equilibria(score, contest, mid).zero_effort_unique):

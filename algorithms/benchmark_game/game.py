@@ -183,15 +183,35 @@ class PowerCost:
         return (np.asarray(y, np.float64) / self.scale) ** (1.0 / self.power)
 
 
+def _num_ranks(n, name: str) -> int:
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{name}: the number of ranks n must be an integer >= 1, got {n!r}")
+    return int(n)
+
+
 def winner_take_all(n: int) -> np.ndarray:
-    """Rewards ``(1, 0, ..., 0)`` [n] float32."""
-    r = np.zeros(n, np.float32)
+    """Rewards ``(1, 0, ..., 0)`` [n] float32.
+
+    Raises:
+      ValueError: ``n`` is not an integer >= 1.
+    """
+    r = np.zeros(_num_ranks(n, "winner_take_all"), np.float32)
     r[0] = 1.0
     return r
 
 
 def linear_rewards(n: int) -> np.ndarray:
-    """Rewards ``r_k = (n - k) / (n - 1)``, ``k = 1..n``: 1 for the top, 0 for the bottom [n]."""
+    """Rewards ``r_k = (n - k) / (n - 1)``, ``k = 1..n``: 1 for the top, 0 for the bottom [n] float32.
+
+    With one rank (``n = 1``) the top is also the bottom; the single reward is 1, the same as
+    :func:`winner_take_all` (the formula's 0/0 is not used).
+
+    Raises:
+      ValueError: ``n`` is not an integer >= 1.
+    """
+    n = _num_ranks(n, "linear_rewards")
+    if n == 1:
+        return np.ones(1, np.float32)
     return (np.arange(n, 0, -1, dtype=np.float32) - 1.0) / (n - 1)
 
 
@@ -283,9 +303,61 @@ def make_contest(theta, efforts, rewards, cost, *, allow_tied_theta: bool = Fals
 # Scores, ranks and payoffs.
 
 
+# Payoffs ``r - c`` are float32. Two payoffs of one player that differ by at most ``TIE_EPS`` times
+# the payoff scale ``max|r| + max|c|`` are a tie: rounding the rewards and costs to float32 and the
+# subtraction move a payoff by at most 1.5 float32 epsilons of that scale, so payoffs that are equal
+# in exact arithmetic (e.g. ``r_1 - c(e_1) = r_2 - c(e_0)``) stay tied at every positive scale of
+# the rewards and costs, and the equilibria do not depend on that scale.
+TIE_EPS = 8.0 * float(np.finfo(np.float32).eps)
+
+
+def _tie_tolerance(costs: jax.Array, rewards: jax.Array) -> jax.Array:
+    """() f32 absolute tolerance for payoff ties (see ``TIE_EPS``)."""
+    return TIE_EPS * (jnp.max(jnp.abs(rewards)) + jnp.max(jnp.abs(costs)))
+
+
+def _is_traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _check_delta(delta, name: str = "delta") -> None:
+    """Host check of a concrete tune-before-test level (a traced one is checked inside, see
+    :func:`_delta_ok`)."""
+    if _is_traced(delta):
+        return
+    d = np.asarray(delta)
+    if d.shape != () or not np.issubdtype(d.dtype, np.number) or np.iscomplexobj(d):
+        raise ValueError(f"{name} must be a real scalar (training units), got {delta!r}")
+    if not (np.isfinite(d) and d >= 0):
+        raise ValueError(f"{name} must be finite and >= 0 (training units), got {float(d)}")
+
+
+def _delta_ok(scores: jax.Array, delta) -> jax.Array:
+    """() bool, traced: ``delta`` is finite and >= 0 and every observed score is finite."""
+    d = jnp.asarray(delta, jnp.float32)
+    return jnp.isfinite(d) & (d >= 0) & jnp.all(jnp.isfinite(scores))
+
+
+def _check_game_shapes(scores, costs, rewards) -> None:
+    """Static (trace-time) shape check shared by the payoff functions."""
+    if scores.ndim != 2:
+        raise ValueError(f"scores must be [N, M] (players x effort levels), got shape {scores.shape}")
+    n, m = scores.shape
+    if n < 2:
+        raise ValueError(f"scores has {n} player row(s); a contest needs N >= 2 players")
+    if rewards.shape != (n,):
+        raise ValueError(f"rewards has shape {rewards.shape} but scores has {n} players: expected one "
+                         f"reward per rank, shape ({n},)")
+    if costs.shape != (m,):
+        raise ValueError(f"costs has shape {costs.shape} but scores has {m} effort levels: expected "
+                         f"one cost per level, shape ({m},)")
+
+
 @jax.jit
 def observed_scores(score: ScoreFamily, contest: Contest, delta) -> jax.Array:
-    """``v(theta_i, delta + e_m)`` [N, M] f32 (the observed score of the model set-up)."""
+    """``v(theta_i, delta + e_m)`` [N, M] f32 (the observed score of the model set-up).
+
+    Jitted, so ``delta`` is not checked: a NaN ``delta`` gives NaN scores."""
     return score(contest.theta[:, None], jnp.asarray(delta, jnp.float32) + contest.efforts[None, :])
 
 
@@ -334,37 +406,58 @@ def payoff_tensor(scores: jax.Array, costs: jax.Array, rewards: jax.Array) -> ja
     """All payoffs by broadcasting: ``U[i, m_1, ..., m_N] = r[rank_i(m)] - c[m_i]``.
 
     Args:
-      scores: [N, M] observed scores.
+      scores: [N, M] observed scores, ``N >= 2``.
       costs: [M] cost per effort level.
-      rewards: [N] reward per rank.
+      rewards: [N] reward per rank (rank 1 first).
 
     Returns:
       [N, M, ..., M] (N + 1 axes) f32. Memory is ``N * M**N`` floats: 3 x 101**3 and 5 x 21**5
       (20 M) are fine on a CPU.
+
+    Raises:
+      ValueError: ``scores`` is not [N, M] with ``N >= 2``, ``rewards`` is not [N] or ``costs`` is
+        not [M] (shapes are static, so this is raised while tracing).
     """
+    _check_game_shapes(scores, costs, rewards)
     return jnp.stack([_player_payoff(scores, costs, rewards, i) for i in range(scores.shape[0])])
 
 
-def best_response_mask(payoffs: jax.Array) -> jax.Array:
+def _payoff_tolerance(payoffs: jax.Array, tol) -> jax.Array:
+    if tol is not None:
+        return jnp.asarray(tol, payoffs.dtype)
+    # Without the rewards and costs, their scale is bounded by twice the largest payoff magnitude.
+    return 2.0 * TIE_EPS * jnp.max(jnp.abs(payoffs))
+
+
+def best_response_mask(payoffs: jax.Array, tol=None) -> jax.Array:
     """``B[i, m] = True`` iff ``m_i`` is a best response of player i to ``m_{-i}`` [N, M, ..., M].
 
-    Exact comparison with the maximum along player i's axis: the maximum is one of the compared
-    values, so equal payoffs (same rank and effort) tie exactly.
+    A payoff within ``tol`` of the maximum along player i's axis counts as a best response (a tie).
+    ``tol=None`` takes ``2 * TIE_EPS * max|payoffs|``, the float32 rounding of payoffs ``r - c``
+    (module constant ``TIE_EPS``); :func:`pure_equilibria` uses ``TIE_EPS * (max|r| + max|c|)``.
     """
     n = payoffs.shape[0]
-    return jnp.stack([payoffs[i] == jnp.max(payoffs[i], axis=i, keepdims=True) for i in range(n)])
+    t = _payoff_tolerance(payoffs, tol)
+    return jnp.stack([payoffs[i] >= jnp.max(payoffs[i], axis=i, keepdims=True) - t for i in range(n)])
 
 
-def pure_nash_mask(payoffs: jax.Array) -> jax.Array:
-    """[M, ..., M] bool: profiles where every player best-responds (pure Nash equilibria)."""
-    return jnp.all(best_response_mask(payoffs), axis=0)
+def pure_nash_mask(payoffs: jax.Array, tol=None) -> jax.Array:
+    """[M, ..., M] bool: profiles where every player best-responds (pure Nash equilibria); ``tol`` as
+    in :func:`best_response_mask`."""
+    return jnp.all(best_response_mask(payoffs, tol), axis=0)
 
 
 @jax.jit
 def kendall_tau_to_quality(ranks: jax.Array) -> jax.Array:
     """Kendall's tau between a ranking ``ranks`` [..., N] (0 = top; a permutation) and the quality
-    order (index order: player 0 is the best). 1 = ranked by quality, -1 = reversed. f32 [...]."""
+    order (index order: player 0 is the best). 1 = ranked by quality, -1 = reversed. f32 [...].
+
+    Raises:
+      ValueError: fewer than 2 players (the statistic is 0/0).
+    """
     n = ranks.shape[-1]
+    if n < 2:
+        raise ValueError(f"ranks must rank at least 2 players, got shape {ranks.shape}")
     upper = jnp.triu(jnp.ones((n, n), bool), k=1)
     sign = jnp.sign(ranks[..., None, :] - ranks[..., :, None])  # [.., i, j] > 0: i above j
     return jnp.sum(jnp.where(upper, sign, 0), axis=(-2, -1)) / (n * (n - 1) / 2)
@@ -406,39 +499,56 @@ def _first_true(mask: jax.Array, k: int) -> jax.Array:
     return jnp.where(ok[:, None], coords, -1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("max_equilibria",))
 def pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria: int = 16) -> Equilibria:
     """All pure Nash equilibria at tune-before-test level ``delta`` (a scalar, training units).
 
     Builds the payoff tensor (:func:`payoff_tensor`) and intersects the players' best-response
-    masks. The paper's two main results - no equilibrium at ``Delta = 0``, a unique quality-ranked
-    equilibrium with enough tune-before-test - are statements about ``count`` and
-    ``zero_effort_unique`` (here for pure strategies on the effort grid).
+    masks (payoffs within ``TIE_EPS * (max|r| + max|c|)`` of a player's best are ties, so the result
+    does not change when the rewards and costs are multiplied by a positive constant). The paper's
+    two main results - no equilibrium at ``Delta = 0``, a unique quality-ranked equilibrium with
+    enough tune-before-test - are statements about ``count`` and ``zero_effort_unique`` (here for
+    pure strategies on the effort grid).
 
     Args:
       score: a score family (pytree; its parameters may vary without recompiling).
       contest: from :func:`make_contest`.
-      delta: () tune-before-test training, >= 0.
-      max_equilibria: K, how many equilibria to list (static); ``count`` is exact regardless.
+      delta: () tune-before-test training, finite and >= 0.
+      max_equilibria: K >= 1, how many equilibria to list (static); ``count`` is exact regardless.
 
     Returns:
-      :class:`Equilibria`. Costs ``O(N**2 M**N)`` time and ``O(M**N)`` memory per player.
+      :class:`Equilibria`. Costs ``O(N**2 M**N)`` time and ``O(M**N)`` memory per player. When
+      ``delta`` is traced (inside the caller's ``jit``/``vmap``/``lax.map``) it cannot be checked
+      on the host; a NaN, infinite or negative ``delta``, or a non-finite observed score, then gives
+      ``count = -1``, profiles and ranks -1, taus NaN and ``zero_effort_unique = False``.
+
+    Raises:
+      ValueError: a concrete ``delta`` that is not a finite scalar >= 0; ``max_equilibria < 1``.
     """
+    _check_delta(delta)
+    if not isinstance(max_equilibria, (int, np.integer)) or max_equilibria < 1:
+        raise ValueError(f"max_equilibria must be an integer >= 1, got {max_equilibria!r}")
+    return _pure_equilibria(score, contest, delta, int(max_equilibria))
+
+
+@functools.partial(jax.jit, static_argnames=("max_equilibria",))
+def _pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria: int) -> Equilibria:
     scores = observed_scores(score, contest, delta)
     n = contest.num_players
+    tol = _tie_tolerance(contest.costs, contest.rewards)
     mask = jnp.ones((contest.num_levels,) * n, bool)
     for i in range(n):  # the best-response masks, one player at a time (no [N, M**N] stack)
         u = _player_payoff(scores, contest.costs, contest.rewards, i)
-        mask &= u == jnp.max(u, axis=i, keepdims=True)
-    count = jnp.sum(mask, dtype=jnp.int32)
-    profiles = _first_true(mask, max_equilibria)
+        mask &= u >= jnp.max(u, axis=i, keepdims=True) - tol
+    ok = _delta_ok(scores, delta)
+    count = jnp.where(ok, jnp.sum(mask, dtype=jnp.int32), -1)
+    profiles = jnp.where(ok, _first_true(mask, max_equilibria), -1)
     valid = profiles[:, 0] >= 0
     ranks = jax.vmap(profile_ranks, in_axes=(None, 0))(scores, jnp.maximum(profiles, 0))
     ranks = jnp.where(valid[:, None], ranks, -1)
     taus = jnp.where(valid, kendall_tau_to_quality(ranks), jnp.nan)
     zero_unique = (count == 1) & mask[(0,) * n]
     zero_unique &= jnp.all(profile_ranks(scores, jnp.zeros(n, jnp.int32)) == jnp.arange(n))
-    return Equilibria(count, profiles, ranks, taus, zero_unique)
+    return Equilibria(count, profiles, ranks, taus, zero_unique & ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -450,16 +560,28 @@ def best_response(scores: jax.Array, costs: jax.Array, rewards: jax.Array, profi
     """Player ``i``'s best response (an effort index, int32) to the others' efforts in ``profile``.
 
     Keeps the current effort when it is already a best response, else takes the cheapest best
-    response. Costs O(N M), without the payoff tensor.
+    response; payoffs within ``TIE_EPS * (max|r| + max|c|)`` of the best are ties, as in
+    :func:`pure_equilibria`. Costs O(N M), without the payoff tensor.
+
+    Args:
+      scores: [N, M] observed scores; costs: [M]; rewards: [N]; profile: [N] int32 effort indices;
+      i: the player (int, may be traced).
+
+    Raises:
+      ValueError: mismatched shapes (static, raised while tracing).
     """
+    _check_game_shapes(scores, costs, rewards)
     n, m = scores.shape
+    if profile.shape != (n,):
+        raise ValueError(f"profile must have one effort index per player, shape ({n},), got "
+                         f"{profile.shape}")
     idx = jnp.arange(n)
     others = jnp.take_along_axis(scores, profile[:, None], axis=1)[:, 0]  # [N]
     mine = scores[i]  # [M]
     above = _beats(others[:, None], mine[None, :], (idx < i)[:, None]) & (idx != i)[:, None]
     payoff = rewards[jnp.sum(above, axis=0)] - costs  # [M]
-    best = jnp.max(payoff)
-    return jnp.where(payoff[profile[i]] == best, profile[i], jnp.argmax(payoff)).astype(jnp.int32)
+    good = payoff >= jnp.max(payoff) - _tie_tolerance(costs, rewards)
+    return jnp.where(good[profile[i]], profile[i], jnp.argmax(good)).astype(jnp.int32)
 
 
 class Dynamics(NamedTuple):
@@ -482,7 +604,6 @@ class Dynamics(NamedTuple):
     cycle_start: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("max_rounds",))
 def best_response_dynamics(score: ScoreFamily, contest: Contest, delta, start: jax.Array,
                            max_rounds: int = 64) -> Dynamics:
     """Round-robin best-response dynamics from ``start`` [N] int32 with exact cycle detection.
@@ -491,10 +612,40 @@ def best_response_dynamics(score: ScoreFamily, contest: Contest, delta, start: j
     deterministic map of profiles, so the end-of-round profiles either reach a fixed point (a pure
     equilibrium) or revisit an earlier profile and cycle for ever; the loop stops at either or after
     ``max_rounds``.
+
+    Args:
+      score, contest: as in :func:`pure_equilibria`.
+      delta: () tune-before-test training, finite and >= 0. Traced and bad (NaN, infinite,
+        negative, or non-finite scores): ``converged`` and ``cycled`` False, ``rounds`` 0,
+        ``cycle_length`` 0, ``cycle_start`` -1 and ``history`` all -1.
+      start: [N] int effort indices in ``[0, M)``.
+      max_rounds: T >= 1 (static).
+
+    Raises:
+      ValueError: a concrete ``delta`` that is not a finite scalar >= 0; a concrete ``start`` of the
+        wrong shape or out of range; ``max_rounds < 1``.
     """
+    _check_delta(delta)
+    if not isinstance(max_rounds, (int, np.integer)) or max_rounds < 1:
+        raise ValueError(f"max_rounds must be an integer >= 1, got {max_rounds!r}")
+    n, m = contest.num_players, contest.num_levels
+    if tuple(np.shape(start)) != (n,):
+        raise ValueError(f"start must have one effort index per player, shape ({n},), got "
+                         f"{np.shape(start)}")
+    if not _is_traced(start):
+        s = np.asarray(start)
+        if not np.issubdtype(s.dtype, np.integer) or np.any((s < 0) | (s >= m)):
+            raise ValueError(f"start must hold integer effort indices in [0, {m}), got {s}")
+    return _best_response_dynamics(score, contest, delta, jnp.asarray(start, jnp.int32),
+                                   int(max_rounds))
+
+
+@functools.partial(jax.jit, static_argnames=("max_rounds",))
+def _best_response_dynamics(score: ScoreFamily, contest: Contest, delta, start: jax.Array,
+                            max_rounds: int) -> Dynamics:
     scores = observed_scores(score, contest, delta)
     n = contest.num_players
-    history = jnp.full((max_rounds + 1, n), -1, jnp.int32).at[0].set(start.astype(jnp.int32))
+    history = jnp.full((max_rounds + 1, n), -1, jnp.int32).at[0].set(start)
 
     def one_round(profile):
         return jax.lax.fori_loop(
@@ -513,14 +664,21 @@ def best_response_dynamics(score: ScoreFamily, contest: Contest, delta, start: j
         return t + 1, hist.at[t + 1].set(new), start_row
 
     t, history, start_row = jax.lax.while_loop(cond, body, (jnp.int32(0), history, jnp.int32(-1)))
-    found = start_row >= 0
+    ok = _delta_ok(scores, delta)
+    found = (start_row >= 0) & ok
     length = jnp.where(found, t - start_row, 0).astype(jnp.int32)
     converged = found & (length == 1)
-    return Dynamics(converged, found & (length > 1), length, t, history, start_row)
+    return Dynamics(converged, found & (length > 1), length, jnp.where(ok, t, 0),
+                    jnp.where(ok, history, -1), jnp.where(ok, start_row, -1))
 
 
 def cycle_taus(score: ScoreFamily, contest: Contest, delta, dynamics: Dynamics) -> np.ndarray:
-    """Kendall tau to quality of each end-of-round profile on the cycle (or fixed point) [C], host."""
+    """Kendall tau to quality of each end-of-round profile on the cycle (or fixed point) [C], host.
+
+    Raises:
+      ValueError: ``delta`` is not a finite scalar >= 0.
+    """
+    _check_delta(delta)
     if int(dynamics.cycle_start) < 0:
         return np.zeros(0, np.float32)
     lo, hi = int(dynamics.cycle_start), int(dynamics.rounds)

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import algorithms.benchmark_game as bg
 from algorithms.benchmark_game.game import _first_true
@@ -273,3 +275,126 @@ def test_outputs_have_documented_shapes_and_dtypes():
     u = bg.payoff_tensor(bg.observed_scores(ADD, c, 0.3), c.costs, c.rewards)
     chex.assert_shape(u, (3, 4, 4, 4))
     chex.assert_type(u, jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad values, exact ties and scale invariance.
+
+
+def test_reward_helpers_one_rank_and_bad_n():
+    np.testing.assert_array_equal(bg.linear_rewards(1), [1.0])
+    np.testing.assert_array_equal(bg.winner_take_all(1), [1.0])
+    np.testing.assert_allclose(bg.linear_rewards(5), [1.0, 0.75, 0.5, 0.25, 0.0])
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="linear_rewards: the number of ranks n"):
+            bg.linear_rewards(bad)
+        with pytest.raises(ValueError, match="winner_take_all: the number of ranks n"):
+            bg.winner_take_all(bad)
+
+
+@pytest.mark.parametrize("delta", [np.nan, np.inf, -np.inf, -0.5])
+def test_non_finite_or_negative_delta_is_rejected(delta):
+    c = hand_contest()
+    with pytest.raises(ValueError, match="delta must be finite and >= 0"):
+        bg.pure_equilibria(ADD, c, delta)
+    with pytest.raises(ValueError, match="delta must be finite and >= 0"):
+        bg.best_response_dynamics(ADD, c, delta, jnp.zeros(2, jnp.int32))
+    with pytest.raises(ValueError, match=r"deltas\[1\]"):
+        bg.sweep_deltas(ADD, c, jnp.array([0.0, delta, 1.0]))
+
+
+def test_traced_bad_delta_gives_flagged_outputs():
+    # Inside the caller's jit the check cannot run on the host: count -1, taus NaN, no zero-effort
+    # claim; a good delta through the same traced path agrees with the eager call.
+    c = hand_contest()
+    eq_fn = jax.jit(lambda d: bg.pure_equilibria(ADD, c, d))
+    for delta in (np.nan, np.inf, -1.0):
+        eq = eq_fn(jnp.float32(delta))
+        assert int(eq.count) == -1 and not bool(eq.zero_effort_unique)
+        assert np.all(np.asarray(eq.profiles) == -1) and np.all(np.isnan(eq.taus))
+        dyn = jax.jit(lambda d: bg.best_response_dynamics(ADD, c, d, jnp.zeros(2, jnp.int32)))(delta)
+        assert not bool(dyn.converged) and not bool(dyn.cycled) and int(dyn.cycle_start) == -1
+        assert np.all(np.asarray(dyn.history) == -1)
+    good = eq_fn(jnp.float32(2.0))
+    assert int(good.count) == 1 and bool(good.zero_effort_unique)
+
+
+def test_mismatched_reward_and_cost_lengths_are_rejected():
+    c = bg.make_contest([1.0, 0.8, 0.5], [0.0, 1.0], bg.linear_rewards(3), bg.PowerCost(0.3, 1))
+    scores = bg.observed_scores(ADD, c, 0.0)
+    with pytest.raises(ValueError, match=r"rewards has shape \(2,\) but scores has 3 players"):
+        bg.payoff_tensor(scores, c.costs, c.rewards[:2])
+    with pytest.raises(ValueError, match=r"costs has shape \(3,\) but scores has 2 effort levels"):
+        bg.payoff_tensor(scores, jnp.zeros(3), c.rewards)
+    with pytest.raises(ValueError, match=r"rewards has shape \(4,\)"):
+        bg.best_response(scores, c.costs, jnp.zeros(4), jnp.zeros(3, jnp.int32), 0)
+    with pytest.raises(ValueError, match="start must hold integer effort indices"):
+        bg.best_response_dynamics(ADD, c, 0.0, jnp.array([0, 2, 0]))
+
+
+TIE_THETA, TIE_EFFORTS = np.array([1.0, 0.9, 0.5]), np.array([0.0, 1.0, 2.0, 3.0])
+TIE_REWARDS, TIE_COST = np.array([1.0, 0.3, 0.0]), bg.PowerCost(0.7, 1)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.0 / 3.0, 0.007, 123.4])
+def test_exact_payoff_ties_survive_any_scale(scale):
+    # r_1 - c(1) = 1 - 0.7 = 0.3 = r_2 - c(0): equal payoffs in exact arithmetic that float32 rounds
+    # apart (1 - f32(0.7) != f32(0.3)). The reference is the float64 brute force at scale 1.
+    c1 = bg.make_contest(TIE_THETA, TIE_EFFORTS, TIE_REWARDS, TIE_COST)
+    c = bg.make_contest(TIE_THETA, TIE_EFFORTS, scale * TIE_REWARDS, scale * TIE_COST(TIE_EFFORTS))
+    for delta in (0.0, 0.3, 1.0):
+        _, ne_ref = brute_force(ADD, c1, delta)
+        eq = bg.pure_equilibria(ADD, c, delta)
+        assert int(eq.count) == len(ne_ref), (delta, int(eq.count), ne_ref)
+        np.testing.assert_array_equal(eq.profiles[: len(ne_ref)], np.array(ne_ref).reshape(-1, 3))
+    assert len(brute_force(ADD, c1, 0.3)[1]) == 2  # the tie matters: two equilibria
+
+
+N_P, M_P = 3, 5
+_EFFORTS_P = np.linspace(0.0, 2.0, M_P)
+
+
+@st.composite
+def games(draw):
+    gaps = draw(st.lists(st.floats(0.01, 0.5), min_size=N_P - 1, max_size=N_P - 1))
+    theta = 1.0 - np.concatenate([[0.0], np.cumsum(gaps)])
+    # Rewards and costs on a coarse grid, so that exact payoff ties are common.
+    rewards = np.sort(draw(st.lists(st.integers(0, 4), min_size=N_P, max_size=N_P)))[::-1] / 4.0
+    cost = bg.PowerCost(draw(st.sampled_from([0.1, 0.25, 0.3, 0.5, 0.7])), draw(st.sampled_from([1, 2])))
+    family = draw(st.sampled_from(["additive", "logit"]))
+    score = (bg.AdditiveSaturating(draw(st.floats(0.2, 2.0)), draw(st.floats(0.3, 3.0)))
+             if family == "additive" else bg.LogitLogSteps(draw(st.floats(0.2, 1.0))))
+    delta = draw(st.sampled_from([0.0, 0.25, 1.0, 3.0]))
+    return theta, rewards, cost, score, delta
+
+
+@settings(max_examples=40, deadline=None)
+@given(games(), st.floats(-6.0, 6.0))
+def test_pure_equilibria_invariant_to_positive_payoff_scale(game, log10_scale):
+    theta, rewards, cost, score, delta = game
+    a = 10.0 ** log10_scale
+    base = bg.pure_equilibria(score, bg.make_contest(theta, _EFFORTS_P, rewards, cost), delta)
+    scaled = bg.pure_equilibria(
+        score, bg.make_contest(theta, _EFFORTS_P, a * rewards, a * cost(_EFFORTS_P)), delta)
+    assert int(base.count) >= 0
+    assert int(scaled.count) == int(base.count)
+    np.testing.assert_array_equal(scaled.profiles, base.profiles)
+    assert bool(scaled.zero_effort_unique) == bool(base.zero_effort_unique)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(-30.0, 30.0), st.floats(-6.0, 6.0), st.floats(-3.0, 3.0), st.floats(0.0, 5.0))
+def test_finite_inputs_give_finite_outputs_over_wide_magnitudes(log10_pay, log10_theta, log10_amp,
+                                                                 delta):
+    pay, th, amp = 10.0 ** log10_pay, 10.0 ** log10_theta, 10.0 ** log10_amp
+    theta = th * np.array([1.0, 0.5, 0.25])
+    c = bg.make_contest(theta, _EFFORTS_P, pay * bg.linear_rewards(N_P), bg.PowerCost(pay, 2))
+    score = bg.AdditiveSaturating(amp, 1.0)
+    u = bg.payoff_tensor(bg.observed_scores(score, c, delta), c.costs, c.rewards)
+    assert np.all(np.isfinite(np.asarray(u)))
+    eq = bg.pure_equilibria(score, c, delta)
+    k = int(eq.count)
+    assert k >= 0
+    assert np.all(np.isfinite(np.asarray(eq.taus)[: min(k, 16)]))
+    dyn = bg.best_response_dynamics(score, c, delta, jnp.zeros(N_P, jnp.int32))
+    assert int(dyn.rounds) >= 1 and np.all(np.asarray(dyn.history[: int(dyn.rounds) + 1]) >= 0)
