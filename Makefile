@@ -12,7 +12,13 @@ VARIANT ?= tiny
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONHASHSEED := 0
 
-.PHONY: run test test-multidevice bench lint install clean
+# Compile-only TPU/GPU targets (libtpu, the CUDA plugin and ptxas: about 1.3 GB) live in their own
+# venv so that the main one starts JAX without probing for accelerators; see core/aot.py.
+AOT_VENV  := .venv-aot
+AOT_PY    := $(AOT_VENV)/bin/python
+AOT_STAMP := $(AOT_VENV)/.installed
+
+.PHONY: run test test-multidevice test-aot aot-env bench lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,18 +30,37 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The project without its dependencies plus the `aot` extra (jax with libtpu, the CUDA plugin, ptxas,
+# pytest): all that the compile tests import.
+$(AOT_STAMP): pyproject.toml
+	test -x $(AOT_PY) || $(PYTHON) -m venv $(AOT_VENV)
+	$(AOT_PY) -m pip install --quiet --upgrade pip
+	$(AOT_PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["aot"]))' > $(AOT_VENV)/aot-requirements.txt
+	$(AOT_PY) -m pip install --quiet -r $(AOT_VENV)/aot-requirements.txt
+	$(AOT_PY) -m pip install --quiet --no-deps -e .
+	touch $(AOT_STAMP)
+
+aot-env: $(AOT_STAMP)
+
 run: $(STAMP)
 	$(PY) -m experiments.main --variant=$(VARIANT) --workdir=$(WORKDIR) \
 	  $(if $(EXPERIMENTS),--experiments=$(EXPERIMENTS),)
 
-# Single-device tests, then the multi-device tests in their own process with 8 fake CPU devices.
+# Single-device tests, then the multi-device tests in their own process with 8 fake CPU devices, then
+# the compile tests (TPU and GPU targets, compile-only) in .venv-aot.
 # pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not multidevice" tests
+	$(PY) -m pytest -q -n 2 -m "not multidevice and not aot" tests
 	$(MAKE) --no-print-directory test-multidevice
+	$(MAKE) --no-print-directory test-aot
 
 test-multidevice: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m multidevice tests
+
+# Compile tests are the files named test_*_compile.py (marker `aot`); only those are collected, since
+# .venv-aot holds jax and not the rest of the project's dependencies. One process: libtpu is loaded once.
+test-aot: $(AOT_STAMP)
+	JAX_PLATFORMS=cpu $(AOT_PY) -m pytest -q -m aot -o python_files="test_*_compile.py" tests
 
 # Every benchmark at its CPU size (a few minutes on 2 cores) -> BENCHMARKS.md; BENCH_SIZE=accelerator
 # for the GPU/TPU sizes, BENCH_SIZE=smoke to check the code paths in seconds.
@@ -46,4 +71,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check core models kernels algorithms experiments tests
 
 clean:
-	rm -rf $(VENV) $(WORKDIR)
+	rm -rf $(VENV) $(AOT_VENV) $(WORKDIR)
