@@ -33,6 +33,8 @@ import jax.numpy as jnp
 
 ADVANTAGE_MODES = ("grpo", "drgrpo")
 AGGREGATIONS = ("seq_mean", "token_mean", "constant")
+# A group whose reward spread is within this many float32 ulps of its largest |reward| is constant.
+FLAT_ULPS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,17 +96,27 @@ def group_advantages(rewards: jax.Array, group_size: jax.Array | int, *, mode: s
     contiguous). ``group_size`` may be a traced integer, so runs with different n but equal
     R = B_p * n share one compiled function and can be vmapped together.
 
+    The rewards are centred in two steps: first relative to the group's first reward (an exact
+    float subtraction for rewards of similar magnitude, so equal rewards give exact zeros whatever
+    their size), then by the mean of those differences. A group whose spread ``max - min`` is at the
+    float32 rounding level of its rewards (at most :data:`FLAT_ULPS` units in the last place of
+    ``max |r|``) counts as constant: its advantages are exactly 0 in both modes, rather than
+    rounding noise divided by a tiny std.
+
     Args:
-      rewards: float [R]; R must be a multiple of ``group_size``.
+      rewards: float [R] (cast to float32); R must be a multiple of ``group_size``.
       group_size: n >= 1 (>= 2 for ``mode="grpo"``; the caller validates static n with
         :meth:`GRPOConfig.check_group_size`).
       mode: ``"grpo"``: (r - mean_g) / (std_g + eps) with the population std (ddof = 0);
         ``"drgrpo"``: r - mean_g.
-      eps: normaliser epsilon.
+      eps: normaliser epsilon (>= 0; constant groups give 0 even with ``eps = 0``).
 
     Returns:
       float32 [R]: zero mean within every group; unit population std within every group whose
-      rewards are not all equal (up to eps) for ``"grpo"``; exactly 0 for constant groups.
+      rewards are not all equal (up to eps) for ``"grpo"``; exactly 0 for constant groups. Shifting
+      all rewards by a constant leaves the advantages unchanged (exactly so when the shifted rewards
+      are exact in float32); scaling them by ``a > 0`` scales ``"drgrpo"`` advantages by ``a`` and
+      leaves ``"grpo"`` ones unchanged (for ``eps`` small against the group std).
 
     Raises:
       ValueError: unknown mode, or R not a multiple of a concrete ``group_size``.
@@ -118,12 +130,24 @@ def group_advantages(rewards: jax.Array, group_size: jax.Array | int, *, mode: s
                          f"size {group_size}")
     seg = jnp.arange(r) // group_size
     size = jnp.asarray(group_size, jnp.float32)
-    mean = jax.ops.segment_sum(rewards, seg, num_segments=r) / size
-    centred = rewards - mean[seg]
+    # Differences to the group's first reward are exact for nearby values (Sterbenz), so a constant
+    # group is exactly zero here and its mean below is exactly zero too.
+    shifted = rewards - rewards[seg * group_size]
+    mean = jax.ops.segment_sum(shifted, seg, num_segments=r) / size
+    centred = shifted - mean[seg]
+    spread = (jax.ops.segment_max(rewards, seg, num_segments=r)
+              - jax.ops.segment_min(rewards, seg, num_segments=r))
+    scale = jax.ops.segment_max(jnp.abs(rewards), seg, num_segments=r)
+    flat = (spread <= FLAT_ULPS * jnp.finfo(jnp.float32).eps * scale)[seg]
+    centred = jnp.where(flat, 0.0, centred)
     if mode == "drgrpo":
         return centred
-    var = jax.ops.segment_sum(centred**2, seg, num_segments=r) / size
-    return centred / (jnp.sqrt(var)[seg] + eps)
+    # The std is taken of the centred rewards divided by their largest magnitude m, so squares of
+    # tiny rewards do not underflow: (r - mean) / (std + eps) = u / (std(u) + eps / m).
+    m = jnp.where(flat, 1.0, jax.ops.segment_max(jnp.abs(centred), seg, num_segments=r)[seg])
+    u = centred / m
+    std_u = jnp.sqrt(jax.ops.segment_sum(u**2, seg, num_segments=r) / size)[seg]
+    return jnp.where(flat, 0.0, u / jnp.where(flat, 1.0, std_u + eps / m))
 
 
 def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.special import gammaln
+import numpy as np
 
 
 def pass_at_k(num_samples: jax.Array, num_correct: jax.Array, k: int) -> jax.Array:
     """Unbiased pass@k from c correct out of n samples per problem (Chen et al. 2021, "Evaluating
     Large Language Models Trained on Code", Eq. 1): 1 - C(n - c, k) / C(n, k).
 
-    Computed with log-gamma functions; exactly 1 when n - c < k.
+    Computed with the product form C(n - c, k) / C(n, k) = prod_{i=0}^{k-1} (1 - c / (n - i)) as
+    ``-expm1(sum_i log1p(-c / (n - i)))``: every factor lies in [0, 1], so the result lies in [0, 1]
+    and keeps its relative accuracy when pass@k is small (no cancellation of large log-gamma
+    values). Exactly 1 when n - c < k and exactly 0 when c = 0. Computed in float32, or float64 under
+    ``jax.enable_x64``; the relative error is about ``k`` float units.
 
     Args:
       num_samples: int [N] (or scalar) n >= k.
@@ -22,13 +26,14 @@ def pass_at_k(num_samples: jax.Array, num_correct: jax.Array, k: int) -> jax.Arr
       k: static int >= 1.
 
     Returns:
-      float32 [N] in [0, 1].
+      float [N] in [0, 1] (float32, float64 under ``jax.enable_x64``).
 
     Raises:
-      ValueError: k < 1, or (for concrete inputs) k > n or c outside [0, n].
+      ValueError: k not an int >= 1, or (for concrete inputs) k > n or c outside [0, n].
     """
-    if k < 1:
-        raise ValueError(f"pass_at_k: k={k} must be >= 1")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"pass_at_k: k={k!r} must be an int >= 1")
+    k = int(k)
     n = jnp.asarray(num_samples)
     c = jnp.asarray(num_correct)
     if not isinstance(n, jax.core.Tracer) and bool(jnp.any(n < k)):
@@ -36,12 +41,15 @@ def pass_at_k(num_samples: jax.Array, num_correct: jax.Array, k: int) -> jax.Arr
     if not isinstance(c, jax.core.Tracer) and not isinstance(n, jax.core.Tracer) and bool(
             jnp.any((c < 0) | (c > n))):
         raise ValueError(f"pass_at_k: correct counts {c} outside [0, n={n}]")
-    n = n.astype(jnp.float32)
-    c = c.astype(jnp.float32)
+    ft = jnp.result_type(float)
+    n, c = jnp.broadcast_arrays(n.astype(ft), c.astype(ft))
     fail = n - c
-    safe = jnp.maximum(fail - k, 0.0)
-    log_ratio = gammaln(fail + 1) - gammaln(safe + 1) - gammaln(n + 1) + gammaln(n - k + 1)
-    return jnp.where(fail < k, 1.0, 1.0 - jnp.exp(log_ratio))
+    # Factor i of the product: 1 - c / (n - i), i = 0..k-1 (all > 0 when n - c >= k).
+    i = jnp.arange(k, dtype=ft)
+    ok = fail >= k
+    ratio = jnp.where(ok[..., None], c[..., None] / jnp.maximum(n[..., None] - i, 1.0), 0.0)
+    # (0.0 - x turns the -0.0 of c = 0 into 0.0.)
+    return jnp.where(ok, 0.0 - jnp.expm1(jnp.sum(jnp.log1p(-ratio), axis=-1)), 1.0)
 
 
 def expected_pass_at_k(p: jax.Array, k: int | jax.Array) -> jax.Array:
