@@ -11,6 +11,10 @@ P pages, S = P * p capacity.
   so ``Transformer.decode`` and ``models.sampling.generate`` run with ``get_backend("ffd")`` /
   ``get_backend("quest")``. Prefill (T > 1) attends densely (causal) over the cache contents; the
   sparse rules apply to decode steps (T = 1), the regime the papers target.
+
+Every implementation attends the same pages: :func:`ffd_decode` computes the kept-page mask once
+(:func:`kernels.sparse_decode.reference.ffd_keep`) and hands it, or its page list, to the chosen
+implementation; :func:`ffd_select` returns that same mask.
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from kernels.sparse_decode import reference as ref
 from models import kv_cache as kvc
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas_tpu", "pallas_gpu")
+DELTA_UNITS = ref.DELTA_UNITS
 
 
 def default_implementation() -> str:
@@ -34,8 +38,39 @@ def default_implementation() -> str:
     return {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(jax.default_backend(), "xla")
 
 
-def _check(q: jax.Array, cache: dict[str, Any], delta: float, top_k: int | None,
-           where: str) -> None:
+def resolve_implementation(implementation: str | None, where: str = "ffd_decode") -> str:
+    """``None`` or ``"auto"``: :func:`default_implementation` (dispatch by platform); otherwise one of
+    :data:`IMPLEMENTATIONS`.
+
+    Raises:
+      ValueError: an unknown name (the message lists the valid ones).
+    """
+    if implementation is None or implementation == "auto":
+        return default_implementation()
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"{where}: unknown implementation {implementation!r}; expected None, "
+                         f"'auto' or one of {IMPLEMENTATIONS}")
+    return implementation
+
+
+def _check_delta(delta, delta_unit: str, where: str) -> None:
+    if delta_unit not in DELTA_UNITS:
+        raise ValueError(f"{where}: delta_unit must be one of {DELTA_UNITS}, got {delta_unit!r}")
+    if not isinstance(delta, jax.core.Tracer) and not delta >= 0:
+        raise ValueError(f"{where}: delta must be >= 0 ({delta_unit}), got {delta}")
+
+
+def _check_count(value, name: str, where: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{where}: {name} must be None or an int >= 1, got {value!r}")
+
+
+def _check(q: jax.Array, cache: dict[str, Any], delta, delta_unit: str, top_k: int | None,
+           max_pages: int | None, where: str) -> None:
+    q_dtype = getattr(q, "dtype", None)
+    if q_dtype is None or not jnp.issubdtype(q_dtype, jnp.floating):
+        raise ValueError(f"{where}: q must be a floating-point array (queries), got dtype "
+                         f"{q_dtype}")
     if q.ndim != 3:
         raise ValueError(f"{where}: q must be [B, H, D], got shape {q.shape}")
     b, kh, n, p, d = cache["resid"].shape
@@ -45,112 +80,100 @@ def _check(q: jax.Array, cache: dict[str, Any], delta: float, top_k: int | None,
         raise ValueError(f"{where}: query batch {q.shape[0]} != cache batch {b}")
     if q.shape[1] % kh:
         raise ValueError(f"{where}: {q.shape[1]} query heads are not a multiple of {kh} kv heads")
-    if top_k is None and not isinstance(delta, jax.core.Tracer) and not delta >= 0:
-        raise ValueError(f"{where}: delta must be >= 0 (nats), got {delta}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"{where}: top_k must be >= 1, got {top_k}")
-
-
-def _theta(qg: jax.Array, cache: dict[str, Any], num_full: jax.Array, delta, top_k):
-    """Per-head thresholds [B, K, G]. Top-delta needs the first and last full pages only."""
-    if top_k is not None:
-        page_max = ref.ffd_scan_page_max(qg, cache, num_full)
-        score = page_max.max(axis=2)
-        if top_k >= score.shape[-1]:
-            return jnp.full(qg.shape[:3], -jnp.inf)
-        # halfway between the k-th and (k+1)-th scores, so the kernel's own (differently rounded)
-        # estimates select the same k pages
-        top = lax.top_k(score, top_k + 1)[0]
-        kth, nxt = top[..., -2], top[..., -1]
-        theta = jnp.where(jnp.isfinite(nxt), 0.5 * (kth + nxt), -jnp.inf)
-        return jnp.broadcast_to(theta[:, :, None], qg.shape[:3])
-    last = jnp.maximum(num_full - 1, 0)
-    two = jnp.stack([jnp.zeros_like(last), last], axis=1)  # [B, 2]
-    idx = jnp.broadcast_to(two[:, None, :], (qg.shape[0], qg.shape[1], 2))
-    k_hat = ref.dequantize_pages(ref.gather_pages(cache["codes"], idx),
-                                 ref.gather_pages(cache["scale"], idx))  # [B, K, 2, p, D]
-    est = jnp.einsum("bkgd,bkjtd->bkgjt", qg, k_hat).max(-1)  # [B, K, G, 2]
-    theta = ref.ffd_threshold(est[..., 0], est[..., 1], delta)
-    return jnp.where((num_full > 0)[:, None, None], theta, jnp.inf)
+    if top_k is None:
+        _check_delta(delta, delta_unit, where)
+    _check_count(top_k, "top_k", where)
+    _check_count(max_pages, "max_pages", where)
 
 
 def ffd_select(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta: float = 8.0,
-               top_k: int | None = None) -> jax.Array:
+               delta_unit: str = "nats", top_k: int | None = None,
+               max_pages: int | None = None) -> jax.Array:
     """bool [B, K, P]: the full pages FFD attends for queries ``q [B, H, D]`` (paper Sec. 3 rule,
-    see :func:`kernels.sparse_decode.reference.select_pages`)."""
-    _check(q, cache, delta, top_k, "ffd_select")
-    p = cache["resid"].shape[3]
-    qg = ref._grouped_query(q, cache["resid"].shape[1])
-    return ref.select_pages(ref.ffd_scan_page_max(qg, cache, lengths // p), lengths // p, delta,
-                            top_k)
+    see :func:`kernels.sparse_decode.reference.select_pages`); the mask :func:`ffd_decode` uses,
+    arguments as there."""
+    _check(q, cache, delta, delta_unit, top_k, max_pages, "ffd_select")
+    n, p = cache["resid"].shape[2], cache["resid"].shape[3]
+    ref.check_lengths(lengths, n * p, "ffd_select")
+    return ref.ffd_keep(q, cache, jnp.asarray(lengths, jnp.int32),
+                        ref.delta_in_nats(delta, delta_unit), top_k, max_pages)
 
 
 def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta: float = 8.0,
-               top_k: int | None = None, max_pages: int | None = None,
+               delta_unit: str = "nats", top_k: int | None = None, max_pages: int | None = None,
                num_splits: int | None = None, implementation: str | None = None,
-               interpret: bool = False) -> jax.Array:
+               interpret: bool = False, return_keep: bool = False):
     """FFD decode attention: ``q [B, H, D]`` over an FFD cache holding ``lengths [B]`` tokens.
+
+    The pages are chosen once (:func:`ffd_select`, paper Sec. 3) and every implementation attends
+    exactly those pages plus the unfinished tail page, so implementations agree to float32 rounding.
 
     Args:
       q: queries of the new tokens (RoPE applied), any float dtype.
       cache: from :func:`kernels.sparse_decode.reference.init_ffd_cache` / ``update_ffd_cache``.
       lengths: int32 [B] in 1..S, tokens in each row (the new token included).
-      delta: top-delta margin in nats (>= 0; ``inf`` attends every page). Skipped pages have
-        estimated weights below ``exp(-delta)`` of the largest estimated weight of the first and last
+      delta: top-delta margin (>= 0; ``inf`` attends every page). Skipped pages have estimated
+        weights below ``exp(-delta)`` (nats) of the largest estimated weight of the first and last
         full pages.
-      top_k: if set, the top-k-pages variant (a global pass over the page scores).
-      max_pages: XLA path only: the static gather budget (``None`` = P).
-      num_splits: Pallas paths: split-K factor (must divide P; default: GPU 8 or fewer, TPU 1).
-      implementation: one of :data:`IMPLEMENTATIONS` (default :func:`default_implementation`).
+      delta_unit: ``"nats"`` (natural-log logits, the default) or ``"log2"`` (base-2 logits, the
+        unit of the authors' kernel: ``delta_log2 = delta_nats / ln 2``, so their 8.7 is our 6.0
+        and a value from the paper can be passed as is with ``delta_unit="log2"``).
+      top_k: if set, the top-k-pages variant: exactly ``min(top_k, full pages)`` pages by score
+        (a global pass over the page scores).
+      max_pages: attend at most this many of the selected pages per (row, kv head), those with the
+        largest estimated page score (ties to the lower page index); the same meaning in every
+        implementation (``None``: no cap). It is also the static gather budget of the XLA path and
+        the slot count of the Pallas kernels.
+      num_splits: Pallas paths: split-K factor over the page slots (default: GPU up to 8, TPU 1).
+      implementation: ``None`` or ``"auto"`` (dispatch by platform: Pallas on TPU/GPU, XLA on
+        CPU, :func:`default_implementation`) or one of :data:`IMPLEMENTATIONS`.
       interpret: run Pallas kernels in interpret mode (CPU testing).
+      return_keep: also return the attended-page mask.
 
     Returns:
-      [B, H, D] in ``q``'s dtype.
+      [B, H, D] in ``q``'s dtype; with ``return_keep``, ``(out, keep bool [B, K, P])``. Never NaN
+      for finite input (every row attends at least one token). A NaN in a key within a row's
+      length, or in a value the row attends, makes that row's output NaN, as dense attention does
+      (values of skipped pages are never read).
 
     Raises:
-      ValueError: shape mismatch (head dim, batch, heads), ``delta < 0``, ``top_k < 1``, concrete
+      ValueError: non-float ``q``, shape mismatch (head dim, batch, heads), ``delta < 0``, an
+        unknown ``delta_unit``, ``top_k``/``max_pages``/``num_splits`` not an int >= 1, concrete
         ``lengths`` outside 1..S, or an unknown implementation.
     """
-    _check(q, cache, delta, top_k, "ffd_decode")
-    impl = implementation or default_implementation()
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"ffd_decode: unknown implementation {impl!r}; known: {IMPLEMENTATIONS}")
+    _check(q, cache, delta, delta_unit, top_k, max_pages, "ffd_decode")
+    _check_count(num_splits, "num_splits", "ffd_decode")
+    impl = resolve_implementation(implementation)
     b, kh, n, p, d = cache["resid"].shape
     ref.check_lengths(lengths, n * p, "ffd_decode")
     lengths = jnp.asarray(lengths, jnp.int32)
+    keep = ref.ffd_keep(q, cache, lengths, ref.delta_in_nats(delta, delta_unit), top_k, max_pages)
+    m_slots = n if max_pages is None else min(max_pages, n)  # keep holds at most m_slots pages
     if impl == "reference":
-        return ref.ffd_decode_reference(q, cache, lengths, delta=delta, top_k=top_k)[0]
-    if impl == "xla":
-        return ref.ffd_decode_xla(q, cache, lengths, delta=delta, top_k=top_k,
-                                  max_pages=max_pages)[0]
-    h = q.shape[1]
+        out = ref.ffd_decode_reference(q, cache, lengths, keep=keep)[0]
+    elif impl == "xla":
+        out = ref.ffd_decode_xla(q, cache, lengths, max_pages=max_pages, keep=keep)[0]
+    else:
+        out = _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret)
+    return (out, keep) if return_keep else out
+
+
+def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret):
+    """The Pallas paths: the kept pages as a list, kernel partials, LSE merge with the tail."""
+    b, h, d = q.shape
+    kh = cache["resid"].shape[1]
     qg = ref._grouped_query(q, kh)
-    num_full = lengths // p
+    splits = num_splits or (min(8, m_slots) if impl == "pallas_gpu" else 1)
+    idx, count = ref.page_list(keep, -(-m_slots // splits) * splits)  # slots: a multiple of NS
+    args = (qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], idx, count)
     if impl == "pallas_gpu":
         from kernels.sparse_decode import pallas_gpu
 
-        splits = num_splits or math.gcd(n, 8)
-        theta = _theta(qg, cache, num_full, delta, top_k)
-        acc, m, l = pallas_gpu.ffd_fused_attention(qg, theta, num_full, cache["codes"],
-                                                   cache["scale"], cache["resid"], cache["v"],
-                                                   num_splits=splits, interpret=interpret)
+        acc, m, l = pallas_gpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret)
     else:
         from kernels.sparse_decode import pallas_tpu
 
-        splits = num_splits or 1
-        keep = ref.select_pages(ref.ffd_scan_page_max(qg, {k: v for k, v in cache.items()
-                                                            if k != "codes_u8"}, num_full),
-                                num_full, delta, top_k)
-        idx = jnp.argsort(~keep, axis=-1, stable=True).astype(jnp.int32)  # kept pages first
-        count = keep.sum(-1).astype(jnp.int32)
-        m_slots = n if max_pages is None else max(1, min(int(max_pages), n))
-        m_slots = -(-m_slots // splits) * splits
-        if m_slots > n:
-            idx = jnp.pad(idx, ((0, 0), (0, 0), (0, m_slots - n)))
-        acc, m, l = pallas_tpu.ffd_pages_attention(qg, cache["codes"], cache["scale"],
-                                                   cache["resid"], cache["v"], idx[..., :m_slots],
-                                                   jnp.minimum(count, m_slots),
-                                                   num_splits=splits, interpret=interpret)
+        acc, m, l = pallas_tpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret)
         m, l = m[..., 0], l[..., 0]
     ta, tm, tl = ref.tail_partial(qg, cache, lengths)
     out = ref.merge_partials(jnp.concatenate([acc, ta[:, :, None]], 2),
@@ -175,15 +198,18 @@ class FFDCache:
 
     Attributes:
       page_size: tokens per page p (must divide the cache capacity).
-      delta: top-delta margin in nats (>= 0; ``inf`` = dense over refined keys).
+      delta: top-delta margin (>= 0; ``inf`` = dense over refined keys), in ``delta_unit``.
+      delta_unit: ``"nats"`` or ``"log2"`` (the paper's base-2 unit), see :func:`ffd_decode`.
       top_k: use the top-k-pages variant instead.
-      max_pages: XLA gather budget (``None`` = all pages).
+      max_pages: attend at most this many pages by score (``None`` = no cap), see
+        :func:`ffd_decode`.
       implementation: see :func:`ffd_decode`.
       scan_copy: keep byte-per-code codes for the XLA scan (default: on CPU).
     """
 
     page_size: int = ref.PAGE_SIZE
     delta: float = 8.0
+    delta_unit: str = "nats"
     top_k: int | None = None
     max_pages: int | None = None
     implementation: str | None = None
@@ -191,8 +217,9 @@ class FFDCache:
 
     def __post_init__(self):
         _check_backend(self.page_size, self.top_k, "FFDCache")
-        if not self.delta >= 0:
-            raise ValueError(f"FFDCache: delta must be >= 0 (nats), got {self.delta}")
+        _check_delta(self.delta, self.delta_unit, "FFDCache")
+        _check_count(self.max_pages, "max_pages", "FFDCache")
+        resolve_implementation(self.implementation, "FFDCache")
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
         scan = jax.default_backend() == "cpu" if self.scan_copy is None else self.scan_copy
@@ -212,7 +239,7 @@ class FFDCache:
             raise ValueError(f"FFDCache.attend: query head dim {q.shape[-1]} != cache head dim {d}")
         if t == 1:
             out = ffd_decode(q[:, :, 0], layer_cache, start + 1, delta=self.delta,
-                             top_k=self.top_k, max_pages=self.max_pages,
+                             delta_unit=self.delta_unit, top_k=self.top_k, max_pages=self.max_pages,
                              implementation=self.implementation)
             return out[:, :, None]
         k = ref.refined_keys(layer_cache, start + t)

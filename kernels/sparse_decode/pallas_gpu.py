@@ -1,17 +1,23 @@
-"""FFD decode attention on GPU: one fused Pallas (Triton) kernel, selection and attention together.
+"""FFD decode attention on GPU: a Pallas (Triton) kernel over the kept pages of each (row, kv head).
 
-Dimensions as in :mod:`kernels.sparse_decode.reference`; Gp = G padded to 16 rows (the smallest
-tensor-core tile), NS splits of the P pages (split-K), PPS = P / NS pages per split.
+Dimensions as in :mod:`kernels.sparse_decode.reference` (B, K, G, D, p, P, W = D/16); Gp = G padded
+to 16 rows (the smallest tensor-core tile), M page slots per (row, kv head), NS splits of the slots
+(split-K), MPS = M / NS slots per split.
 
-Program (b, k, s) walks the full pages of its split. For each page it loads the packed 2-bit codes
-and the scale, computes the estimated logits of its Gp query rows slab by slab and their maximum,
-and compares them with the threshold ``theta [B, K, Gp]``, which depends only on the first and last
-full pages and is therefore known to every program up front: no global synchronization. A kept page
-loads its float8 residual and bf16 values (inside ``lax.cond``: a skipped page reads neither),
-refines the logits and updates the online softmax. Each program writes its (acc, m, l) partial;
-the splits and the exact tail page are merged with a log-sum-exp outside the kernel.
+The selection (packed 2-bit scan and the top-delta or top-k rule, :func:`reference.ffd_keep`) runs
+once, before the kernel, and yields the kept page indices packed to the front of ``idx [B, K, M]``
+and their number ``count [B, K]`` (:func:`reference.page_list`): the kernel attends exactly the pages
+every other implementation attends, with no re-estimated threshold. Program (b, k, s) walks the slots
+``s * MPS .. min((s + 1) * MPS, count) - 1``; for each listed page it loads the packed codes and
+scale, forms the estimated logits slab by slab, adds the float8 residual term (refined logits), and
+updates an online softmax with the bf16 values. Each program writes its (acc, m, l) partial; the
+splits and the exact tail page are merged with a log-sum-exp outside the kernel. Skipped pages are
+never read.
 
-Padding rows carry zero queries and ``theta = +inf``, so they never keep a page.
+Triton tensors must have power-of-two sizes. Every load is a power-of-two slice: the head dim D is
+split into power-of-two channel chunks (D = 96 is 64 + 32, W = 6 words is 4 + 2), so any D that is
+a multiple of 16 works without copying the cache; the page size p must be a power of two >= 16.
+Padding rows carry zero queries; their partials are discarded.
 """
 
 from __future__ import annotations
@@ -29,85 +35,103 @@ from kernels.sparse_decode.reference import CODES_PER_WORD
 ROWS = 16
 
 
-def _kernel(q_ref, theta_ref, nfull_ref, codes_ref, scale_ref, resid_ref, v_ref,
-            acc_ref, m_ref, l_ref, *, pages_per_split: int):
+def pow2_parts(n: int) -> tuple[tuple[int, int], ...]:
+    """(offset, size) chunks of ``0 .. n-1`` with power-of-two sizes, largest first (6 -> 4 + 2)."""
+    parts, off = [], 0
+    for bit in reversed(range(n.bit_length())):
+        if n & (1 << bit):
+            parts.append((off, 1 << bit))
+            off += 1 << bit
+    return tuple(parts)
+
+
+def _kernel(idx_ref, count_ref, q_ref, codes_ref, scale_ref, resid_ref, v_ref,
+            acc_ref, m_ref, l_ref, *, slots_per_split: int):
     s = pl.program_id(2)
-    rows, d = q_ref.shape
+    rows = q_ref.shape[0]
     w = codes_ref.shape[-1]
-    theta = theta_ref[...]  # [Gp]
-    lo = s * pages_per_split
-    hi = jnp.minimum(lo + pages_per_split, nfull_ref[0])
+    wparts = pow2_parts(w)  # word chunks of one slab
+    dparts = tuple((CODES_PER_WORD * o, CODES_PER_WORD * z) for o, z in wparts)  # channel chunks
+    lo = s * slots_per_split
+    hi = jnp.minimum(lo + slots_per_split, count_ref[0])
+    f32 = jnp.float32
+    qd = [q_ref[:, pl.ds(o, z)] for o, z in dparts]  # [Gp, Dc], already / sqrt(D)
+    # slab sl holds the channels sl*W .. sl*W+W-1 (planar packing), taken in the same word chunks
+    qslab = [[q_ref[:, pl.ds(sl * w + o, z)] for o, z in wparts] for sl in range(CODES_PER_WORD)]
 
-    def body(j, carry):
-        q = q_ref[...]  # [Gp, D], already / sqrt(D)
-        qs = q * scale_ref[j, :][None, :]
-        words = codes_ref[j, :, :]  # [p, W] int32
-        est = -1.5 * jnp.sum(qs, axis=-1)[:, None]
+    def body(slot, carry):
+        accs, m, l = carry
+        j = idx_ref[slot]
+        qs = [x * scale_ref[j, pl.ds(o, z)][None, :] for x, (o, z) in zip(qd, dparts)]
+        logits = -1.5 * sum(jnp.sum(x, axis=-1) for x in qs)[:, None]  # [Gp, 1]
+        words = [codes_ref[j, :, pl.ds(o, z)] for o, z in wparts]  # [p, Wc] int32
         for sl in range(CODES_PER_WORD):
-            c = (lax.shift_right_logical(words, jnp.int32(2 * sl)) & 3).astype(jnp.float32)
-            qsl = q_ref[:, pl.ds(sl * w, w)] * scale_ref[j, pl.ds(sl * w, w)][None, :]
-            est = est + jnp.sum(qsl[:, None, :] * c[None, :, :], axis=-1)  # [Gp, p]
-        keep = jnp.max(jnp.max(est, axis=-1) - theta) >= 0  # some head reaches its threshold
+            for (o, z), wd, qc in zip(wparts, words, qslab[sl]):
+                c = (lax.shift_right_logical(wd, jnp.int32(2 * sl)) & 3).astype(f32)
+                qsl = qc * scale_ref[j, pl.ds(sl * w + o, z)][None, :]
+                logits = logits + jnp.sum(qsl[:, None, :] * c[None, :, :], axis=-1)  # [Gp, p]
+        for x, (o, z) in zip(qs, dparts):
+            logits = logits + plgpu.dot(x, resid_ref[j, :, pl.ds(o, z)].astype(f32), trans_b=True)
+        m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
+        corr = jnp.exp(m - m_new)
+        e = jnp.exp(logits - m_new[:, None])
+        accs = tuple(corr[:, None] * a + plgpu.dot(e, v_ref[j, :, pl.ds(o, z)].astype(f32))
+                     for a, (o, z) in zip(accs, dparts))
+        return accs, m_new, corr * l + jnp.sum(e, axis=-1)
 
-        def attend(carry):
-            acc, m, l = carry
-            r = resid_ref[j, :, :].astype(jnp.float32)  # [p, D]
-            logits = est + plgpu.dot(qs, r, trans_b=True)
-            m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
-            corr = jnp.exp(m - m_new)
-            e = jnp.exp(logits - m_new[:, None])
-            vj = v_ref[j, :, :].astype(jnp.float32)
-            return (corr[:, None] * acc + plgpu.dot(e, vj), m_new, corr * l + jnp.sum(e, axis=-1))
-
-        return lax.cond(keep, attend, lambda c: c, carry)
-
-    init = (jnp.zeros((rows, d), jnp.float32), jnp.full((rows,), -jnp.inf, jnp.float32),
-            jnp.zeros((rows,), jnp.float32))
-    acc, m, l = lax.fori_loop(lo, hi, body, init)
-    acc_ref[...] = acc
+    init = (tuple(jnp.zeros((rows, z), f32) for _, z in dparts),
+            jnp.full((rows,), -jnp.inf, f32), jnp.zeros((rows,), f32))
+    accs, m, l = lax.fori_loop(lo, hi, body, init)
+    for a, (o, z) in zip(accs, dparts):
+        acc_ref[:, pl.ds(o, z)] = a
     m_ref[...] = m
     l_ref[...] = l
 
 
 @functools.partial(jax.jit, static_argnames=("num_splits", "interpret", "num_warps"))
-def ffd_fused_attention(qg: jax.Array, theta: jax.Array, num_full: jax.Array, codes: jax.Array,
-                        scale: jax.Array, resid: jax.Array, v: jax.Array, *, num_splits: int = 8,
+def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid: jax.Array,
+                        v: jax.Array, idx: jax.Array, count: jax.Array, *, num_splits: int = 8,
                         interpret: bool = False, num_warps: int = 4):
-    """Fused scan + top-delta filter + attention over the full pages.
+    """Online-softmax partials over the listed pages of each (row, kv head).
 
     Args:
-      qg: float32 [B, K, G, D] queries already scaled by 1/sqrt(D); G <= 16.
-      theta: float32 [B, K, G] per-head thresholds (``reference.ffd_threshold``; for top-k, the k-th
-        score repeated over G).
-      num_full: int32 [B] full pages per row.
-      codes, scale, resid, v: the FFD cache arrays (P pages, power-of-two p and D).
-      num_splits: NS, must divide P.
+      qg: float32 [B, K, G, D] queries already scaled by 1/sqrt(D); G <= 16; D a multiple of 16.
+      codes: int32 [B, K, P, p, W]; scale: float32 [B, K, P, D]; resid: float8 [B, K, P, p, D];
+        v: bfloat16 [B, K, P, p, D] (the FFD cache arrays; p a power of two >= 16).
+      idx: int32 [B, K, M] page indices, the ``count[b, k]`` attended ones first
+        (:func:`kernels.sparse_decode.reference.page_list`).
+      count: int32 [B, K], 0..M.
+      num_splits: NS, must divide M.
 
     Returns:
-      (acc [B, K, NS, G, D], m [B, K, NS, G], l [B, K, NS, G]) float32 partials.
+      (acc [B, K, NS, G, D], m [B, K, NS, G], l [B, K, NS, G]) float32 partials; a split with no
+      listed page gives (0, -inf, 0).
 
     Raises:
-      ValueError: G > 16 or ``num_splits`` does not divide P.
+      ValueError: G > 16, ``num_splits`` does not divide M, p is not a power of two >= 16, or D is
+        not a multiple of 16.
     """
     b, kh, g, d = qg.shape
     n, p, w = codes.shape[2], codes.shape[3], codes.shape[4]
+    m_slots = idx.shape[-1]
     if g > ROWS:
         raise ValueError(f"pallas_gpu FFD supports up to {ROWS} query heads per kv head, got {g}")
-    if n % num_splits:
-        raise ValueError(f"num_splits={num_splits} must divide the {n} pages")
-    pps = n // num_splits
+    if num_splits < 1 or m_slots % num_splits:
+        raise ValueError(f"num_splits={num_splits} must divide the {m_slots} page slots")
+    if p < 16 or p & (p - 1):
+        raise ValueError(f"pallas_gpu FFD needs a power-of-two page size >= 16, got {p}")
+    if d != CODES_PER_WORD * w:
+        raise ValueError(f"head dim {d} must be {CODES_PER_WORD} x the {w} code words")
+    mps = m_slots // num_splits
     qp = jnp.pad(qg.astype(jnp.float32), ((0, 0), (0, 0), (0, ROWS - g), (0, 0)))
-    tp = jnp.pad(theta.astype(jnp.float32), ((0, 0), (0, 0), (0, ROWS - g)),
-                 constant_values=jnp.inf)
-    nf = jnp.broadcast_to(num_full.astype(jnp.int32)[:, None, None], (b, kh, ROWS))
     f32 = jnp.float32
     acc, m, l = pl.pallas_call(
-        functools.partial(_kernel, pages_per_split=pps),
+        functools.partial(_kernel, slots_per_split=mps),
         grid=(b, kh, num_splits),
         in_specs=[
+            pl.BlockSpec((None, None, m_slots), lambda bi, ki, si: (bi, ki, 0)),
+            pl.BlockSpec((None, None, 1), lambda bi, ki, si: (bi, ki, 0)),
             pl.BlockSpec((None, None, ROWS, d), lambda bi, ki, si: (bi, ki, 0, 0)),
-            pl.BlockSpec((None, None, ROWS), lambda bi, ki, si: (bi, ki, 0)),
-            pl.BlockSpec((None, None, ROWS), lambda bi, ki, si: (bi, ki, 0)),
             pl.BlockSpec((None, None, n, p, w), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
             pl.BlockSpec((None, None, n, d), lambda bi, ki, si: (bi, ki, 0, 0)),
             pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
@@ -123,6 +147,6 @@ def ffd_fused_attention(qg: jax.Array, theta: jax.Array, num_full: jax.Array, co
                    jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), f32)],
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
         interpret=interpret,
-        name="ffd_fused_attention",
-    )(qp, tp, nf, codes, scale, resid, v)
+        name="ffd_pages_attention",
+    )(idx.astype(jnp.int32), count.astype(jnp.int32)[..., None], qp, codes, scale, resid, v)
     return acc[:, :, :, :g], m[:, :, :, :g], l[:, :, :, :g]

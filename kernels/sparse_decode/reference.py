@@ -17,8 +17,9 @@ FFD cache (a dict pytree, one per layer; "full" pages are those with all p slots
   the contiguous channels ``s*W .. s*W+W-1``, so kernels never permute lanes).
 * ``scale``  float32 [B, K, P, D]: symmetric per-(page, kv head, channel) scale ``absmax / 1.5``;
   ``k_hat = (c - 1.5) * scale``.
-* ``resid``  float8_e4m3fn [B, K, P, p, D]: ``(k - k_hat) / scale`` in [-0.5, 0.5] (stored relative to
-  the scale so float8's range can never overflow); refined key ``k_ref = (c - 1.5 + resid) * scale``.
+* ``resid``  float8_e4m3fn [B, K, P, p, D]: ``(k - k_hat) / scale``, clipped to [-0.5, 0.5] (stored
+  relative to the scale, so no finite key can overflow float8's range, max 448); refined key
+  ``k_ref = (c - 1.5 + resid) * scale``. ``scale`` is float32, so it cannot overflow either.
 * ``tail``   [B, K, p, D] in the model dtype: exact keys of the unfinished page ``length // p``.
 * ``v``      bfloat16 [B, K, P, p, D]: values (a paged view of the sequence-contiguous layout).
 
@@ -26,13 +27,29 @@ Estimated and refined logits carry the ``1/sqrt(D)`` factor, so they are natural
 Selection (top-delta, the paper's rule): with ``m_j[g]`` the largest estimated logit of full page
 ``j`` for query head ``g``, ``theta[g] = max(m_0[g], m_last[g]) - delta`` from the first and last full
 pages only (no global pass), and page ``j`` is kept iff ``m_j[g] >= theta[g]`` for some ``g`` of the
-kv group. ``delta`` is in nats: a skipped page's estimated weights are below ``exp(-delta)`` times the
-largest estimated weight on the two reference pages. The top-k variant keeps the ``k`` pages with the
-largest ``max_g m_j[g]`` (it needs a global pass, like Quest). The tail page is always attended.
+kv group. ``delta`` is in nats here: a skipped page's estimated weights are below ``exp(-delta)``
+times the largest estimated weight on the two reference pages. (The authors' kernel subtracts delta
+from base-2 logits; their ``delta_2`` is ``delta_2 * ln 2`` nats, see :func:`delta_in_nats`.) The
+top-k variant keeps exactly ``min(k, full pages)`` pages with the largest ``max_g m_j[g]`` (ties go to
+the lower page index; it needs a global pass, like Quest). ``max_pages`` then caps the kept set at the
+pages with the largest ``max_g m_j[g]``. The tail page is always attended.
+
+One selection for every implementation: :func:`ffd_keep` computes the kept-page mask, and the
+reference, the XLA path and both Pallas kernels attend exactly the pages of that mask (the kernels
+get it as a page list, :func:`page_list`). Nothing re-estimates page maxima with other rounding, so
+the page that sets the threshold is always kept and every row attends at least one token.
+
+Non-finite input: a NaN in a key within a row's length makes that page's estimated maximum NaN; NaN
+compares as "keep" (for top-delta, a NaN on a reference page makes the threshold NaN and keeps every
+page; for top-k and ``max_pages``, NaN ranks first), so the NaN reaches the row's output, which is
+NaN, as with dense attention. A NaN value in an attended slot (kept page or tail) makes the output NaN
+too; values of skipped pages and of slots beyond the length are never read (masked to zero in the jnp
+paths), so they cannot change the output.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -81,14 +98,18 @@ def quantize_pages(k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     Returns:
       (codes int32 [..., p, D/16] packed, scale float32 [..., D], resid float8_e4m3fn [..., p, D]) with
       ``scale = max_t |k[t, d]| / 1.5``, ``c = round(k / scale + 1.5)`` in {0..3}, and
-      ``resid = (k - (c - 1.5) * scale) / scale`` (zero on all-zero channels).
+      ``resid = (k - (c - 1.5) * scale) / scale`` (zero on all-zero channels). ``|k / scale| <= 1.5``
+      up to rounding, so ``|resid| <= 0.5``; it is clipped to [-0.5, 0.5] so that no rounding (nor
+      a flushed subnormal scale) can push it towards float8 e4m3's overflow at 448. A NaN key makes
+      its channel's scale and residual NaN (its code is 0).
     """
     k = k.astype(jnp.float32)
     scale = jnp.max(jnp.abs(k), axis=-2) / 1.5
     safe = jnp.where(scale > 0, scale, 1.0)[..., None, :]
     x = k / safe
-    codes = jnp.clip(jnp.round(x + 1.5), 0, 3)
-    resid = jnp.where(scale[..., None, :] > 0, x - (codes - 1.5), 0.0)
+    codes = jnp.where(jnp.isnan(x), 0.0, jnp.clip(jnp.round(x + 1.5), 0, 3))
+    resid = jnp.where(scale[..., None, :] > 0, jnp.clip(x - (codes - 1.5), -0.5, 0.5), 0.0)
+    resid = jnp.where(jnp.isnan(scale)[..., None, :], jnp.nan, resid)
     return pack_codes(codes.astype(jnp.uint8)), scale, resid.astype(F8)
 
 
@@ -238,6 +259,25 @@ def dense_decode(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -
 
 # -- FFD: selection and attention --------------------------------------------------------------
 
+DELTA_UNITS = ("nats", "log2")
+
+
+def delta_in_nats(delta, unit: str = "nats"):
+    """The top-delta margin in nats, from ``delta`` given in ``unit``.
+
+    ``"nats"``: natural-log logits (this module's unit). ``"log2"``: base-2 logits, the unit of the
+    authors' kernel, which scales ``q.k / sqrt(D)`` by ``log2(e)`` before subtracting delta, so
+    ``delta_2`` base-2 units are ``delta_2 * ln 2`` nats (their 8.7 is about our 6).
+
+    Raises:
+      ValueError: ``unit`` not one of :data:`DELTA_UNITS`.
+    """
+    if unit == "nats":
+        return delta
+    if unit == "log2":
+        return delta * math.log(2.0)
+    raise ValueError(f"delta_unit must be one of {DELTA_UNITS}, got {unit!r}")
+
 
 def _grouped_query(q: jax.Array, num_kv_heads: int) -> jax.Array:
     """[B, H, D] -> float32 [B, K, G, D] scaled by 1/sqrt(D)."""
@@ -247,44 +287,102 @@ def _grouped_query(q: jax.Array, num_kv_heads: int) -> jax.Array:
     return q.reshape(b, num_kv_heads, h // num_kv_heads, d).astype(jnp.float32) / math.sqrt(d)
 
 
+def _rankable(score: jax.Array) -> jax.Array:
+    """Scores as finite ranks: NaN first (largest), +-inf clipped to the float32 range."""
+    big = jnp.finfo(jnp.float32).max
+    return jnp.where(jnp.isnan(score), big, jnp.clip(score, -big, big))
+
+
+def _top_mask(rank: jax.Array, k: int) -> jax.Array:
+    """bool [B, K, P]: the ``k`` largest entries of ``rank [B, K, P]`` (ties: lower index first)."""
+    b, kh, n = rank.shape
+    _, idx = lax.top_k(rank, min(k, n))
+    return jnp.zeros((b, kh, n), bool).at[
+        jnp.arange(b)[:, None, None], jnp.arange(kh)[None, :, None], idx].set(True)
+
+
 def select_pages(page_max: jax.Array, num_full: jax.Array, delta: float | jax.Array,
-                 top_k: int | None = None) -> jax.Array:
-    """bool [B, K, P]: which full pages to attend.
+                 top_k: int | None = None, max_pages: int | None = None) -> jax.Array:
+    """bool [B, K, P]: which full pages to attend (paper Sec. 3, the top-delta rule).
 
     Args:
       page_max: float32 [B, K, G, P], the largest estimated logit of each page per query head
-        (``-inf`` on pages that are not full).
+        (values on pages that are not full are ignored).
       num_full: int [B], number of full pages per row.
       delta: top-delta margin in nats (>= 0; ``inf`` keeps every full page). Ignored with ``top_k``.
-      top_k: keep the ``top_k`` pages with the largest ``max_g page_max`` instead (ties may keep more).
+        Page ``j`` is kept unless ``page_max[..., g, j] < theta[g]`` for every head ``g`` of the
+        group, with ``theta = max(page_max[..., 0], page_max[..., last full]) - delta``; a NaN
+        estimate (or threshold) therefore keeps the page.
+      top_k: keep exactly ``min(top_k, num_full)`` pages, those with the largest
+        ``score = max_g page_max`` (NaN first, ties to the lower page index), instead of top-delta.
+      max_pages: then keep at most ``max_pages`` of the selected pages, those with the largest
+        ``score`` (NaN first, ties to the lower page index).
     """
-    valid = jnp.arange(page_max.shape[-1])[None, :] < num_full[:, None]  # [B, P]
+    n = page_max.shape[-1]
+    valid = (jnp.arange(n)[None, :] < num_full[:, None])[:, None, :]  # [B, 1, P]
+    score = page_max.max(axis=2)  # [B, K, P], NaN-propagating
     if top_k is not None:
-        score = page_max.max(axis=2)
-        kth = lax.top_k(score, min(top_k, score.shape[-1]))[0][..., -1:]
-        return (score >= kth) & valid[:, None, :]
-    first = page_max[..., 0]
-    last_idx = jnp.maximum(num_full - 1, 0)[:, None, None, None]
-    last = jnp.take_along_axis(page_max, jnp.broadcast_to(last_idx, page_max.shape[:-1] + (1,)),
-                               axis=-1)[..., 0]
-    theta = jnp.maximum(first, last) - delta  # [B, K, G]
-    return jnp.any(page_max >= theta[..., None], axis=2) & valid[:, None, :]
+        keep = _top_mask(jnp.where(valid, _rankable(score), -jnp.inf), top_k) & valid
+    else:
+        first = page_max[..., 0]
+        last_idx = jnp.maximum(num_full - 1, 0)[:, None, None, None]
+        last = jnp.take_along_axis(
+            page_max, jnp.broadcast_to(last_idx, page_max.shape[:-1] + (1,)), axis=-1)[..., 0]
+        theta = ffd_threshold(first, last, delta)  # [B, K, G]
+        keep = jnp.any(~(page_max < theta[..., None]), axis=2) & valid
+    if max_pages is not None and max_pages < n:
+        keep = keep & _top_mask(jnp.where(keep, _rankable(score), -jnp.inf), max_pages)
+    return keep
 
 
 def ffd_threshold(page_max_first: jax.Array, page_max_last: jax.Array, delta) -> jax.Array:
-    """theta = max(first, last) - delta, float32 [B, K, G] (the paper's top-delta threshold)."""
+    """theta = max(first, last) - delta, float32 [B, K, G] (the paper's top-delta threshold; NaN if
+    either reference page's estimate is NaN)."""
     return jnp.maximum(page_max_first, page_max_last) - delta
 
 
+@functools.partial(jax.jit, static_argnames=("top_k", "max_pages"))
+def ffd_keep(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array, delta,
+             top_k: int | None = None, max_pages: int | None = None) -> jax.Array:
+    """bool [B, K, P]: the pages FFD attends, the one selection every implementation uses.
+
+    Page maxima from the packed scan (:func:`ffd_scan_page_max`), then :func:`select_pages`.
+
+    Args:
+      q: [B, H, D] float queries; cache: an FFD cache; lengths: int32 [B] in 1..S.
+      delta: top-delta margin in nats; top_k, max_pages: see :func:`select_pages`.
+    """
+    p = cache["tail"].shape[2]
+    qg = _grouped_query(q, cache["resid"].shape[1])
+    num_full = lengths // p
+    return select_pages(ffd_scan_page_max(qg, cache, num_full), num_full, delta, top_k, max_pages)
+
+
+def page_list(keep: jax.Array, m_slots: int) -> tuple[jax.Array, jax.Array]:
+    """The kept pages as a list: (idx int32 [B, K, m_slots], count int32 [B, K]).
+
+    ``idx[b, k, :count[b, k]]`` are the kept page indices in increasing order; later slots hold
+    unspecified (valid) page indices. ``keep [B, K, P]`` must hold at most ``m_slots`` pages per
+    (row, kv head).
+    """
+    n = keep.shape[-1]
+    order = jnp.where(keep, n - jnp.arange(n, dtype=jnp.int32), 0)  # earlier pages rank higher
+    _, idx = lax.top_k(order, min(m_slots, n))
+    if m_slots > n:
+        idx = jnp.pad(idx, ((0, 0), (0, 0), (0, m_slots - n)))
+    return idx.astype(jnp.int32), keep.sum(-1, dtype=jnp.int32)
+
+
 def tail_partial(qg: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array):
-    """Exact attention partial (acc [B,K,G,D], m [B,K,G], l [B,K,G]) over the tail page."""
+    """Exact attention partial (acc [B,K,G,D], m [B,K,G], l [B,K,G]) over the tail page (values
+    beyond the length are not read)."""
     p = cache["tail"].shape[2]
     logits = jnp.einsum("bkgd,bktd->bkgt", qg, cache["tail"].astype(jnp.float32))
     ok = jnp.arange(p)[None, :] < (lengths % p)[:, None]
     logits = jnp.where(ok[:, None, None, :], logits, -jnp.inf)
     tail_page = jnp.minimum(lengths // p, cache["v"].shape[2] - 1)  # a full cache has no tail
     v = jnp.take_along_axis(cache["v"], tail_page[:, None, None, None, None], axis=2)[:, :, 0]
-    return softmax_partial(logits, v)
+    return softmax_partial(logits, jnp.where(ok[:, None, :, None], v, 0))
 
 
 def softmax_partial(logits: jax.Array, v: jax.Array):
@@ -298,16 +396,19 @@ def softmax_partial(logits: jax.Array, v: jax.Array):
 
 def merge_partials(acc: jax.Array, m: jax.Array, l: jax.Array, axis: int) -> jax.Array:
     """Log-sum-exp merge of split partials stacked on ``axis`` (of ``m``/``l``; ``acc`` has the
-    extra trailing D): returns the normalised output ``sum_s e^{m_s - M} acc_s / sum_s e^{m_s - M} l_s``."""
+    extra trailing D): returns the normalised output ``sum_s e^{m_s - M} acc_s / sum_s e^{m_s - M} l_s``.
+    A NaN partial makes the output NaN; all-empty partials give 0/0 = NaN (never the case for FFD,
+    which always attends at least one token)."""
     mm = m.max(axis=axis, keepdims=True)
-    w = jnp.exp(m - jnp.where(jnp.isfinite(mm), mm, 0.0))  # exp(-inf) = 0 for empty splits
+    w = jnp.exp(m - jnp.where(jnp.isinf(mm), 0.0, mm))  # exp(-inf) = 0 for empty splits
     num = jnp.sum(w[..., None] * acc, axis=axis)
     return num / jnp.sum(w * l, axis=axis)[..., None]
 
 
 def ffd_page_max(qg: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array) -> jax.Array:
     """float32 [B, K, G, P]: largest estimated logit ``q.k_hat/sqrt(D)`` per page and query head;
-    ``-inf`` on pages that are not full. (Spec form: dequantizes every page.)"""
+    ``-inf`` on pages that are not full. (Spec form: dequantizes every page; equal to
+    :func:`ffd_scan_page_max`, which the selection uses, up to float32 rounding.)"""
     p = cache["tail"].shape[2]
     k_hat = dequantize_pages(cache["codes"], cache["scale"])
     est = jnp.einsum("bkgd,bkptd->bkgpt", qg, k_hat).max(-1)
@@ -316,28 +417,34 @@ def ffd_page_max(qg: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array)
 
 
 def ffd_decode_reference(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array, *,
-                         delta: float = 8.0, top_k: int | None = None
+                         delta: float = 8.0, top_k: int | None = None,
+                         max_pages: int | None = None, keep: jax.Array | None = None
                          ) -> tuple[jax.Array, jax.Array]:
     """FFD decode attention, the specification (masked and dense over all pages).
 
     Args:
-      q: [B, H, D] queries of the new tokens (RoPE applied).
+      q: [B, H, D] float queries of the new tokens (RoPE applied).
       cache: FFD cache holding ``lengths[b]`` tokens per row (the new token included).
       lengths: int32 [B], 1..S.
       delta: top-delta margin in nats (paper Sec. 3; ``inf`` = dense over refined keys).
       top_k: use the top-k-pages variant instead of top-delta.
+      max_pages: keep at most this many pages, by score (:func:`select_pages`).
+      keep: bool [B, K, P], a precomputed :func:`ffd_keep` (then delta/top_k/max_pages are unused).
 
     Returns:
-      (out [B, H, D] in ``q``'s dtype, keep bool [B, K, P] of attended full pages).
+      (out [B, H, D] in ``q``'s dtype, keep bool [B, K, P] of attended full pages). The output is
+      NaN in a row whose attended keys or values hold a NaN (module docstring).
     """
     b, h, d = q.shape
     kh, n, p = cache["resid"].shape[1], cache["resid"].shape[2], cache["resid"].shape[3]
     qg = _grouped_query(q, kh)
-    keep = select_pages(ffd_page_max(qg, cache, lengths), lengths // p, delta, top_k)
+    if keep is None:
+        keep = ffd_keep(q, cache, lengths, delta, top_k, max_pages)
     k_ref = dequantize_pages(cache["codes"], cache["scale"], cache["resid"])
     logits = jnp.einsum("bkgd,bkptd->bkgpt", qg, k_ref)
     logits = jnp.where(keep[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, n * p)
-    acc, m, l = softmax_partial(logits, cache["v"].reshape(b, kh, n * p, d))
+    v = jnp.where(keep[..., None, None], cache["v"], 0)  # skipped pages' values are not read
+    acc, m, l = softmax_partial(logits, v.reshape(b, kh, n * p, d))
     ta, tm, tl = tail_partial(qg, cache, lengths)
     out = merge_partials(jnp.stack([acc, ta], 2), jnp.stack([m, tm], 2), jnp.stack([l, tl], 2), 2)
     return out.reshape(b, h, d).astype(q.dtype), keep
@@ -377,15 +484,15 @@ def ffd_scan_page_max(qg: jax.Array, cache: dict[str, jax.Array], num_full: jax.
 
 
 def f8_to_f32(x: jax.Array) -> jax.Array:
-    """float8_e4m3fn -> float32 by bit arithmetic (exact for every finite value; the NaN code
-    decodes as 480, and residuals are never NaN). XLA's own conversion is emulated element by
-    element on a CPU and ~8x slower than these integer ops."""
+    """float8_e4m3fn -> float32 by bit arithmetic (exact for every value; the NaN codes
+    ``S.1111.111`` decode to NaN). XLA's own conversion is emulated element by element on a CPU and
+    ~8x slower than these integer ops."""
     u = lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
     sign = (u >> 7) << 31
     e, m = (u >> 3) & 15, u & 7
     normal = lax.bitcast_convert_type(sign | ((e + 120) << 23) | (m << 20), jnp.float32)
     sub = jnp.where(u >> 7 == 1, -1.0, 1.0) * m.astype(jnp.float32) * (2.0 ** -9)
-    return jnp.where(e == 0, sub, normal)
+    return jnp.where((u & 0x7F) == 0x7F, jnp.nan, jnp.where(e == 0, sub, normal))
 
 
 def gather_pages(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -397,25 +504,27 @@ def gather_pages(x: jax.Array, idx: jax.Array) -> jax.Array:
 
 
 def ffd_decode_xla(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array, *,
-                   delta: float = 8.0, top_k: int | None = None, max_pages: int | None = None
-                   ) -> tuple[jax.Array, jax.Array]:
-    """FFD decode attention as an XLA program: packed scan, selection, gather of at most
-    ``max_pages`` kept pages per (row, kv head), refinement and softmax, LSE merge with the tail.
+                   delta: float = 8.0, top_k: int | None = None, max_pages: int | None = None,
+                   keep: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """FFD decode attention as an XLA program: packed scan and selection (:func:`ffd_keep`), gather
+    of the kept pages into ``M = min(max_pages, P)`` slots per (row, kv head), refinement and
+    softmax, LSE merge with the tail.
 
-    Equal to :func:`ffd_decode_reference` whenever at most ``max_pages`` pages pass the rule; beyond
-    that the kept pages with the largest estimated scores are attended (``max_pages`` is the static
-    gather budget XLA needs; ``None`` = all P pages). Returns (out [B, H, D], keep [B, K, P] of the
-    pages actually attended).
+    Arguments as :func:`ffd_decode_reference` (``keep``, when given, must come from
+    :func:`ffd_keep` with the same ``max_pages``); ``max_pages`` is also the static gather budget.
+    The same pages as the reference are attended, so the two agree to float32 rounding.
+
+    Returns:
+      (out [B, H, D] in ``q``'s dtype, keep bool [B, K, P] of the attended pages).
     """
     b, h, d = q.shape
     kh, n, p = cache["resid"].shape[1], cache["resid"].shape[2], cache["resid"].shape[3]
     m_slots = n if max_pages is None else max(1, min(int(max_pages), n))
     qg = _grouped_query(q, kh)
-    page_max = ffd_scan_page_max(qg, cache, lengths // p)
-    keep = select_pages(page_max, lengths // p, delta, top_k)
-    score = jnp.where(keep, page_max.max(2), -jnp.inf)  # [B, K, P]
-    _, idx = lax.top_k(score, m_slots)  # [B, K, M]
-    ok = jnp.take_along_axis(keep, idx, axis=2)
+    if keep is None:
+        keep = ffd_keep(q, cache, lengths, delta, top_k, max_pages)
+    idx, count = page_list(keep, m_slots)  # [B, K, M], [B, K]
+    ok = jnp.arange(m_slots)[None, None, :] < count[..., None]
 
     def gather(x):
         return gather_pages(x, idx)
@@ -428,12 +537,11 @@ def ffd_decode_xla(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array
     x = codes.astype(jnp.float32) - 1.5 + f8_to_f32(gather(cache["resid"]))
     logits = jnp.einsum("bkgmd,bkmtd->bkgmt", qs, x)
     logits = jnp.where(ok[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, m_slots * p)
-    acc, m, l = softmax_partial(logits, gather(cache["v"]).reshape(b, kh, m_slots * p, d))
+    v = jnp.where(ok[..., None, None], gather(cache["v"]), 0)  # empty slots: no NaN leaks in
+    acc, m, l = softmax_partial(logits, v.reshape(b, kh, m_slots * p, d))
     ta, tm, tl = tail_partial(qg, cache, lengths)
     out = merge_partials(jnp.stack([acc, ta], 2), jnp.stack([m, tm], 2), jnp.stack([l, tl], 2), 2)
-    attended = jnp.zeros_like(keep).at[
-        jnp.arange(b)[:, None, None], jnp.arange(kh)[None, :, None], idx].set(ok)
-    return out.reshape(b, h, d).astype(q.dtype), attended
+    return out.reshape(b, h, d).astype(q.dtype), keep
 
 
 # -- Quest baseline ----------------------------------------------------------------------------
