@@ -1,0 +1,481 @@
+"""Llama-family checkpoints from a local Hugging Face directory: config, weights, tokenizer.
+
+A directory holds ``config.json``, the weights as ``model.safetensors`` or shards listed in
+``model.safetensors.index.json`` (any ``*.safetensors`` otherwise), and ``tokenizer.json``.
+Nothing is downloaded: the directory must already be on disk.
+
+* :func:`config_from_hf` maps ``config.json`` (both the ``rope_theta`` / ``rope_scaling`` schema and
+  the newer ``rope_parameters`` one) to :class:`models.llama.LlamaConfig`.
+* :func:`load_checkpoint` builds the model's parameters tensor by tensor: the model is created
+  abstractly (no random initialisation), every tensor is checked against the model before any is
+  read (name, shape, dtype, the memory it needs), then each is read, transposed, cast and placed on
+  its devices (sharded by the logical-axis rules of :mod:`core.sharding` when a mesh is given, each
+  device reading only its slice) before the next one is read. The host never holds a second copy
+  of the model. Name mapping and transposes are the one table :data:`WEIGHTS`.
+* :func:`load_tokenizer` wraps ``tokenizer.json`` with the ``tokenizers`` library.
+
+Every bad input raises a one-line ValueError that names the file and, where there is one, the
+tensor; nothing partially loaded is returned.
+
+Dimensions: V vocabulary, E model width, H query heads, K kv heads, D head dim, F MLP width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from core import sharding as shd
+from models.llama import Llama, LlamaConfig
+from models.rope import ROPE_KINDS, RotaryEmbedding
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+# (our parameter path, with {i} for the layer; Hugging Face tensor name; transpose (HF stores
+#  Linear weights [out, in], we store kernels [in, out]); logical axes of our array)
+WEIGHTS: tuple[tuple[str, str, bool, tuple[str, ...]], ...] = (
+    ("embed.embedding", "model.embed_tokens.weight", False, ("vocab", "embed")),
+    ("blocks.{i}.norm1.scale", "model.layers.{i}.input_layernorm.weight", False, ("embed",)),
+    ("blocks.{i}.attn.q_proj.kernel", "model.layers.{i}.self_attn.q_proj.weight", True,
+     ("embed", "heads")),
+    ("blocks.{i}.attn.q_proj.bias", "model.layers.{i}.self_attn.q_proj.bias", False, ("heads",)),
+    ("blocks.{i}.attn.k_proj.kernel", "model.layers.{i}.self_attn.k_proj.weight", True,
+     ("embed", "kv_heads")),
+    ("blocks.{i}.attn.k_proj.bias", "model.layers.{i}.self_attn.k_proj.bias", False,
+     ("kv_heads",)),
+    ("blocks.{i}.attn.v_proj.kernel", "model.layers.{i}.self_attn.v_proj.weight", True,
+     ("embed", "kv_heads")),
+    ("blocks.{i}.attn.v_proj.bias", "model.layers.{i}.self_attn.v_proj.bias", False,
+     ("kv_heads",)),
+    ("blocks.{i}.attn.o_proj.kernel", "model.layers.{i}.self_attn.o_proj.weight", True,
+     ("heads", "embed")),
+    ("blocks.{i}.attn.o_proj.bias", "model.layers.{i}.self_attn.o_proj.bias", False, ("embed",)),
+    ("blocks.{i}.norm2.scale", "model.layers.{i}.post_attention_layernorm.weight", False,
+     ("embed",)),
+    ("blocks.{i}.mlp.gate.kernel", "model.layers.{i}.mlp.gate_proj.weight", True,
+     ("embed", "mlp")),
+    ("blocks.{i}.mlp.up.kernel", "model.layers.{i}.mlp.up_proj.weight", True, ("embed", "mlp")),
+    ("blocks.{i}.mlp.down.kernel", "model.layers.{i}.mlp.down_proj.weight", True,
+     ("mlp", "embed")),
+    ("final_norm.scale", "model.norm.weight", False, ("embed",)),
+    ("head.kernel", "lm_head.weight", True, ("embed", "vocab")),
+)
+
+# Checkpoint tensors that carry no parameter (recomputed buffers of older exports).
+_IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
+_FLOAT_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16}
+LOAD_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class Checkpoint(NamedTuple):
+    """A loaded model: ``nnx.merge(graphdef, params)`` is a :class:`models.llama.Llama`."""
+
+    config: LlamaConfig
+    graphdef: nnx.GraphDef
+    params: nnx.State
+
+
+# ----------------------------------------------------------------------------------------------
+# config.json
+
+
+def read_json(path: str) -> dict:
+    """The JSON object in ``path``.
+
+    Raises:
+      ValueError: missing file, invalid JSON (with its line) or not an object.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _rope_from_hf(hf: dict, where: str) -> RotaryEmbedding:
+    params = hf.get("rope_parameters")
+    if params is not None and any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(f"{where}: per-layer-type rope_parameters ({sorted(params)}) are not "
+                         "supported")
+    scaling = dict(params or hf.get("rope_scaling") or {})
+    theta = scaling.get("rope_theta", hf.get("rope_theta", 10_000.0))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_KINDS:
+        raise ValueError(f"{where}: rope type {kind!r} is not supported; supported: "
+                         f"{', '.join(ROPE_KINDS)}")
+    if scaling.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"{where}: partial_rotary_factor != 1 is not supported")
+    max_pos = hf.get("max_position_embeddings")
+    orig = scaling.get("original_max_position_embeddings", max_pos)
+    factor = scaling.get("factor", 1.0)
+    if kind == "yarn" and factor is None and max_pos and orig:
+        factor = max_pos / orig
+    kwargs = dict(theta=float(theta), kind=kind, factor=float(factor if factor else 1.0))
+    if kind in ("llama3", "yarn"):
+        kwargs["original_max_len"] = int(orig) if orig else None
+    if kind == "llama3":
+        kwargs.update(low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+                      high_freq_factor=float(scaling.get("high_freq_factor", 4.0)))
+    if kind == "yarn":
+        kwargs.update(beta_fast=float(scaling.get("beta_fast") or 32.0),
+                      beta_slow=float(scaling.get("beta_slow") or 1.0),
+                      attention_factor=scaling.get("attention_factor"),
+                      mscale=scaling.get("mscale"), mscale_all_dim=scaling.get("mscale_all_dim"),
+                      truncate=bool(scaling.get("truncate", True)))
+    try:
+        return RotaryEmbedding(**kwargs)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _windows_from_hf(hf: dict, n: int, where: str) -> tuple[int | None, ...] | None:
+    window = hf.get("sliding_window")
+    layer_types = hf.get("layer_types")
+    if layer_types is not None:
+        if len(layer_types) != n:
+            raise ValueError(f"{where}: layer_types has {len(layer_types)} entries for "
+                             f"num_hidden_layers={n}")
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"{where}: layer type(s) {unknown} are not supported")
+        if "sliding_attention" in layer_types and not window:
+            raise ValueError(f"{where}: sliding_attention layers but sliding_window={window}")
+        out = tuple(window if t == "sliding_attention" else None for t in layer_types)
+    elif hf.get("model_type") == "qwen2":
+        first = hf.get("max_window_layers", n)
+        use = hf.get("use_sliding_window", False) and window
+        out = tuple(window if use and i >= first else None for i in range(n))
+    elif hf.get("model_type") == "mistral" and window:
+        out = (int(window),) * n
+    else:
+        return None
+    return out if any(w is not None for w in out) else None
+
+
+def config_from_hf(hf: dict, *, where: str = "config.json", dtype: Any = jnp.float32,
+                   max_len: int | None = None) -> LlamaConfig:
+    """:class:`LlamaConfig` of a Hugging Face ``config.json`` object.
+
+    Args:
+      hf: the parsed ``config.json``.
+      where: the file name used in error messages.
+      dtype: parameter and computation dtype.
+      max_len: override of ``max_position_embeddings`` (the longest cache the model accepts).
+
+    Raises:
+      ValueError (naming ``where``): unsupported ``model_type`` or activation, MLP biases, an
+        unsupported RoPE type or scaling, a missing or non-positive size.
+    """
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"{where}: model_type {model_type!r} is not supported; supported: "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{where}: hidden_act {act!r} is not supported (SwiGLU needs 'silu')")
+    if hf.get("mlp_bias", False):
+        raise ValueError(f"{where}: mlp_bias=true is not supported")
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads"):
+        if not isinstance(hf.get(key), int) or hf[key] < 1:
+            raise ValueError(f"{where}: {key} must be a positive integer, got {hf.get(key)!r}")
+    n = hf["num_hidden_layers"]
+    attention_bias = bool(hf.get("attention_bias", False))
+    try:
+        return LlamaConfig(
+            vocab_size=hf["vocab_size"],
+            max_len=int(max_len or hf.get("max_position_embeddings") or 4096),
+            d_model=hf["hidden_size"], num_layers=n, num_heads=hf["num_attention_heads"],
+            num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            mlp_dim=hf["intermediate_size"], head_dim=hf.get("head_dim"),
+            rope=_rope_from_hf(hf, where), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            qkv_bias=model_type == "qwen2" or attention_bias, out_bias=attention_bias,
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            layer_windows=_windows_from_hf(hf, n, where),
+            dtype=dtype, param_dtype=dtype, model_type=model_type)
+    except ValueError as e:
+        if str(e).startswith(where):
+            raise
+        raise ValueError(f"{where}: {e}") from None
+
+
+def read_config(path: str, *, dtype: Any = jnp.float32, max_len: int | None = None
+                ) -> LlamaConfig:
+    """:func:`config_from_hf` of ``<path>/config.json``.
+
+    Raises:
+      ValueError: ``path`` is not a directory, has no ``config.json``, or as ``config_from_hf``.
+    """
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: not a checkpoint directory")
+    file = os.path.join(path, "config.json")
+    return config_from_hf(read_json(file), where=file, dtype=dtype, max_len=max_len)
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights
+
+
+def weight_files(path: str) -> dict[str, str]:
+    """Tensor name -> safetensors file of the checkpoint in directory ``path``.
+
+    Uses ``model.safetensors.index.json`` when present (its ``weight_map``), else every
+    ``*.safetensors`` file in the directory.
+
+    Raises:
+      ValueError: no weights, only PyTorch ``.bin`` weights, an index naming a missing shard, a
+        tensor in two files, or a file that is not a valid safetensors file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: no weight_map")
+        files = sorted({os.path.join(path, f) for f in weight_map.values()})
+        for f in files:
+            if not os.path.isfile(f):
+                raise ValueError(f"{index}: shard {os.path.basename(f)} does not exist")
+    else:
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            other = glob.glob(os.path.join(path, "*.bin")) + glob.glob(os.path.join(path, "*.pt"))
+            extra = " (only PyTorch .bin/.pt weights found; convert them to safetensors)" \
+                if other else ""
+            raise ValueError(f"{path}: no *.safetensors weights{extra}")
+    where: dict[str, str] = {}
+    for f in files:
+        try:
+            with safe_open(f, framework="flax") as st:
+                names = list(st.keys())
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{f}: not a readable safetensors file ({e})") from None
+        for name in names:
+            if name in where:
+                raise ValueError(f"{f}: tensor {name} is also in {where[name]}")
+            where[name] = f
+    return where
+
+
+def _table(cfg: LlamaConfig) -> dict[tuple, tuple[str, bool, tuple[str, ...]]]:
+    """Our flat parameter path -> (HF name, transpose, logical axes), for this config."""
+    out = {}
+    for ours, theirs, transpose, axes in WEIGHTS:
+        layers = range(cfg.num_layers) if "{i}" in ours else [None]
+        for i in layers:
+            path = tuple(int(p) if p.isdigit() else p for p in ours.format(i=i).split("."))
+            out[path] = (theirs.format(i=i), transpose, axes)
+    return out
+
+
+def _sharding_for(shape: tuple[int, ...], axes: tuple[str, ...], mesh, rules
+                  ) -> jax.sharding.Sharding:
+    if mesh is None:
+        return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    spec = list(shd.logical_to_spec(axes, rules))
+    for d, name in enumerate(spec):  # a dimension that does not divide stays replicated
+        if name is not None and shape[d] % mesh.shape[name]:
+            spec[d] = None
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
+def _memory_capacity(mesh) -> tuple[int | None, str]:
+    devices = list(mesh.devices.flat) if mesh is not None else [jax.devices()[0]]
+    stats = [d.memory_stats() if hasattr(d, "memory_stats") else None for d in devices]
+    if all(s and s.get("bytes_limit") for s in stats):
+        return (sum(int(s["bytes_limit"]) - int(s.get("bytes_in_use", 0)) for s in stats),
+                f"free memory of {len(devices)} device(s)")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "available host memory"
+    except OSError:
+        pass
+    return None, ""
+
+
+def resolve_dtype(dtype: Any) -> np.dtype:
+    """The parameter dtype for a name or dtype in :data:`LOAD_DTYPES`.
+
+    Raises:
+      ValueError: any other dtype (e.g. float64, which JAX holds as float32 unless x64 is on, or
+        an integer type).
+    """
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype {dtype!r}: not a dtype; expected one of {LOAD_DTYPES}") from None
+    if dt.name not in LOAD_DTYPES:
+        raise ValueError(f"dtype {dt.name}: parameters can be loaded as {', '.join(LOAD_DTYPES)} "
+                         "only")
+    return dt
+
+
+def load_checkpoint(path: str, *, dtype: Any = "float32", mesh: jax.sharding.Mesh | None = None,
+                    rules: dict[str, str | None] = shd.RULES, max_len: int | None = None,
+                    memory_limit_bytes: int | None = None) -> Checkpoint:
+    """Loads a Llama / Qwen2 / Mistral checkpoint directory into :class:`models.llama.Llama`.
+
+    Args:
+      path: directory with ``config.json`` and safetensors weights.
+      dtype: parameter (and computation) dtype, one of :data:`LOAD_DTYPES`; tensors are cast.
+      mesh: place each tensor sharded over this mesh as it loads (logical axes of
+        :data:`WEIGHTS` mapped by ``rules``; a dimension the mesh axis does not divide is
+        replicated); default: the first device.
+      rules: logical axis -> mesh axis (default :data:`core.sharding.RULES`).
+      max_len: longest sequence / cache (default ``max_position_embeddings``).
+      memory_limit_bytes: memory the parameters may take (default: the devices' free memory, or
+        the host's available memory on CPU).
+
+    Returns:
+      :class:`Checkpoint` (config, graphdef, params).
+
+    Raises:
+      ValueError (naming the file and the tensor): see :func:`read_config`,
+        :func:`weight_files`; a tensor the model needs is missing, has the wrong shape or a
+        non-float dtype; a tensor the model does not use; ``dtype`` not loadable; the parameters
+        do not fit in memory.
+    """
+    dt = resolve_dtype(dtype)
+    cfg = read_config(path, dtype=dt, max_len=max_len)
+    files = weight_files(path)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
+    table = _table(cfg)
+    flat = list(nnx.to_flat_state(abstract))
+
+    # 1. Check every tensor before reading any.
+    from safetensors import safe_open
+
+    headers: dict[str, tuple[list[int], str]] = {}
+    for f in sorted(set(files.values())):
+        with safe_open(f, framework="flax") as st:
+            for name in st.keys():
+                sl = st.get_slice(name)
+                headers[name] = (list(sl.get_shape()), sl.get_dtype())
+    plan = []
+    used = set()
+    for p, var in flat:
+        if p not in table:
+            raise ValueError(f"{path}: model parameter {'.'.join(map(str, p))} has no entry in "
+                             "the weight table")
+        name, transpose, axes = table[p]
+        if name not in files:
+            raise ValueError(f"{path}: tensor {name} is missing from the checkpoint")
+        shape, src_dtype = headers[name]
+        want = tuple(var.shape[::-1] if transpose else var.shape)
+        if tuple(shape) != want:
+            raise ValueError(f"{files[name]}: tensor {name} has shape {tuple(shape)}, expected "
+                             f"{want} for config.json")
+        if src_dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{files[name]}: tensor {name} has dtype {src_dtype}; expected one "
+                             f"of {', '.join(_FLOAT_DTYPES)} (quantized checkpoints are not "
+                             "supported)")
+        used.add(name)
+        plan.append((p, var, name, transpose, axes))
+    unused = sorted(n for n in files if n not in used and not _IGNORED.match(n)
+                    and not (cfg.tie_embeddings and n == "lm_head.weight"))
+    if unused:
+        raise ValueError(f"{files[unused[0]]}: tensor {unused[0]} is not used by the "
+                         f"{cfg.model_type} model built from config.json ({len(unused)} such "
+                         "tensors)")
+    need = sum(int(np.prod(var.shape)) for _, var, *_ in plan) * dt.itemsize
+    cap, what = ((memory_limit_bytes, "memory_limit_bytes") if memory_limit_bytes is not None
+                 else _memory_capacity(mesh))
+    if cap is not None and need > cap:
+        raise ValueError(f"{path}: the parameters need {need / 2**30:.2f} GiB as {dt.name}, more "
+                         f"than the {what} ({cap / 2**30:.2f} GiB)")
+
+    # 2. Read, transpose, cast and place one tensor at a time.
+    cpu = jax.local_devices(backend="cpu")[0]
+    values: dict[tuple, jax.Array] = {}
+    by_file: dict[str, list] = {}
+    for item in plan:
+        by_file.setdefault(files[item[2]], []).append(item)
+    for f, items in by_file.items():
+        with safe_open(f, framework="flax") as st:
+            for p, var, name, transpose, axes in items:
+                sl = st.get_slice(name)
+
+                def read(index, sl=sl, transpose=transpose):
+                    index = tuple(index)[::-1] if transpose else tuple(index)
+                    with jax.default_device(cpu):
+                        x = sl[index] if index else sl[:]
+                        return (x.T if transpose else x).astype(dt)
+
+                values[p] = jax.make_array_from_callback(
+                    tuple(var.shape), _sharding_for(tuple(var.shape), axes, mesh, rules), read)
+    params = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
+    return Checkpoint(cfg, graphdef, params)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+    """``tokenizer.json`` through the ``tokenizers`` library, with the checkpoint's EOS ids.
+
+    Attributes:
+      backend: the ``tokenizers.Tokenizer``.
+      eos_ids: ids that end generation (``generation_config.json``'s ``eos_token_id``, else
+        ``config.json``'s; an int or a list in either).
+    """
+
+    backend: Any
+    eos_ids: tuple[int, ...] = ()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (with the tokenizer's own post-processing, e.g. a BOS id)."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Text of ``ids`` (a sequence of ints)."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """The tokenizer of checkpoint directory ``path`` (``tokenizer.json``).
+
+    Raises:
+      ValueError: no ``tokenizer.json`` or one the library cannot parse (naming the file).
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+
+    file = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(file):
+        raise ValueError(f"{file}: no such file (a tokenizer.json is needed to encode prompts)")
+    try:
+        backend = HFTokenizer.from_file(file)
+    except Exception as e:  # noqa: BLE001 - the library raises plain Exception on bad files
+        raise ValueError(f"{file}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
+    eos: Any = None
+    for name in ("generation_config.json", "config.json"):
+        f = os.path.join(path, name)
+        if os.path.isfile(f):
+            eos = read_json(f).get("eos_token_id")
+            if eos is not None:
+                break
+    eos_ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [eos] if eos is not None
+                                     else []))
+    return Tokenizer(backend, eos_ids)
