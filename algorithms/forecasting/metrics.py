@@ -10,19 +10,42 @@ summation order).
 Conventions:
   * CRPS is the ensemble estimator ``CRPS(F_S, y) = E|X - y| - 1/2 E|X - X'|`` with X, X'
     independent draws from the S-sample empirical distribution (pairs with X = X' included, i.e. the
-    1/S^2 normalisation; Gneiting & Raftery 2007, eq. 21; ``properscoring.crps_ensemble``), computed
-    in O(S log S) by sorting: ``1/2 E|X - X'| = S^-2 sum_i (2i - S - 1) x_(i)``. Reported as the
-    mean over all B*H*N points (as in the PPM authors' evaluation).
+    1/S^2 normalisation; Gneiting & Raftery 2007, eq. 21; ``properscoring.crps_ensemble``). It is
+    computed after one sort in its quantile-score form (Laio & Tamea 2007): with ``x_(1) <= ... <=
+    x_(S)``,
+
+        CRPS = 2/S^2 sum_i [ (x_(i) - y)(S - i + 1/2)  if x_(i) > y,  (y - x_(i))(i - 1/2)  else ],
+
+    a sum of non-negative terms, so it is >= 0 exactly in floating point and has no cancellation
+    when the samples sit far from zero (the form ``E|X - y| - S^-2 sum_i (2i - S - 1) x_(i)``
+    loses all digits of the spread term at large offsets). Reported as the mean over all B*H*N
+    points (as in the PPM authors' evaluation).
   * CRPS-sum is the CRPS of the channel sum (samples and target summed over N), averaged over the
     B*H points; it is not normalised by the target's magnitude. With N = 1 it equals CRPS.
   * QICE (quantile interval coverage error; Han et al. 2022, CARD) with M bins: the sample
-    quantiles at levels 0, 1/M, ..., 1 cut the line into M intervals; QICE = mean_m |r_m - 1/M|
-    where r_m is the fraction of target points falling in interval m. A target below the smallest
-    or above the largest sample falls in no interval (it still counts in the denominator), which is
-    the convention of the CARD and PPM reference code. Reported as a percentage in the experiments.
+    quantiles ``q_0 <= ... <= q_M`` at levels 0, 1/M, ..., 1 cut the line into M intervals; a target
+    y is in interval m (1..M) when exactly m of them are strictly below it. QICE = mean_m
+    |r_m - 1/M| where r_m is the fraction of all target points in interval m. The two reference
+    codes differ for a target outside the samples' range (y <= min sample, or y > max sample):
+      - ``out_of_range="ppm"`` (default; the PPM authors' code, whose numbers we compare with):
+        such a target is in no interval; it still counts in the denominator, so the r_m sum to
+        less than 1.
+      - ``out_of_range="card"`` (the CARD code of Han et al.): it is counted in the first
+        (y <= min) or last (y > max) interval, so the r_m sum to 1.
+    QICE lies in ``[0, max(1/M, 2(M-1)/M^2)]``. Reported as a percentage in the experiments.
   * Coverage of the central p interval: fraction of points in ``[q_(1-p)/2, q_(1+p)/2]`` (sample
     quantiles with linear interpolation, like ``numpy.quantile``).
-  * MSE and MAE are those of the sample mean.
+  * MSE and MAE are those of the sample mean (float32: squared errors overflow beyond ~1e19).
+
+Bad values. Shapes are static and checked everywhere (ValueError, also under ``jit``), including
+empty axes (B, S, H or N of size 0), which would otherwise give all-NaN metrics. Values are checked
+by the host entry point :func:`evaluate` (ValueError naming ``samples`` or ``target`` and the first
+non-finite index). The array functions (:func:`metric_sums`, :func:`crps_ensemble`,
+:func:`qice_bin_counts`), which run under ``jit`` where a check would cost a device round trip,
+instead return NaN in every output that depends on a NaN or infinite sample or target: the CRPS of
+that point, and every value-dependent sum of a batch that contains one (CRPS, CRPS-sum, squared
+and absolute errors, coverage counts and all QICE bin counts); the point counts stay exact.
+:func:`finalize_metrics` then gives NaN for every metric but never a plausible finite number.
 """
 
 from __future__ import annotations
@@ -31,25 +54,45 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 QICE_BINS = 10
 COVERAGE_LEVELS = (0.5, 0.9)
+OUT_OF_RANGE = ("ppm", "card")
 
 
 def _check(samples: jax.Array, target: jax.Array) -> None:
     if samples.ndim != 4 or target.ndim != 3 or samples.shape[:1] + samples.shape[2:] != target.shape:
         raise ValueError(
             f"expected samples [B, S, H, N] and target [B, H, N], got {samples.shape} and {target.shape}")
-    if samples.shape[1] < 1:
-        raise ValueError("need at least one sample per window")
+    if 0 in samples.shape:
+        raise ValueError(f"empty batch: samples has shape {samples.shape} (B, S, H, N); every axis "
+                         "needs at least one entry (an empty batch has no metrics)")
+
+
+def _check_bins(num_bins, out_of_range: str) -> None:
+    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
+        raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
+    if out_of_range not in OUT_OF_RANGE:
+        raise ValueError(f"out_of_range must be one of {OUT_OF_RANGE}, got {out_of_range!r}")
+
+
+def _bad_points(xs: jax.Array, target: jax.Array) -> jax.Array:
+    """bool with ``target``'s shape: the target or any of its samples (last axis) is not finite."""
+    return ~jnp.isfinite(target) | jnp.any(~jnp.isfinite(xs), axis=-1)
 
 
 def _crps_sorted(xs: jax.Array, target: jax.Array) -> jax.Array:
-    """CRPS from samples already sorted ascending along the last axis."""
-    m = xs.shape[-1]
-    skill = jnp.mean(jnp.abs(xs - target[..., None]), axis=-1)
-    weights = (2.0 * jnp.arange(1, m + 1, dtype=xs.dtype) - m - 1.0) / (m * m)
-    return skill - jnp.sum(xs * weights, axis=-1)
+    """CRPS from samples sorted ascending along the last axis (quantile-score form, module doc).
+    NaN where the target or a sample is not finite."""
+    s = xs.shape[-1]
+    i = jnp.arange(s, dtype=xs.dtype)                                    # 0-based rank
+    d = xs - target[..., None]
+    # (S - i - 1/2)/S above the target, (i + 1/2)/S below (0-based i): both in (0, 1), so no term
+    # exceeds |x - y| and the sum cannot overflow where the differences do not.
+    terms = jnp.where(d > 0, d * ((s - i - 0.5) / s), -d * ((i + 0.5) / s))
+    crps = jnp.sum(terms, axis=-1) * (2.0 / s)
+    return jnp.where(_bad_points(xs, target), jnp.nan, crps)
 
 
 def _quantiles_sorted(xs: jax.Array, levels) -> jax.Array:
@@ -64,82 +107,124 @@ def _quantiles_sorted(xs: jax.Array, levels) -> jax.Array:
 
 
 def crps_ensemble(samples: jax.Array, target: jax.Array, axis: int = -1) -> jax.Array:
-    """Ensemble CRPS of each target point (sort-based; equals ``properscoring.crps_ensemble``).
+    """Ensemble CRPS of each target point (equals ``properscoring.crps_ensemble``; module doc).
 
     Args:
-      samples: f32 [..., S, ...], the S draws along ``axis``.
+      samples: f32 [..., S, ...], the S >= 1 draws along ``axis``.
       target: f32 with the shape of ``samples`` without ``axis``.
       axis: the sample axis of ``samples``.
 
     Returns:
-      f32 with ``target``'s shape: ``mean_i |x_i - y| - S^-2 sum_i (2i - S - 1) x_(i)`` (>= 0), in
-      the units of the data.
+      f32 with ``target``'s shape, >= 0, in the units of the data; NaN where the target or one of
+      its samples is NaN or infinite (traceable: no host check of values).
+
+    Raises:
+      ValueError: shapes do not match, or there are no samples.
     """
-    x = jnp.moveaxis(samples, axis, -1)
+    x = jnp.moveaxis(jnp.asarray(samples), axis, -1)
+    target = jnp.asarray(target)
     if x.shape[:-1] != target.shape:
         raise ValueError(f"samples {samples.shape} (sample axis {axis}) do not match target {target.shape}")
+    if x.shape[-1] < 1:
+        raise ValueError(f"samples has no draws along axis {axis} (shape {samples.shape})")
     return _crps_sorted(jnp.sort(x, axis=-1), target)
 
 
-def _qice_counts_sorted(xs: jax.Array, target: jax.Array, num_bins: int) -> jax.Array:
+def _qice_counts_sorted(xs: jax.Array, target: jax.Array, num_bins: int, out_of_range: str
+                        ) -> jax.Array:
     q = _quantiles_sorted(xs, jnp.linspace(0.0, 1.0, num_bins + 1))      # [..., M+1]
     membership = jnp.sum(target[..., None] > q, axis=-1)               # 0..M+1; 1..M are the bins
+    if out_of_range == "card":
+        membership = jnp.clip(membership, 1, num_bins)
     hits = membership[..., None] == jnp.arange(1, num_bins + 1)
-    return jnp.sum(hits.reshape(-1, num_bins), axis=0).astype(jnp.float32)
+    counts = jnp.sum(hits.reshape(-1, num_bins), axis=0).astype(jnp.float32)
+    return jnp.where(jnp.any(_bad_points(xs, target)), jnp.nan, counts)
 
 
-def qice_bin_counts(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS) -> jax.Array:
+def qice_bin_counts(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS,
+                    out_of_range: str = "ppm") -> jax.Array:
     """Number of target points in each of the ``num_bins`` sample-quantile intervals.
 
     Args:
       samples: f32 [B, S, H, N]; target: f32 [B, H, N].
+      num_bins: M >= 1.
+      out_of_range: ``"ppm"`` (a target at or below the smallest sample or above the largest is in
+        no bin; the PPM reference code) or ``"card"`` (it is counted in the first or last bin; the
+        CARD reference code). See the module docstring.
 
     Returns:
-      f32 [num_bins]; targets outside [min sample, max sample] are in no bin (see module docstring).
+      f32 [num_bins]; all NaN if any sample or target is NaN or infinite.
+
+    Raises:
+      ValueError: bad shapes, an empty axis, ``num_bins < 1`` or an unknown ``out_of_range``.
     """
+    _check(samples, target)
+    _check_bins(num_bins, out_of_range)
     xs = jnp.sort(jnp.moveaxis(samples, 1, -1), axis=-1)
-    return _qice_counts_sorted(xs, target, num_bins)
+    return _qice_counts_sorted(xs, target, int(num_bins), out_of_range)
 
 
 def qice_from_counts(counts: jax.Array, num_points: jax.Array | float) -> jax.Array:
-    """QICE = mean_m |counts_m / num_points - 1/M| (a fraction; multiply by 100 for percent)."""
+    """QICE = mean_m |counts_m / num_points - 1/M| (a fraction; multiply by 100 for percent).
+
+    Args:
+      counts: f32 [..., M] bin counts (:func:`qice_bin_counts`); num_points: the number of target
+        points they were counted from (including those in no bin), > 0.
+
+    Raises:
+      ValueError: a concrete ``num_points`` that is not > 0.
+    """
+    if not isinstance(num_points, jax.core.Tracer) and not np.all(np.asarray(num_points) > 0):
+        raise ValueError(f"num_points must be > 0, got {num_points}")
     m = counts.shape[-1]
     return jnp.mean(jnp.abs(counts / num_points - 1.0 / m), axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_bins",))
-def metric_sums(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS) -> dict[str, jax.Array]:
+@functools.partial(jax.jit, static_argnames=("num_bins", "out_of_range"))
+def metric_sums(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS,
+                out_of_range: str = "ppm") -> dict[str, jax.Array]:
     """Additive statistics of one batch of forecasts (sum them over batches, then
     :func:`finalize_metrics`).
 
     Args:
-      samples: f32 [B, S, H, N] forecast draws; target: f32 [B, H, N].
+      samples: f32 [B, S, H, N] forecast draws; target: f32 [B, H, N]; every axis non-empty.
+      num_bins: M, QICE bins (static). out_of_range: QICE convention (static; see
+        :func:`qice_bin_counts`).
 
     Returns:
       dict of f32 scalars (and ``qice_counts`` [num_bins]): ``points`` (B*H*N), ``sum_points``
       (B*H), ``crps``, ``crps_sum``, ``se``, ``ae``, ``covered_50``, ``covered_90`` (sums), and
-      ``qice_counts``.
+      ``qice_counts``. Jitted, so values are not checked: if any sample or target is NaN or
+      infinite, every entry except ``points`` and ``sum_points`` is NaN.
 
     Raises:
-      ValueError: shapes are not [B, S, H, N] and [B, H, N].
+      ValueError: shapes are not [B, S, H, N] and [B, H, N], an axis is empty, bad ``num_bins`` or
+        ``out_of_range`` (raised while tracing).
     """
     _check(samples, target)
+    _check_bins(num_bins, out_of_range)
     target = target.astype(jnp.float32)
-    xs = jnp.sort(jnp.moveaxis(samples.astype(jnp.float32), 1, -1), axis=-1)   # [B, H, N, S], one sort
+    samples = samples.astype(jnp.float32)
+    xs = jnp.sort(jnp.moveaxis(samples, 1, -1), axis=-1)   # [B, H, N, S], one sort
+    any_bad = jnp.any(_bad_points(xs, target))
+
+    def value_sum(v):
+        return jnp.where(any_bad, jnp.nan, jnp.sum(v).astype(jnp.float32))
+
     mean = jnp.mean(xs, axis=-1)
     out = {
         "points": jnp.asarray(target.size, jnp.float32),
         "sum_points": jnp.asarray(target.shape[0] * target.shape[1], jnp.float32),
-        "crps": jnp.sum(_crps_sorted(xs, target)),
-        "crps_sum": jnp.sum(crps_ensemble(samples.astype(jnp.float32).sum(-1), target.sum(-1), axis=1)),
-        "se": jnp.sum((mean - target) ** 2),
-        "ae": jnp.sum(jnp.abs(mean - target)),
-        "qice_counts": _qice_counts_sorted(xs, target, num_bins),
+        "crps": value_sum(_crps_sorted(xs, target)),
+        "crps_sum": value_sum(crps_ensemble(samples.sum(-1), target.sum(-1), axis=1)),
+        "se": value_sum((mean - target) ** 2),
+        "ae": value_sum(jnp.abs(mean - target)),
+        "qice_counts": _qice_counts_sorted(xs, target, num_bins, out_of_range),
     }
     for p in COVERAGE_LEVELS:
         q = _quantiles_sorted(xs, [(1 - p) / 2, (1 + p) / 2])
         inside = (target >= q[..., 0]) & (target <= q[..., 1])
-        out[f"covered_{round(100 * p)}"] = jnp.sum(inside).astype(jnp.float32)
+        out[f"covered_{round(100 * p)}"] = value_sum(inside)
     return out
 
 
@@ -150,8 +235,20 @@ def add_sums(a: dict | None, b: dict) -> dict:
 
 def finalize_metrics(sums: dict) -> dict[str, float]:
     """Metrics from summed statistics: ``crps``, ``crps_sum``, ``qice`` (fraction), ``mse``, ``mae``,
-    ``coverage_50``, ``coverage_90`` as Python floats."""
+    ``coverage_50``, ``coverage_90`` as Python floats; NaN where the sums are NaN (a batch held a
+    non-finite sample or target, see :func:`metric_sums`).
+
+    Raises:
+      ValueError: ``sums`` lacks a statistic or counts no points.
+    """
+    need = ("points", "sum_points", "crps", "crps_sum", "se", "ae", "qice_counts") + tuple(
+        f"covered_{round(100 * p)}" for p in COVERAGE_LEVELS)
+    missing = [k for k in need if k not in sums]
+    if missing:
+        raise ValueError(f"sums lacks {missing}; pass the (summed) output of metric_sums")
     n = sums["points"]
+    if not float(n) > 0:
+        raise ValueError(f"sums['points'] is {float(n)}: no target points were scored")
     out = {
         "crps": sums["crps"] / n,
         "crps_sum": sums["crps_sum"] / sums["sum_points"],
@@ -164,6 +261,28 @@ def finalize_metrics(sums: dict) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
-def evaluate(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS) -> dict[str, float]:
-    """All metrics of one set of forecasts: ``finalize_metrics(metric_sums(samples, target))``."""
-    return finalize_metrics(metric_sums(samples, target, num_bins))
+def _first_non_finite(x: np.ndarray, name: str) -> None:
+    bad = ~np.isfinite(x)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name} has {int(bad.sum())} NaN or infinite value(s), the first at index "
+                         f"{idx} ({x[idx]}); every metric would depend on it")
+
+
+def evaluate(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS,
+             out_of_range: str = "ppm") -> dict[str, float]:
+    """All metrics of one set of forecasts: ``finalize_metrics(metric_sums(samples, target))``.
+
+    Args:
+      samples: [B, S, H, N]; target: [B, H, N] (any real dtype; scored in float32).
+      num_bins, out_of_range: as in :func:`metric_sums`.
+
+    Raises:
+      ValueError: bad shapes or an empty axis; a NaN or infinite value in ``samples`` or
+        ``target`` (the message names the array and the first bad index).
+    """
+    samples, target = jnp.asarray(samples), jnp.asarray(target)
+    _check(samples, target)
+    _first_non_finite(np.asarray(samples, np.float32), "samples")
+    _first_non_finite(np.asarray(target, np.float32), "target")
+    return finalize_metrics(metric_sums(samples, target, num_bins, out_of_range))

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import properscoring
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from algorithms.forecasting import losses, metrics
@@ -71,15 +73,35 @@ def test_qice_and_coverage_calibrated_vs_overconfident():
     assert bad["crps"] > good["crps"]
 
 
-def test_qice_counts_reference_convention():
-    # Samples 0..10 -> deciles at the integers. Targets: 0.5 (bin 1), 9.5 (bin 10), 20 (outside,
-    # in no bin), -1 (outside), 5.0 (exactly on a quantile: strict '>' puts it in bin 5).
-    samples = jnp.broadcast_to(jnp.arange(11.0)[None, :, None, None], (5, 11, 1, 1))
-    target = jnp.array([0.5, 9.5, 20.0, -1.0, 5.0])[:, None, None]
-    counts = metrics.qice_bin_counts(samples, target)
+# Samples 0..10 -> deciles at the integers. Targets: 0.5 (bin 1), 9.5 (bin 10), 20 (above the largest
+# sample), -1 (below the smallest), 5.0 (exactly on a quantile: strict '>' puts it in bin 5) and 0.0
+# (equal to the smallest sample: no quantile is strictly below it, so it is out of range).
+QICE_SAMPLES = jnp.broadcast_to(jnp.arange(11.0)[None, :, None, None], (6, 11, 1, 1))
+QICE_TARGET = jnp.array([0.5, 9.5, 20.0, -1.0, 5.0, 0.0])[:, None, None]
+
+
+def test_qice_counts_ppm_convention():
+    # Out-of-range targets (20, -1, 0) are in no bin but count in the denominator (6 points):
+    # QICE = (3 |1/6 - 1/10| + 7 |0 - 1/10|) / 10 = (3/15 + 7/10) / 10 = 0.09.
+    counts = metrics.qice_bin_counts(QICE_SAMPLES, QICE_TARGET, out_of_range="ppm")
     chex.assert_trees_all_close(counts, jnp.array([1, 0, 0, 0, 1, 0, 0, 0, 0, 1.0]))
-    expected = np.mean(np.abs(np.asarray(counts) / 5 - 0.1))
-    np.testing.assert_allclose(float(metrics.qice_from_counts(counts, 5.0)), expected, rtol=1e-6)
+    np.testing.assert_allclose(float(metrics.qice_from_counts(counts, 6.0)), 0.09, rtol=1e-6)
+    chex.assert_trees_all_close(metrics.qice_bin_counts(QICE_SAMPLES, QICE_TARGET), counts)  # default
+
+
+def test_qice_counts_card_convention():
+    # -1 and 0 join bin 1, 20 joins bin 10: counts (3, 0, 0, 0, 1, 0, 0, 0, 0, 2) of 6;
+    # QICE = (|1/2 - 1/10| + |1/6 - 1/10| + |1/3 - 1/10| + 7/10) / 10 = (0.4 + 1/15 + 7/30 + 0.7) / 10
+    # = 0.14.
+    counts = metrics.qice_bin_counts(QICE_SAMPLES, QICE_TARGET, out_of_range="card")
+    chex.assert_trees_all_close(counts, jnp.array([3, 0, 0, 0, 1, 0, 0, 0, 0, 2.0]))
+    np.testing.assert_allclose(float(metrics.qice_from_counts(counts, 6.0)), 0.14, rtol=1e-6)
+    sums = metrics.metric_sums(QICE_SAMPLES, QICE_TARGET, out_of_range="card")
+    chex.assert_trees_all_close(sums["qice_counts"], counts)
+    np.testing.assert_allclose(metrics.evaluate(QICE_SAMPLES, QICE_TARGET, out_of_range="card")["qice"],
+                               0.14, rtol=1e-6)
+    with pytest.raises(ValueError, match="out_of_range must be one of"):
+        metrics.qice_bin_counts(QICE_SAMPLES, QICE_TARGET, out_of_range="CARD")
 
 
 def test_metrics_reject_bad_shapes():
@@ -138,3 +160,115 @@ def test_gaussian_nll_clamps_degenerate_windows():
     target = jnp.ones((2, 3, 1))
     value = float(jax.jit(losses.gaussian_nll)(mean, std, target))
     np.testing.assert_allclose(value, 0.5 * (25.0 - stats.norm.logpdf(1.0)), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad values, empty batches and properties over wide magnitudes.
+
+VALUE_SUMS = ("crps", "crps_sum", "se", "ae", "covered_50", "covered_90")
+
+
+@pytest.mark.parametrize("where,value", [("target", np.nan), ("samples", np.nan),
+                                         ("samples", np.inf), ("target", -np.inf)])
+def test_non_finite_input_makes_every_dependent_metric_nan(where, value):
+    samples, target = _case(8)
+    if where == "target":
+        target[1, 2, 0] = value
+    else:
+        samples[1, 4, 2, 0] = value
+    sums = metrics.metric_sums(jnp.asarray(samples), jnp.asarray(target))
+    for k in VALUE_SUMS:
+        assert np.isnan(float(sums[k])), k
+    assert np.all(np.isnan(np.asarray(sums["qice_counts"])))
+    assert float(sums["points"]) == target.size and float(sums["sum_points"]) == 3 * 5
+    final = metrics.finalize_metrics(sums)
+    assert all(np.isnan(v) for v in final.values()), final
+    # Per point, only the bad point's CRPS is NaN.
+    crps = np.asarray(metrics.crps_ensemble(jnp.asarray(samples), jnp.asarray(target), axis=1))
+    bad = np.zeros(target.shape, bool)
+    bad[1, 2, 0] = True
+    assert np.all(np.isnan(crps[bad])) and np.all(np.isfinite(crps[~bad]))
+    # The host entry point refuses before computing, naming the array and the index.
+    with pytest.raises(ValueError, match=rf"{where} has 1 NaN or infinite value\(s\), the first at "
+                                         rf"index \(1, {'2' if where == 'target' else '4, 2'}, 0\)"):
+        metrics.evaluate(jnp.asarray(samples), jnp.asarray(target))
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 3, 2), (2, 0, 3, 2), (2, 4, 0, 2), (2, 4, 3, 0)])
+def test_empty_batch_is_rejected(shape):
+    samples = jnp.zeros(shape)
+    target = jnp.zeros(shape[:1] + shape[2:])
+    with pytest.raises(ValueError, match="empty batch"):
+        metrics.metric_sums(samples, target)
+    with pytest.raises(ValueError, match="empty batch"):
+        metrics.evaluate(samples, target)
+    with pytest.raises(ValueError, match="empty batch"):
+        metrics.qice_bin_counts(samples, target)
+
+
+def test_crps_accurate_far_from_zero():
+    # N(1e6, 1) ensembles in float32: the form E|X - y| - 1/2 E|X - X'| lost ~5% here (its spread
+    # term is a difference of numbers of size 1e6); the quantile form is exact to float32 rounding.
+    rng = np.random.default_rng(0)
+    s = (1e6 + rng.normal(size=(50, 100))).astype(np.float32)
+    y = (1e6 + rng.normal(size=50)).astype(np.float32)
+    ref = properscoring.crps_ensemble(y.astype(np.float64), s.astype(np.float64))
+    ours = np.asarray(metrics.crps_ensemble(jnp.asarray(s), jnp.asarray(y)))
+    np.testing.assert_allclose(ours, ref, rtol=100 * np.finfo(np.float32).eps)
+
+
+S_P, P_P = 16, 12   # fixed shapes for the property tests (no recompilation per example)
+
+
+@st.composite
+def ensembles(draw):
+    seed = draw(st.integers(0, 2**32 - 1))
+    loc = draw(st.sampled_from([-1.0, 1.0])) * 10.0 ** draw(st.floats(-8.0, 8.0))
+    scale = 10.0 ** draw(st.floats(-8.0, 8.0))
+    offset = draw(st.floats(-5.0, 5.0))   # target position in units of the spread
+    heavy = draw(st.booleans())
+    rng = np.random.default_rng(seed)
+    z = rng.standard_cauchy(size=(P_P, S_P)) if heavy else rng.normal(size=(P_P, S_P))
+    samples = (loc + scale * z).astype(np.float32)
+    target = (loc + scale * (offset + rng.normal(size=P_P))).astype(np.float32)
+    return samples, target
+
+
+@settings(max_examples=60, deadline=None)
+@given(ensembles())
+def test_crps_nonnegative_and_equals_properscoring(case):
+    samples, target = case
+    ours = np.asarray(metrics.crps_ensemble(jnp.asarray(samples), jnp.asarray(target)))
+    ref = properscoring.crps_ensemble(target.astype(np.float64), samples.astype(np.float64))
+    assert np.all(ours >= 0)
+    # A sum of S non-negative float32 terms: relative error below a few S float32 epsilons.
+    np.testing.assert_allclose(ours, ref, rtol=4 * S_P * np.finfo(np.float32).eps, atol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ensembles(), st.sampled_from(metrics.OUT_OF_RANGE))
+def test_qice_bounds_and_counts(case, out_of_range):
+    samples, target = case
+    s4, t3 = jnp.asarray(samples.T[None, :, :, None]), jnp.asarray(target[None, :, None])
+    counts = np.asarray(metrics.qice_bin_counts(s4, t3, metrics.QICE_BINS, out_of_range))
+    m = metrics.QICE_BINS
+    assert np.all(counts >= 0) and np.all(counts == np.round(counts))
+    if out_of_range == "card":
+        assert counts.sum() == P_P
+    else:
+        assert counts.sum() <= P_P
+    qice = float(metrics.qice_from_counts(jnp.asarray(counts), float(P_P)))
+    assert 0.0 <= qice <= max(1.0 / m, 2.0 * (m - 1) / m**2) + 1e-6
+
+
+@settings(max_examples=30, deadline=None)
+@given(ensembles())
+def test_finite_input_gives_finite_metrics(case):
+    samples, target = case
+    if np.max(np.abs(np.concatenate([samples.ravel(), target]))) > 1e15:
+        samples, target = samples * np.float32(1e-3), target * np.float32(1e-3)  # keep MSE < 1e38
+    s4, t3 = jnp.asarray(samples.T[None, :, :, None]), jnp.asarray(target[None, :, None])
+    m = metrics.evaluate(s4, t3)
+    assert all(np.isfinite(v) for v in m.values()), m
+    assert 0.0 <= m["coverage_50"] <= m["coverage_90"] <= 1.0
+    assert m["crps"] >= 0 and m["mse"] >= 0 and m["mae"] >= 0
