@@ -1,0 +1,258 @@
+"""Text generation from a local Llama / Qwen2 / Mistral checkpoint with any KV-cache backend.
+
+    python -m experiments.generate --checkpoint=DIR --prompt_file=prompt.txt --kv_cache=ffd \
+        --max_new_tokens=64 --temperature=0
+
+DIR is a Hugging Face model directory already on disk (``config.json``, ``*.safetensors``,
+``tokenizer.json``); nothing is downloaded. The whole prompt file is one prompt. The continuation
+goes to stdout; a progress bar, the prefill time and the decode speed (tokens/s) to stderr.
+``--kv_cache``: ``dense`` (reference), ``ffd`` (Faster Flash Decoding, ``--ffd_delta``),
+``quest`` (``--quest_top_k`` pages), ``qvg`` / ``kivi`` (``--quant_bits``, ``--quant_chunk``) or
+``entrokv`` (the dense cache restricted, per kv head, to the prompt tokens EntroKV's budgets keep:
+``--entrokv_fraction`` of the prompt per head on average). With ``--temperature=0`` decoding is
+greedy. Bad input (missing file, unsupported checkpoint, a backend that cannot honour the model's
+sliding window, too long a request) prints one line ``error: generate: ...`` and exits 2.
+
+This is a tool, not one of the registered experiments of ``experiments.main`` (``make run`` does
+not run it: no pretrained weights can be downloaded here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from core import sharding as shd
+from models import hf_checkpoint as hfc
+from models import kv_cache as kvc
+from models import llama
+from models.sampling import sample_logits
+
+BACKENDS = ("dense", "ffd", "quest", "qvg", "kivi", "entrokv")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOptions:
+    """Settings of :func:`generate_text` (the flags of this module)."""
+
+    kv_cache: str = "dense"
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+    dtype: str = "float32"
+    page_size: int = 16
+    ffd_delta: float = 8.0
+    quest_top_k: int = 8
+    quant_bits: int = 4
+    quant_chunk: int = 64
+    entrokv_fraction: float = 0.5
+    entrokv_window: int = 8
+    model_parallelism: int = 1
+    stop_at_eos: bool = True
+    progress: bool = True
+
+
+def make_backend(opts: GenerateOptions, cfg: llama.LlamaConfig) -> kvc.KVCacheBackend:
+    """The KV-cache backend named by ``opts.kv_cache`` for a model with config ``cfg``.
+
+    Raises:
+      ValueError: unknown name or invalid backend settings.
+    """
+    name = opts.kv_cache
+    if name not in BACKENDS:
+        raise ValueError(f"--kv_cache={name}: expected one of {', '.join(BACKENDS)}")
+    if name == "dense":
+        return kvc.DenseKVCache()
+    if name == "ffd":
+        return llama.backend_for("ffd", cfg, page_size=opts.page_size, delta=opts.ffd_delta)
+    if name == "quest":
+        return llama.backend_for("quest", cfg, page_size=opts.page_size, top_k=opts.quest_top_k)
+    if name == "qvg":
+        from kernels.kv_quant.reference import QVGConfig
+        d = cfg.dim_per_head
+        qcfg = QVGConfig(bits=opts.quant_bits, stages=1, block=math.gcd(d, 64),
+                         num_centroids=min(16, opts.quant_chunk), chunk=opts.quant_chunk)
+        return llama.backend_for("qvg", cfg, config=qcfg)
+    if name == "kivi":
+        from kernels.kv_quant.reference import KIVIConfig
+        group = math.gcd(opts.quant_chunk, 32)
+        return llama.backend_for("kivi", cfg, config=KIVIConfig(
+            bits=opts.quant_bits, group=group, block=math.gcd(cfg.dim_per_head, 32),
+            residual=opts.quant_chunk))
+    from algorithms.kv_budget.cache import BudgetedKVCache
+    return BudgetedKVCache()
+
+
+def _capacity(opts: GenerateOptions, needed: int, max_len: int) -> int:
+    """Cache slots: ``needed`` rounded up to the backend's page / chunk size."""
+    unit = {"ffd": opts.page_size, "quest": opts.page_size}.get(opts.kv_cache, 1)
+    cap = -(-needed // unit) * unit
+    if cap > max_len:
+        raise ValueError(f"prompt + max_new_tokens = {needed} tokens (cache {cap}) exceed the "
+                         f"model's max_len={max_len}")
+    return cap
+
+
+def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = GenerateOptions()
+                  ) -> dict:
+    """Generates a continuation of ``prompt`` with the checkpoint in directory ``checkpoint``.
+
+    Returns:
+      dict with ``text`` (the continuation), ``tokens`` (int list), ``prompt_tokens``,
+      ``prefill_s``, ``decode_s`` and ``tokens_per_s`` (decode steps per second, excluding the
+      first step's compilation).
+
+    Raises:
+      ValueError: see :func:`models.hf_checkpoint.load_checkpoint`, :func:`make_backend`; an
+        empty prompt; prompt + new tokens longer than the model accepts; a backend that cannot
+        honour the model's sliding window.
+    """
+    if opts.max_new_tokens < 1:
+        raise ValueError(f"--max_new_tokens={opts.max_new_tokens}: must be >= 1")
+    if opts.temperature < 0:
+        raise ValueError(f"--temperature={opts.temperature}: must be >= 0")
+    tokenizer = hfc.load_tokenizer(checkpoint)
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    mesh = shd.make_mesh(opts.model_parallelism) if opts.model_parallelism > 1 else None
+    ck = hfc.load_checkpoint(checkpoint, dtype=opts.dtype, mesh=mesh)
+    cfg = ck.config
+    if max(ids) >= cfg.vocab_size:
+        raise ValueError(f"tokenizer id {max(ids)} is outside the model's vocabulary of "
+                         f"{cfg.vocab_size}")
+    backend = make_backend(opts, cfg)
+    p, n = len(ids), opts.max_new_tokens
+    capacity = _capacity(opts, p + n, cfg.max_len)
+    model = nnx.merge(ck.graphdef, ck.params)
+    model.check_backend(backend, capacity)  # sliding windows: refuse before compiling anything
+    if opts.kv_cache == "entrokv" and p < opts.entrokv_window:
+        raise ValueError(f"--kv_cache=entrokv needs a prompt of at least --entrokv_window="
+                         f"{opts.entrokv_window} tokens, got {p}")
+    prompt_arr = jnp.asarray([ids], jnp.int32)
+
+    @jax.jit
+    def prefill(params, tokens):
+        m = nnx.merge(ck.graphdef, params)
+        cache = m.init_cache(1, capacity, backend)
+        logits, cache = m.decode(tokens, cache, jnp.zeros((1,), jnp.int32), backend)
+        if opts.kv_cache == "entrokv":
+            from algorithms.kv_budget import cache as budget
+            from algorithms.kv_budget.entrokv import EntroKVConfig
+            qk = budget.prompt_queries_keys(m, tokens)
+            _, keep = budget.budgets_and_keep(qk, EntroKVConfig(window=opts.entrokv_window),
+                                              opts.entrokv_fraction, "entrokv")
+            cache = budget.with_keep(cache, keep)
+        return logits[:, -1], cache
+
+    @functools.partial(jax.jit, donate_argnums=(1,))
+    def step(params, cache, last, pos, key):
+        tok = sample_logits(key, last, opts.temperature)
+        logits, cache = nnx.merge(ck.graphdef, params).decode(tok[:, None], cache, pos, backend)
+        return tok, logits[:, 0], cache
+
+    t0 = time.perf_counter()
+    last, cache = prefill(ck.params, prompt_arr)
+    last.block_until_ready()
+    prefill_s = time.perf_counter() - t0
+    keys = jax.random.split(jax.random.key(opts.seed), n)
+    eos = set(tokenizer.eos_ids) if opts.stop_at_eos else set()
+    out: list[int] = []
+    bar = None
+    if opts.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=n, unit="tok", desc=f"generate ({opts.kv_cache})", file=sys.stderr)
+    t_first = time.perf_counter()
+    t_steady = None
+    for i in range(n):
+        tok, last, cache = step(ck.params, cache, last, jnp.full((1,), p + i, jnp.int32), keys[i])
+        token = int(tok[0])
+        if i == 0:
+            t_steady = time.perf_counter()  # the first step includes compilation
+        out.append(token)
+        if bar is not None:
+            bar.update(1)
+        if token in eos:
+            break
+    t_end = time.perf_counter()
+    if bar is not None:
+        bar.close()
+    steady = len(out) - 1
+    tokens_per_s = steady / (t_end - t_steady) if steady > 0 and t_end > t_steady else float("nan")
+    return {"text": tokenizer.decode(out), "tokens": out, "prompt_tokens": p,
+            "prefill_s": prefill_s, "decode_s": t_end - t_first, "tokens_per_s": tokens_per_s}
+
+
+def main() -> None:
+    from absl import app, flags, logging
+
+    from experiments.common import parse_flags_or_exit
+
+    defaults = GenerateOptions()
+    f_checkpoint = flags.DEFINE_string("checkpoint", None, "Hugging Face model directory")
+    f_prompt = flags.DEFINE_string("prompt_file", None, "text file holding the prompt")
+    f_kv = flags.DEFINE_enum("kv_cache", defaults.kv_cache, BACKENDS, "KV-cache backend")
+    f_n = flags.DEFINE_integer("max_new_tokens", defaults.max_new_tokens, "tokens to generate")
+    f_t = flags.DEFINE_float("temperature", defaults.temperature, "0 = greedy")
+    f_seed = flags.DEFINE_integer("seed", defaults.seed, "sampling seed")
+    f_dtype = flags.DEFINE_enum("dtype", defaults.dtype, hfc.LOAD_DTYPES, "parameter dtype")
+    f_page = flags.DEFINE_integer("page_size", defaults.page_size, "FFD / Quest page size")
+    f_delta = flags.DEFINE_float("ffd_delta", defaults.ffd_delta, "FFD top-delta margin (nats)")
+    f_topk = flags.DEFINE_integer("quest_top_k", defaults.quest_top_k, "Quest pages per step")
+    f_bits = flags.DEFINE_enum("quant_bits", str(defaults.quant_bits), ["2", "4", "8"],
+                               "QVG / KIVI bits")
+    f_chunk = flags.DEFINE_integer("quant_chunk", defaults.quant_chunk,
+                                   "QVG chunk / KIVI residual tokens")
+    f_frac = flags.DEFINE_float("entrokv_fraction", defaults.entrokv_fraction,
+                                "EntroKV: prompt fraction kept per head on average")
+    f_win = flags.DEFINE_integer("entrokv_window", defaults.entrokv_window,
+                                 "EntroKV observation window (last prompt tokens)")
+    f_mp = flags.DEFINE_integer("model_parallelism", defaults.model_parallelism,
+                                "shard the parameters over this many devices (tensor parallel)")
+    f_eos = flags.DEFINE_bool("stop_at_eos", defaults.stop_at_eos, "stop at the EOS token")
+
+    def run(argv):
+        def fail(message: str) -> int:
+            print(f"error: generate: {str(message).strip().splitlines()[0]}", file=sys.stderr)
+            return 2
+
+        logging.set_verbosity(logging.WARNING)
+        if len(argv) > 1:
+            return fail(f"unexpected arguments: {argv[1:]} (flags are --name=value)")
+        if not f_checkpoint.value or not f_prompt.value:
+            return fail("--checkpoint and --prompt_file are required")
+        if not os.path.isfile(f_prompt.value):
+            return fail(f"--prompt_file={f_prompt.value}: no such file")
+        with open(f_prompt.value) as fh:
+            prompt = fh.read()
+        opts = GenerateOptions(
+            kv_cache=f_kv.value, max_new_tokens=f_n.value, temperature=f_t.value,
+            seed=f_seed.value, dtype=f_dtype.value, page_size=f_page.value,
+            ffd_delta=f_delta.value, quest_top_k=f_topk.value, quant_bits=int(f_bits.value),
+            quant_chunk=f_chunk.value, entrokv_fraction=f_frac.value,
+            entrokv_window=f_win.value, model_parallelism=f_mp.value,
+            stop_at_eos=f_eos.value)
+        try:
+            result = generate_text(f_checkpoint.value, prompt, opts)
+        except (ValueError, FileNotFoundError) as e:
+            return fail(str(e))
+        print(result["text"])
+        print(f"generate: {len(result['tokens'])} tokens after a {result['prompt_tokens']}-token "
+              f"prompt; prefill {result['prefill_s']:.2f} s; decode {result['decode_s']:.2f} s, "
+              f"{result['tokens_per_s']:.1f} tokens/s after the first step "
+              f"(--kv_cache={opts.kv_cache})", file=sys.stderr)
+        return 0
+
+    app.run(run, flags_parser=parse_flags_or_exit("generate"))
+
+
+if __name__ == "__main__":
+    main()
