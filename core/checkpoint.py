@@ -31,6 +31,7 @@ from typing import Any
 import filelock
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 LOCK_FILE = ".lock"
 HOLDER_FILE = ".lock.holder"
@@ -174,12 +175,11 @@ class Checkpointer:
         Raises:
           ValueError: the tree metadata is missing or unreadable.
         """
-        checkpointer = ocp.StandardCheckpointer()
+        handler = ocp.StandardCheckpointHandler()
         try:
-            meta = checkpointer.metadata(os.path.join(self.directory, str(step), "state"))
+            tree = handler.metadata(epath.Path(self.directory) / str(step) / "state")
         finally:
-            checkpointer.close()
-        tree = getattr(meta, "item_metadata", None)
+            handler.close()
         if tree is None:
             raise ValueError("its state has no tree metadata")
         return sorted((tuple(leaf.shape), str(leaf.dtype)) for leaf in jax.tree.leaves(tree))

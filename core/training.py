@@ -31,7 +31,6 @@ from core.checkpoint import (
     Checkpointer,
     CheckpointRestoreError,
     Restored,
-    defer_interrupts,
     run_dir_lock,
 )
 from core.report import JsonLinesWriter
@@ -143,11 +142,15 @@ class TrainingInterrupted(KeyboardInterrupt):
     committed first (``core.checkpoint.defer_interrupts``).
     """
 
-    def __init__(self, desc: str, checkpoint_step: int | None, directory: str | None):
-        self.checkpoint_step = checkpoint_step
-        where = "no checkpoint" if checkpoint_step is None else (
-            f"last checkpoint: step {checkpoint_step} in {directory}")
-        super().__init__(f"{desc}: interrupted; {where}. Rerun the same command to resume.")
+    def __init__(self, desc: str, step: int, checkpoint_step: int | None, directory: str | None):
+        self.step, self.checkpoint_step = step, checkpoint_step
+        if checkpoint_step is None:
+            then = ("no checkpoint yet" if directory else "no checkpoints are kept") + \
+                "; rerun the same command to start again"
+        else:
+            then = (f"last checkpoint: step {checkpoint_step} in {directory}; rerun the same "
+                    "command to resume from it")
+        super().__init__(f"{desc}: interrupted at step {step}; {then}")
 
 
 def _restore_same_run(ckpt: Checkpointer, state: PyTree, fingerprint: str | None,
@@ -292,13 +295,14 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
     bar = tqdm(total=config.num_steps, initial=start, desc=config.desc, mininterval=2.0,
                disable=not config.progress, leave=False)
     t0 = time.perf_counter()
+    step_reached = start
     try:
         for i in range(start, end):
             batch = next(batches)
             if put_batch is not None:
                 batch = put_batch(batch)
             state, metrics = jitted(state, batch, jax.random.fold_in(key, i))
-            step_done = i + 1
+            step_done = step_reached = i + 1
             pending.append((step_done, metrics))
             log_now = step_done % config.log_every == 0 or step_done == end
             if log_now:
@@ -324,7 +328,7 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
     except KeyboardInterrupt:
         if ckpt is not None and last_good is None:
             last_good = ckpt.latest_step()
-        raise TrainingInterrupted(config.desc, last_good,
+        raise TrainingInterrupted(config.desc, step_reached, last_good,
                                   ckpt.directory if ckpt is not None else None) from None
     finally:
         bar.close()

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import io
+import math
 import os
 import re
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import ml_collections
 
@@ -20,6 +25,51 @@ def experiment_dir(workdir: str, name: str) -> str:
     path = os.path.join(workdir, name)
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def check_workdir(workdir: str, names: Sequence[str] = ()) -> str:
+    """Checks, before any work, that ``workdir`` can hold the outputs of experiments ``names``.
+
+    ``workdir`` is created if missing; it and any existing ``<workdir>/<name>`` must be writable
+    directories (a file is written and removed in each to make sure, since permission bits do
+    not tell for every user or file system). Object-store paths (``gs://...``) are not checked.
+
+    Returns:
+      ``workdir``.
+
+    Raises:
+      ValueError: one line: the path is empty, is (or has in its path) a file, cannot be created,
+        or is not writable; the message names the path and the reason.
+    """
+    if not workdir:
+        raise ValueError("--workdir is empty; expected a directory path")
+    if "://" in workdir:
+        return workdir
+    where = f"--workdir={workdir}"
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ValueError(f"{where}: it is a file, not a directory")
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{where}: cannot create it ({_os_reason(e)})") from None
+    for path in [workdir] + [os.path.join(workdir, n) for n in names]:
+        if not os.path.exists(path):
+            continue
+        if not os.path.isdir(path):
+            raise ValueError(f"{where}: {path} is a file, not a directory")
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
+            os.close(fd)
+            os.remove(probe)
+        except OSError as e:
+            raise ValueError(f"{where}: cannot write in {path} "
+                             f"({e.strerror or type(e).__name__})") from None
+    return workdir
+
+
+def _os_reason(error: OSError) -> str:
+    reason = error.strerror or type(error).__name__
+    return f"{reason}: {error.filename}" if error.filename else reason
 
 
 def check_data_path(path: str | None, what: str) -> str | None:
@@ -51,25 +101,77 @@ def _flag_error_message(error: Exception) -> str:
     if "Traceback" in text:  # "flag --config=...: Error whilst parsing config file: <traceback>"
         return lines[-1]
     m = re.match(r"flag --([\w.]+)=(.*?): (.*)", lines[0])
-    if m and m.group(1) in flags.FLAGS:  # a bad value: name the type the flag expects
-        kind = flags.FLAGS[m.group(1)].flag_type()
-        return f"--{m.group(1)}={m.group(2)}: expected {kind} ({m.group(3)})"
+    if m and m.group(1) in flags.FLAGS:
+        flag = flags.FLAGS[m.group(1)]
+        try:
+            flag.parser.parse(m.group(2))
+        except (ValueError, TypeError):  # a value of the wrong type: name the type expected
+            return f"--{m.group(1)}={m.group(2)}: expected {flag.flag_type()} ({m.group(3)})"
+        return f"--{m.group(1)}={m.group(2)}: {m.group(3)}"  # a validator refused the value
     return lines[0]
 
 
-def parse_flags_or_exit(prog: str) -> Callable[[Sequence[str]], list[str]]:
+HELP_FLAGS = ("--help", "-help", "--helpshort", "-helpshort", "-h", "-?")
+
+
+def parse_flags_or_exit(prog: str, extra_help: Callable[[Sequence[str]], str] | None = None
+                        ) -> Callable[[Sequence[str]], list[str]]:
     """A ``flags_parser`` for ``absl.app.run``: parses ``argv`` into ``FLAGS``; on a bad flag
     (unknown name, bad value) prints one line naming it (see :func:`usage_error`) and exits 2.
-    ``--help`` and ``--helpshort`` still print the usage and exit as absl does."""
+
+    ``--help`` / ``--helpshort`` (absl prints these and exits 1) print the entry point's
+    docstring, its flags with their defaults, then ``extra_help(argv)`` (e.g. the config's
+    variants and fields), and exit 0. ``--helpfull`` is left to absl.
+    """
     from absl import flags
 
     def parse(argv: Sequence[str]) -> list[str]:
+        args = list(argv[1:])
+        if "--" in args:
+            args = args[:args.index("--")]
+        if any(a in HELP_FLAGS for a in args):
+            print(_help_text(argv, extra_help))
+            sys.stdout.flush()
+            sys.exit(0)
         try:
             return flags.FLAGS(list(argv))
         except (flags.Error, AttributeError, KeyError) as e:
             usage_error(prog, _flag_error_message(e))
 
     return parse
+
+
+def _help_text(argv: Sequence[str], extra_help: Callable[[Sequence[str]], str] | None) -> str:
+    from absl import flags
+
+    doc = (getattr(sys.modules.get("__main__"), "__doc__", None) or "").strip()
+    parts = [doc, "", "flags:", flags.FLAGS.main_module_help().rstrip()]
+    if extra_help is not None:
+        try:
+            parts += ["", extra_help(argv).rstrip()]
+        except (ValueError, FileNotFoundError) as e:
+            parts += ["", f"(cannot list the config: {str(e).strip().splitlines()[0]})"]
+    return "\n".join(parts).lstrip("\n")
+
+
+def config_help(config: ml_collections.ConfigDict, variants: Sequence[str], selected: str,
+                how_variant: str, how_field: str) -> str:
+    """Lines listing the variants and every leaf field of ``config`` with its value (the
+    defaults of variant ``selected``), for ``--helpshort``."""
+    lines = [f"variants ({how_variant}): {', '.join(variants)}",
+             f"config fields ({how_field}), defaults of `{selected}`:"]
+    for path in cfg_lib.field_paths(config):
+        node = config
+        for part in path.split("."):
+            node = node[part]
+        if path != "variant" and not isinstance(node, ml_collections.ConfigDict):
+            lines.append(f"  {path} = {node!r}")
+    return "\n".join(lines)
+
+
+def variants_of(module: Any) -> list[str]:
+    """The variant names a config module offers (its ``VARIANTS`` mapping), in its order."""
+    return list(getattr(module, "VARIANTS", None) or cfg_lib.VARIANTS)
 
 
 def _config_args(argv: Sequence[str], flag: str) -> tuple[str | None, list[tuple[str, str]]]:
@@ -95,6 +197,10 @@ def _load_config(spec: str) -> ml_collections.ConfigDict:
       FileNotFoundError: no such file.
       ValueError: the file has no ``get_config``, or ``get_config`` rejects ``arg``.
     """
+    return _load_config_and_module(spec)[0]
+
+
+def _load_config_and_module(spec: str) -> tuple[ml_collections.ConfigDict, Any]:
     path, *arg = spec.split(":", 1)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
@@ -103,7 +209,7 @@ def _load_config(spec: str) -> ml_collections.ConfigDict:
     module_spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise ValueError(f"{path!r} defines no get_config()")
-    return module.get_config(*arg)
+    return module.get_config(*arg), module
 
 
 def check_config_args(argv: Sequence[str], default_spec: str, flag: str = "config") -> None:
@@ -136,22 +242,158 @@ def check_config_args(argv: Sequence[str], default_spec: str, flag: str = "confi
             raise ValueError(f"{arg}: {e}") from None
 
 
+_ANSI_CODE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_BAR_GRAPHIC = re.compile(r"\|[^|]*\|")
+
+
+class PlainLines(io.TextIOBase):
+    """A text stream that passes only whole, plain lines to ``stream`` (a log file or pipe).
+
+    Progress bars (tqdm) redraw one line with carriage returns and move the cursor with escape
+    codes; in a log those become one ever-growing line onto which the next error is glued. Here a
+    carriage-return update is held back and written as its own line (bar graphic removed) at most
+    once per ``interval_s`` for each bar (keyed by its label), and always when the bar ends with a
+    newline; escape codes are dropped; any other text is passed through at once, starting on a
+    fresh line if a bar update was last.
+
+    Args:
+      stream: the underlying text stream.
+      interval_s: seconds between two lines of the same bar.
+      clock: the time source (monotonic seconds).
+    """
+
+    def __init__(self, stream, interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.stream, self.interval_s, self._clock = stream, interval_s, clock
+        self._lock = threading.RLock()
+        self._in_status = False  # the last write was a carriage-return update
+        self._status = ""
+        self._open = False  # the underlying stream's current line has text but no newline yet
+        self._last: dict[str, float] = {}
+
+    # io attributes that callers look for on sys.stdout / sys.stderr
+    encoding = property(lambda self: getattr(self.stream, "encoding", "utf-8"))
+    errors = property(lambda self: getattr(self.stream, "errors", "strict"))
+    buffer = property(lambda self: self.stream.buffer)
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def flush(self) -> None:
+        with self._lock:
+            self.stream.flush()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            clean = _ANSI_CODE.sub("", text)
+            if self._in_status and not clean.startswith("\r"):
+                self._in_status = False
+                if clean.startswith("\n"):  # a bar closing with a newline: its last state
+                    self._emit_status(self._status, final=True)
+                    clean = clean[1:]
+            for token in re.split(r"(\r|\n)", clean):
+                if token == "\r":
+                    if self._in_status:
+                        self._emit_status(self._status)
+                    self._in_status, self._status = True, ""
+                elif token == "\n" and self._in_status:
+                    self._emit_status(self._status, final=True)
+                    self._in_status, self._status = False, ""
+                elif self._in_status:
+                    self._status += token
+                elif token:
+                    self.stream.write(token)
+                    self._open = not token.endswith("\n")
+            if self._in_status and self._status.strip():
+                self._emit_status(self._status)
+                self._status = ""
+        return len(text)
+
+    def _emit_status(self, text: str, final: bool = False) -> None:
+        line = " ".join(_BAR_GRAPHIC.sub(" ", text).split())
+        if not line:
+            return
+        key = line.split(":", 1)[0] if ":" in line else ""
+        now = self._clock()
+        if not final and now - self._last.get(key, -math.inf) < self.interval_s:
+            return
+        self._last[key] = now
+        self.stream.write(("\n" if self._open else "") + line + "\n")
+        self._open = False
+        self.stream.flush()
+
+
+def plain_output_if_not_tty(interval_s: float = 30.0) -> None:
+    """Wraps ``sys.stdout`` and ``sys.stderr`` in :class:`PlainLines` where they are not a
+    terminal (a log file, a pipe to the main job), so that progress bars become periodic plain
+    lines there; a terminal keeps its live bars."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None or isinstance(stream, PlainLines):
+            continue
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if not tty:
+            setattr(sys, name, PlainLines(stream, interval_s))
+
+
+def interrupted(name: str, error: BaseException) -> NoReturn:
+    """Leaves after Ctrl-C with one line on stderr and exit status 130, without the interpreter
+    teardown (which can crash while XLA threads still run). A training loop's interrupt names
+    its last checkpoint; a checkpoint being saved was committed first."""
+    import signal
+
+    from core.training import TrainingInterrupted
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break this line
+    message = str(error) if isinstance(error, TrainingInterrupted) else (
+        f"{name}: interrupted; rerun the same command to resume from the last checkpoint")
+    lead = "\n" if sys.stderr.isatty() else ""  # end a live progress bar's line first
+    print(f"{lead}{message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(130)
+
+
 def app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.Section]) -> None:
     """``python -m experiments.<name> --config=experiments/configs/<name>.py:tiny --workdir=DIR
     [--config.<field>=value ...]``: runs one experiment and writes ``DIR/<name>/report.md``.
 
     Bad input (unknown config field, unknown variant, a value of the wrong type, an unknown flag,
-    a missing data file) prints one line ``error: <name>: ...`` to stderr and exits with status 2.
+    a missing data file, a workdir that is a file or cannot be created or written, a workdir that
+    another process is using) prints one line ``error: <name>: ...`` to stderr and exits with
+    status 2, before any JAX work. Ctrl-C, at any moment, prints one line and exits with status
+    130 (a checkpoint being saved is committed first). ``--helpshort`` lists the flags, the
+    config's variants and its fields with their defaults, and exits 0. Where stdout/stderr are not
+    a terminal, progress bars print plain periodic lines (:class:`PlainLines`).
     """
+    try:
+        _app_main(name, run)
+    except KeyboardInterrupt as e:
+        interrupted(name, e)
+
+
+def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.Section]) -> None:
     from absl import app, flags, logging
     from ml_collections import config_flags
 
+    from core.checkpoint import RunDirectoryInUseError
+
+    plain_output_if_not_tty()
     default_spec = f"experiments/configs/{name}.py:tiny"
     # config_flags builds one flag per --config.<field> while parsing and fails on an unknown field
     # with a traceback (when --config is absent, already at definition), so check fields first.
     try:
-        check_config_args(flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False),
-                          default_spec)
+        argv = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
+        if not any(a in HELP_FLAGS for a in argv[1:]):
+            check_config_args(argv, default_spec)
     except (ValueError, FileNotFoundError, flags.Error) as e:
         usage_error(name, str(e))
     try:
@@ -166,33 +408,56 @@ def app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.S
     for holder in (config_flag, workdir_flag, multihost):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
 
+    def config_listing(argv: Sequence[str]) -> str:
+        spec = _config_args(argv, "config")[0] or default_spec
+        config, module = _load_config_and_module(spec)
+        path = spec.split(":", 1)[0]
+        return config_help(config, variants_of(module), config.get("variant", "tiny"),
+                           f"--config={path}:VARIANT[,field=value,...]",
+                           "--config.FIELD=VALUE")
+
     def main(argv):
         if len(argv) > 1:
             usage_error(name, f"unexpected arguments: {argv[1:]} (flags are --name=value)")
+        try:
+            workdir = check_workdir(workdir_flag.value, [name])
+        except ValueError as e:
+            usage_error(name, str(e))
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
         sharding.initialize_distributed(multihost.value)
         try:
-            section = run(config_flag.value, workdir_flag.value)
-        except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
-            message = str(e).strip()
+            with lock_workdir(os.path.join(workdir, name)):
+                section = run(config_flag.value, workdir)
+        except (ValueError, FileNotFoundError, RunDirectoryInUseError) as e:
+            # bad input: one clear line, no traceback
+            message = (str(e).strip().splitlines() or [type(e).__name__])[0]
             if message.startswith(f"{name}: "):  # do not repeat the experiment's name
                 message = message[len(name) + 2:]
             print(f"error: {name}: {message}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
-            # Checkpointed training resumes on a rerun; leave without a traceback, and without the
-            # interpreter teardown, which can crash while XLA threads are still running.
-            print(f"\n{name}: interrupted; rerun the same command to resume from the last "
-                  "checkpoint", file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            os._exit(130)
         # <workdir>/<name>/report.md, so runs of several experiments into one workdir coexist.
         variant = config_flag.value.get("variant", "")
-        path = report.write_report(os.path.join(workdir_flag.value, name, "report.md"),
+        path = report.write_report(os.path.join(workdir, name, "report.md"),
                                    f"Report: {name} ({variant})", [section],
                                    no_verdict=variant if variant in cfg_lib.NO_VERDICT_VARIANTS
                                    else None)
         print(f"report: {os.path.abspath(path)}", file=sys.stderr)
         return 0
 
-    app.run(main, flags_parser=parse_flags_or_exit(name))
+    app.run(main, flags_parser=parse_flags_or_exit(name, config_listing))
+
+
+def lock_workdir(directory: str):
+    """A context holding ``core.checkpoint.run_dir_lock(directory)`` on the first JAX process and
+    doing nothing on the others (in a multi-host run every host writes into one shared workdir).
+
+    Raises:
+      core.checkpoint.RunDirectoryInUseError: another process holds the lock.
+    """
+    import contextlib
+
+    import jax
+
+    from core.checkpoint import run_dir_lock
+
+    return run_dir_lock(directory) if jax.process_index() == 0 else contextlib.nullcontext()

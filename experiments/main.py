@@ -6,18 +6,26 @@
 A failing experiment is reported as failed in the report's opening table and does not stop the
 others; the exit code is 1 if any failed. With several experiments, each runs in its own process
 (``--isolate``, the default): one experiment's global JAX state cannot leak into the next, and one
-that hangs is stopped after ``--timeout_minutes`` and reported as failed. Bad flags (unknown name,
-bad value, unknown experiment or variant) print one line to stderr and exit with status 2. A
-``--variant=smoke`` report says at the top that its numbers are meaningless and judges no claim.
+that hangs is stopped and reported as failed. A hang is recognised by a lack of progress, not by
+total time: no output line and no file written under ``<workdir>/<experiment>`` for
+``--stall_minutes`` (``--timeout_minutes`` adds an optional cap on the total). Bad flags (unknown
+name, bad value, unknown experiment or variant, a workdir that is a file, cannot be created or
+written, or is used by another main job) print one line to stderr and exit with status 2 before any
+experiment runs. Ctrl-C stops the running experiment (its checkpoint being saved is committed
+first) and leaves with one line and status 130. A ``--variant=smoke`` report says at the top that
+its numbers are meaningless and judges no claim.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -29,14 +37,23 @@ from experiments import common, registry
 
 _EXPERIMENTS = flags.DEFINE_string(
     "experiments", "all", f"comma-separated subset of: {', '.join(registry.EXPERIMENTS)}")
-_VARIANT = flags.DEFINE_string("variant", "tiny", "config variant for every experiment")
+_VARIANT = flags.DEFINE_string(
+    "variant", "tiny", "config variant for every experiment, optionally with field overrides "
+    "common to them (`tiny,seed=1`)")
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "output directory")
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first")
 _ISOLATE = flags.DEFINE_bool("isolate", True, "run each experiment in its own process")
+_STALL = flags.DEFINE_float(
+    "stall_minutes", 10.0, "when isolated, stop an experiment as hung after this many minutes "
+    "without an output line or a file written in its folder (progress lines come every 30 s)")
 _TIMEOUT = flags.DEFINE_float(
-    "timeout_minutes", None, "per-experiment limit when isolated; default 12 for `tiny` and "
-    "`smoke` (the slowest `tiny` experiment takes about 4 min on 2 cores), none otherwise")
+    "timeout_minutes", None, "when isolated, an optional cap on each experiment's total time "
+    "(default: none; a hang is caught by --stall_minutes)")
 _SECTION_OUT = flags.DEFINE_string("section_out", "", "internal: write the section as JSON here")
+flags.register_validator("stall_minutes", lambda v: v > 0,
+                         message="expected a positive number of minutes")
+flags.register_validator("timeout_minutes", lambda v: v is None or v > 0,
+                         message="expected a positive number of minutes")
 
 
 def _failed_section(name: str, message: str, details: str) -> report.Section:
@@ -47,49 +64,144 @@ def _failed_section(name: str, message: str, details: str) -> report.Section:
 
 def _run_in_process(name: str, variant: str, workdir: str) -> report.Section:
     module, config_module = registry.load(name)
-    return module.run(config_module.get_config(variant), workdir)
+    config = config_module.get_config(variant)
+    with common.lock_workdir(os.path.join(workdir, name)):
+        return module.run(config, workdir)
 
 
-def _timeout_s(variant: str) -> float | None:
-    """Per-experiment limit in seconds: ``--timeout_minutes``, else 12 min for the CPU-sized
-    variants and none for the others."""
-    if _TIMEOUT.value is not None:
-        return _TIMEOUT.value * 60
-    return 12 * 60.0 if variant.split(",")[0] in ("tiny", "smoke") else None
+class _Watched:
+    """A child process whose stdout/stderr lines are forwarded to ours, with the time of the
+    last line (wall clock, to compare with file modification times)."""
+
+    def __init__(self, cmd: list[str]):
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, errors="replace", bufsize=1)
+        self.last_output = time.time()
+        self.quiet = False  # set after Ctrl-C: the job prints its own one line
+        self._pumps = [threading.Thread(target=self._pump, args=(pipe, sink), daemon=True)
+                       for pipe, sink in ((self.proc.stdout, "stdout"),
+                                          (self.proc.stderr, "stderr"))]
+        for t in self._pumps:
+            t.start()
+
+    def _pump(self, pipe, sink: str) -> None:
+        for line in iter(pipe.readline, ""):
+            self.last_output = time.time()
+            if not self.quiet:
+                stream = getattr(sys, sink)
+                stream.write(line)
+                stream.flush()
+        pipe.close()
+
+    def stop(self, sig: int = signal.SIGTERM, grace_s: float = 30.0) -> None:
+        """Sends ``sig``, waits up to ``grace_s`` for the child to exit, then kills it."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.join()
+
+    def join(self) -> None:
+        for t in self._pumps:
+            t.join(timeout=5)
 
 
-def _run_isolated(name: str, variant: str, workdir: str, timeout_s: float | None
-                  ) -> report.Section:
-    """Runs one experiment in a child process; its section comes back as JSON."""
+def _newest_write(directory: str) -> float:
+    """The newest modification time (wall clock) of any file or folder under ``directory``."""
+    newest = 0.0
+    for root, _dirs, files in os.walk(directory):
+        for entry in [root, *(os.path.join(root, f) for f in files)]:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.stat(entry).st_mtime)
+    return newest
+
+
+def watch(cmd: list[str], watch_dir: str, stall_s: float, timeout_s: float | None = None,
+          poll_s: float = 1.0) -> tuple[str, int | None, float]:
+    """Runs ``cmd``, forwarding its output, until it exits or stops making progress.
+
+    Progress is an output line (stdout or stderr) or a file written under ``watch_dir``; a
+    process with neither for ``stall_s`` seconds is stopped (SIGTERM, then SIGKILL after 30 s).
+    The total time is not limited unless ``timeout_s`` is given. Ctrl-C is passed on to the child
+    as SIGINT (so that a checkpoint being saved is committed), and re-raised once it has exited.
+
+    Returns:
+      ``(outcome, exit code, seconds without progress)``; ``outcome`` is ``"exited"``,
+      ``"stalled"`` or ``"timed out"``.
+    """
+    child = _Watched(cmd)
+    t0, checked = time.time(), 0.0
+    try:
+        while child.proc.poll() is None:
+            time.sleep(poll_s)
+            now = time.time()
+            if timeout_s is not None and now - t0 > timeout_s:
+                child.stop()
+                return "timed out", child.proc.returncode, now - child.last_output
+            if now - child.last_output > stall_s and now - checked > min(10.0, stall_s):
+                checked = now
+                last = max(child.last_output, _newest_write(watch_dir))
+                if now - last > stall_s:
+                    child.stop()
+                    return "stalled", child.proc.returncode, now - last
+    except KeyboardInterrupt:
+        child.quiet = True
+        child.stop(signal.SIGINT)
+        raise
+    child.join()
+    return "exited", child.proc.returncode, 0.0
+
+
+def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
+                  timeout_s: float | None = None) -> report.Section:
+    """Runs one experiment in a child process (see :func:`watch`); its section comes back as
+    JSON."""
     out = os.path.join(workdir, name, "section.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     if os.path.exists(out):
         os.remove(out)
     cmd = [sys.executable, "-m", "experiments.main", f"--experiments={name}",
            f"--variant={variant}", f"--workdir={workdir}", "--noisolate", f"--section_out={out}"]
-    try:
-        proc = subprocess.run(cmd, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
+    outcome, code, silent_s = watch(cmd, os.path.join(workdir, name), stall_s, timeout_s)
+    if outcome == "timed out":
         return _failed_section(name, f"timed out after {timeout_s / 60:g} min",
-                               f"{name} did not finish within {timeout_s:.0f} s")
-    if proc.returncode != 0 or not os.path.exists(out):
-        return _failed_section(name, f"exit code {proc.returncode}",
-                               f"{name} exited with code {proc.returncode}; its traceback is "
-                               "in the job's standard error")
+                               f"{name} did not finish within {timeout_s:.0f} s "
+                               "(--timeout_minutes)")
+    if outcome == "stalled":
+        return _failed_section(
+            name, f"no progress for {stall_s / 60:g} min",
+            f"{name} printed nothing and wrote nothing under {os.path.join(workdir, name)} for "
+            f"{silent_s:.0f} s (--stall_minutes); stopped as hung")
+    if code != 0 or not os.path.exists(out):
+        return _failed_section(name, f"exit code {code}",
+                               f"{name} exited with code {code}; its error is in the job's "
+                               "standard error")
     with open(out) as f:
         return report.Section(**json.load(f))
 
 
 def run_all(names, variant: str, workdir: str, isolate: bool = False,
-            timeout_s: float | None = 1800.0
+            stall_s: float = 600.0, timeout_s: float | None = None
             ) -> tuple[list[report.Section], list[str]]:
-    """Runs each experiment; returns (sections, names of failed experiments)."""
+    """Runs each experiment; returns (sections, names of failed experiments).
+
+    Args:
+      names: experiment names, in order.
+      variant: the config argument for every experiment (``"tiny"``, ``"smoke,seed=1"``, ...).
+      workdir: the output directory (checked beforehand with ``common.check_workdir``).
+      isolate: run each experiment in its own process, stopped after ``stall_s`` seconds
+        without progress or ``timeout_s`` seconds in all (see :func:`_run_isolated`).
+    """
     sections, failed = [], []
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] {name} ({variant}) ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         if isolate:
-            section = _run_isolated(name, variant, workdir, timeout_s)
+            section = _run_isolated(name, variant, workdir, stall_s, timeout_s)
         else:
             try:
                 section = _run_in_process(name, variant, workdir)
@@ -120,30 +232,76 @@ def write_main_report(workdir: str, variant: str, names, sections: list[report.S
         no_verdict=variant_name if variant_name in cfg_lib.NO_VERDICT_VARIANTS else None)
 
 
+def _variants_help(argv) -> str:
+    """``--helpshort`` text: each variant and the experiments that have it, and the config fields
+    (with the defaults of the selected variant) common to the selected experiments, which are the
+    ones ``--variant=VARIANT,field=value`` can override."""
+    experiments = next((a.split("=", 1)[1] for a in argv if a.startswith("--experiments=")), "all")
+    variant = next((a.split("=", 1)[1] for a in argv if a.startswith("--variant=")), "tiny")
+    names = registry.resolve(experiments)
+    have: dict[str, list[str]] = {}
+    for name in names:
+        for v in common.variants_of(registry.load(name)[1]):
+            have.setdefault(v, []).append(name)
+    lines = ["variants (--variant=VARIANT[,field=value,...]):"]
+    lines += [f"  {v}: {'every selected experiment' if len(ns) == len(names) else ', '.join(ns)}"
+              for v, ns in have.items()]
+    configs = {n: registry.load(n)[1].get_config(variant) for n in names}
+    shared = None
+    for config in configs.values():
+        leaves = {p for p in cfg_lib.field_paths(config) if p != "variant"
+                  and not hasattr(_field(config, p), "keys")}
+        shared = leaves if shared is None else shared & leaves
+    lines.append(f"config fields common to {', '.join(names)} (defaults of `{variant}`; each "
+                 "experiment's own: python -m experiments.<name> --helpshort):")
+    for path in sorted(shared or ()):
+        values = {repr(_field(c, path)) for c in configs.values()}
+        lines.append(f"  {path} = {values.pop() if len(values) == 1 else 'differs by experiment'}")
+    if not shared:
+        lines.append("  (none)")
+    return "\n".join(lines)
+
+
+def _field(config, path: str):
+    for part in path.split("."):
+        config = config[part]
+    return config
+
+
 def main(argv):
     if len(argv) > 1:
         common.usage_error("main", f"unexpected arguments: {argv[1:]} (flags are --name=value)")
+    from core.checkpoint import RunDirectoryInUseError
+
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    sharding.initialize_distributed(_MULTIHOST.value)
     try:
         names = registry.resolve(_EXPERIMENTS.value)
         for name in names:  # an unknown variant fails here, before anything runs
             registry.load(name)[1].get_config(_VARIANT.value)
+        workdir = common.check_workdir(_WORKDIR.value, names)
     except ValueError as e:
         common.usage_error("main", str(e))
-    os.makedirs(_WORKDIR.value, exist_ok=True)
+    sharding.initialize_distributed(_MULTIHOST.value)
     t0 = time.perf_counter()
     if _SECTION_OUT.value:  # child of an isolated run: one experiment, section as JSON
         if len(names) != 1:
             common.usage_error("main", "--section_out needs exactly one experiment")
-        section = _run_in_process(names[0], _VARIANT.value, _WORKDIR.value)
+        try:
+            section = _run_in_process(names[0], _VARIANT.value, workdir)
+        except RunDirectoryInUseError as e:
+            common.usage_error("main", str(e))
         report.write_json(_SECTION_OUT.value, dataclasses.asdict(section))
         return 0
-    sections, failed = run_all(names, _VARIANT.value, _WORKDIR.value,
-                               isolate=_ISOLATE.value and len(names) > 1,
-                               timeout_s=_timeout_s(_VARIANT.value))
-    path = write_main_report(_WORKDIR.value, _VARIANT.value, names, sections,
-                             time.perf_counter() - t0)
+    try:
+        with common.lock_workdir(workdir):
+            sections, failed = run_all(
+                names, _VARIANT.value, workdir, isolate=_ISOLATE.value and len(names) > 1,
+                stall_s=_STALL.value * 60,
+                timeout_s=None if _TIMEOUT.value is None else _TIMEOUT.value * 60)
+            path = write_main_report(workdir, _VARIANT.value, names, sections,
+                                     time.perf_counter() - t0)
+    except RunDirectoryInUseError as e:
+        common.usage_error("main", str(e))
     print(f"report: {os.path.abspath(path)}", file=sys.stderr)
     if failed:
         print(f"failed experiments: {', '.join(failed)}", file=sys.stderr)
@@ -151,5 +309,13 @@ def main(argv):
     return 0
 
 
+def _entry() -> None:
+    common.plain_output_if_not_tty()
+    try:
+        app.run(main, flags_parser=common.parse_flags_or_exit("main", _variants_help))
+    except KeyboardInterrupt as e:
+        common.interrupted("main", e)
+
+
 if __name__ == "__main__":
-    app.run(main, flags_parser=common.parse_flags_or_exit("main"))
+    _entry()
