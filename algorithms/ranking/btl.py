@@ -496,6 +496,102 @@ def _solve(table: ComparisonTable, config: FitConfig, init: Params | None, judge
 
 
 # ----------------------------------------------------------------------------------------------
+# Existence of the MLE (traceable; the host-side checks with messages are in data.py)
+# ----------------------------------------------------------------------------------------------
+
+# A parameter whose observed information per comparison falls below this has run to infinity.
+DIVERGENCE_INFO = 1e-6
+
+
+def strongly_connected(table: ComparisonTable) -> jax.Array:
+    """Whether the "beat or tied" digraph (edge ``i -> j`` when ``i`` won or tied against ``j`` at
+    least once) is strongly connected, bool []. This is the condition for finite maximum-likelihood
+    scores of (plain) BTL (Ford, 1957; Hunter, 2004, Assumption 1): otherwise a group of models never
+    loses to the rest and the scores separate without bound. Transitive closure by ``ceil(log2 N)``
+    boolean squarings, O(N^3 log N); traceable (``jit``, ``vmap``). Models in no comparison make it
+    False."""
+    n = table.n_models
+    fwd = (table.wins + table.ties) > 0
+    bwd = (table.losses + table.ties) > 0
+    flat = jnp.zeros(n * n, jnp.float32)
+    flat = flat.at[table.i * n + table.j].max(fwd.astype(jnp.float32))
+    flat = flat.at[table.j * n + table.i].max(bwd.astype(jnp.float32))
+    reach = flat.reshape(n, n) + jnp.eye(n, dtype=jnp.float32) > 0
+    for _ in range(max(1, (n - 1).bit_length())):
+        r = reach.astype(jnp.float32)
+        reach = (r @ r) > 0
+    return jnp.all(reach)
+
+
+def diverging(table: ComparisonTable, config: FitConfig, information: jax.Array):
+    """Unpenalised parameters running to infinity, judged by the observed information at the fit.
+
+    A parameter whose information per comparison it enters has collapsed below
+    :data:`DIVERGENCE_INFO` has comparisons that have all become near-certain (or, for the tie
+    parameter, a tie probability at 0 or 1): its MLE is at infinity whatever the decrement test says.
+    Blocks with a ridge (a MAP with a finite optimum) are never flagged. Traceable.
+
+    Args:
+      table: the data.
+      config: the fit's config.
+      information: float [D], :attr:`Convergence.information`.
+
+    Returns:
+      (scores bool [N], log-discriminations bool [J], tie bool []).
+    """
+    n, nj = table.n_models, table.n_judges
+    info = jnp.asarray(information)
+    tot = table.totals
+    per_model = (jax.ops.segment_sum(tot, table.i, n) + jax.ops.segment_sum(tot, table.j, n))
+    per_judge = jax.ops.segment_sum(tot, table.judge, nj)
+    bad = ~jnp.isfinite(info)
+    flat_s = ((info[:n] < DIVERGENCE_INFO * jnp.maximum(per_model, 1.0)) | bad[:n]) & (
+        config.ridge_scores <= 0)
+    flat_a = ((info[n:n + nj] < DIVERGENCE_INFO * jnp.maximum(per_judge, 1.0)) | bad[n:n + nj]) & (
+        config.ridge_alpha <= 0)
+    if not (config.judge_aware and nj > 1):
+        flat_a = jnp.zeros(nj, bool)
+    if config.has_tie_param:
+        flat_t = (info[-1] < DIVERGENCE_INFO * jnp.maximum(jnp.sum(tot), 1.0)) | bad[-1]
+    else:
+        flat_t = jnp.zeros((), bool)
+    return flat_s, flat_a, flat_t
+
+
+def mle_exists(table: ComparisonTable, config: FitConfig, information: jax.Array | None = None
+               ) -> jax.Array:
+    """Whether the (penalised) MLE of ``table`` exists, bool []; traceable, for data made inside
+    ``jit`` (bootstrap replicates, simulated data) where :func:`algorithms.ranking.data.check_identifiable`
+    cannot run.
+
+    Checks the conditions of :func:`~algorithms.ranking.data.check_identifiable` that a resample can
+    break: some decisive comparison; with a tie parameter, some ties and some decisive outcomes;
+    without a ridge on the scores, a strongly connected "beat or tied" graph
+    (:func:`strongly_connected`; with a ridge, a connected comparison graph); judge-aware without a
+    ridge on ``alpha``, a decisive comparison by every judge. Given ``information`` (the fit's
+    :attr:`Convergence.information`) it also requires that no parameter diverges (:func:`diverging`),
+    which covers separation that the graph conditions miss (a judge agreeing with the fitted order
+    in every comparison).
+    """
+    nj = table.n_judges
+    decisive = jnp.sum(table.wins) + jnp.sum(table.losses)
+    ok = decisive > 0
+    if config.has_tie_param:
+        ok &= jnp.sum(table.ties) > 0
+    # With a ridge on the scores the graph need only be connected (undirected).
+    sym = dataclasses.replace(table, wins=table.totals, losses=table.totals)
+    connected = jnp.where(config.ridge_scores > 0, strongly_connected(sym), strongly_connected(table))
+    ok &= connected
+    if config.judge_aware and nj > 1:
+        per_judge = jax.ops.segment_sum(table.wins + table.losses, table.judge, nj)
+        ok &= (config.ridge_alpha > 0) | jnp.all(per_judge > 0)
+    if information is not None:
+        fs, fa, ft = diverging(table, config, information)
+        ok &= ~(jnp.any(fs) | jnp.any(fa) | ft)
+    return ok
+
+
+# ----------------------------------------------------------------------------------------------
 # Checked entry point
 # ----------------------------------------------------------------------------------------------
 
@@ -528,7 +624,7 @@ def fit(table: ComparisonTable, config: FitConfig = FitConfig(), *, init: Params
       ValueError: the data do not identify the model (see
         :func:`algorithms.ranking.data.check_identifiable`), or the fit diverges (parameters running to
         infinity, e.g. a judge whose every comparison agrees with the fitted order: its discrimination
-        MLE is infinite; the message names them and suggests a ridge).
+        MLE is infinite; the message names them, or the tie parameter, and suggests a ridge).
     """
     import warnings
 
@@ -539,30 +635,21 @@ def fit(table: ComparisonTable, config: FitConfig = FitConfig(), *, init: Params
     if precision not in ("float64", "float32"):
         raise ValueError(f"precision={precision!r}; expected 'float64' or 'float32'")
     check_identifiable(table, judge_aware=config.judge_aware, ridge_scores=config.ridge_scores,
-                       ridge_alpha=config.ridge_alpha, model_names=model_names, judge_names=judge_names)
+                       ridge_alpha=config.ridge_alpha, tie_model=config.tie_model,
+                       model_names=model_names, judge_names=judge_names)
     with jax.enable_x64(precision == "float64"):
         t = table.astype(np.float64 if precision == "float64" else np.float32)
         params, conv = solve(t, config, init)
+        flat_s, flat_a, flat_t = (np.asarray(a) for a in diverging(t, config, conv.information))
         params, conv = jax.device_get(params), jax.device_get(conv)
-    # Divergence: a parameter whose information per comparison has collapsed is running to infinity
-    # (its comparisons have all become near-certain), whether or not the decrement test fired.
-    n, nj = table.n_models, table.n_judges
-    tot = np.asarray(table.totals, np.float64)
-    per_model = np.bincount(np.asarray(table.i), tot, n) + np.bincount(np.asarray(table.j), tot, n)
-    per_judge = np.bincount(np.asarray(table.judge), tot, nj)
-    info = np.asarray(conv.information, np.float64)
-    ridge_s, ridge_a = config.ridge_scores, config.ridge_alpha
-    # With a ridge the MAP is finite, so only unpenalised blocks are checked.
-    flat_s = (np.flatnonzero(info[:n] < 1e-6 * np.maximum(per_model, 1))
-              if ridge_s <= 0 else np.zeros(0, int))
-    flat_a = (np.flatnonzero(info[n:n + nj] < 1e-6 * np.maximum(per_judge, 1))
-              if config.judge_aware and nj > 1 and ridge_a <= 0 else np.zeros(0, int))
-    if flat_s.size or flat_a.size or not np.all(np.isfinite(info)):
+    flat_s, flat_a = np.flatnonzero(flat_s), np.flatnonzero(flat_a)
+    if flat_s.size or flat_a.size or bool(flat_t):
         from algorithms.ranking.data import _names
         raise ValueError(
             "the fit diverges (the MLE is at infinity): "
             + (f"scores of models {_names(flat_s, model_names)} " if flat_s.size else "")
             + (f"log-discriminations of judges {_names(flat_a, judge_names)} " if flat_a.size else "")
+            + ("the tie parameter tau " if bool(flat_t) else "")
             + "grow without bound (their comparisons become certain); set ridge_alpha > 0 (and/or "
             "ridge_scores > 0) for a MAP fit")
     if not bool(conv.converged):

@@ -213,13 +213,19 @@ def check_identifiable(
     judge_aware: bool = True,
     ridge_scores: float = 0.0,
     ridge_alpha: float = 0.0,
+    tie_model: str = "half",
     model_names: Sequence[str] | None = None,
     judge_names: Sequence[str] | None = None,
 ) -> None:
     """Raises ``ValueError`` unless the (penalised) MLE exists and is unique up to normalisation.
 
     Conditions checked, on host arrays:
-      1. There is at least one comparison; every model appears in some comparison.
+      0. With a tie parameter (``tie_model`` ``"davidson"`` or ``"rao_kupper"``, which has no prior):
+         some comparisons are ties and some are not. With no tie the tie parameter's MLE is at
+         ``-inf``, with only ties at ``+inf`` (and the scores are then not identified either).
+      1. There is at least one comparison and at least one decisive (non-tied) comparison: ties
+         alone say nothing about which model is better (any ranking of all-equal scores would be an
+         arbitrary order); every model appears in some comparison.
       2. The comparison graph (models joined when compared) is connected; otherwise the score
          offset between components is not identified, whatever the prior. The components are named.
       3. Without a ridge on the scores: the directed graph with an edge i -> j whenever i beat or
@@ -229,13 +235,34 @@ def check_identifiable(
       4. Judge-aware without a ridge on log-discriminations: every judge has at least one decisive
          (non-tied) comparison; a judge with none has discrimination 0 at the MLE (log at -inf).
 
+    Args:
+      table: the counts.
+      judge_aware, ridge_scores, ridge_alpha, tie_model: the fit's settings
+        (:class:`algorithms.ranking.btl.FitConfig`).
+      model_names, judge_names: used in the messages only.
+
     Raises:
-      ValueError: the first violated condition, naming the models or judges concerned.
+      ValueError: the first violated condition, naming the models, judges or parameter concerned.
     """
     tot = np.asarray(table.totals)
     live = tot > 0
     if not np.any(live):
         raise ValueError("no comparisons with positive count")
+    num_ties = float(np.sum(np.asarray(table.ties)))
+    num_decisive = float(np.sum(np.asarray(table.wins)) + np.sum(np.asarray(table.losses)))
+    if tie_model != "half":
+        what = {"davidson": "log nu of Davidson's model", "rao_kupper": "log eta of Rao-Kupper's model"}
+        name = f"the tie parameter tau ({what.get(tie_model, tie_model)})"
+        if num_decisive <= 0:
+            raise ValueError(f"every comparison is a tie: {name} is unbounded (its MLE is at +inf) and "
+                             "no decisive comparison identifies the scores; such data cannot rank models")
+        if num_ties <= 0:
+            raise ValueError(f"no comparison is a tie: {name} is unbounded (its MLE is at -inf); fit "
+                             "with tie_model='half' (no tie parameter) instead")
+    if num_decisive <= 0:
+        raise ValueError(f"no decisive comparison: all {num_ties:g} comparisons are ties, which say "
+                         "nothing about which model is better (every score would be 0 and any ranking "
+                         "arbitrary)")
     n = table.n_models
     i, j = np.asarray(table.i)[live], np.asarray(table.j)[live]
     seen = np.zeros(n, bool)

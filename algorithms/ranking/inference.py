@@ -31,6 +31,7 @@ from algorithms.ranking.btl import (
     Params,
     derivatives,
     flatten,
+    mle_exists,
     reduced_basis,
     score_outer,
     solve,
@@ -118,6 +119,7 @@ def intervals(params: Params, cov: jax.Array, level: float = 0.95) -> Intervals:
     if cov.shape[-2:] != (n + nj + 1, n + nj + 1):
         raise ValueError(f"covariance has shape {cov.shape}; expected [{n + nj + 1}, {n + nj + 1}]")
     z = _z(level)
+    _check_concrete("intervals: cov", cov)
     var = jnp.clip(jnp.diagonal(cov, axis1=-2, axis2=-1), 0.0)
     s_se = jnp.sqrt(var[..., :n])
     cs = cov[..., :n, :n]
@@ -132,34 +134,77 @@ def intervals(params: Params, cov: jax.Array, level: float = 0.95) -> Intervals:
 
 
 def ranks(scores: jax.Array) -> jax.Array:
-    """Rank of each model, 1 = highest score, int32 [..., N] (ties broken by index)."""
-    order = jnp.argsort(-scores, axis=-1, stable=True)
-    return (jnp.argsort(order, axis=-1, stable=True) + 1).astype(jnp.int32)
+    """Rank of each model, 1 = highest score, int32 [..., N]: one plus the number of models with a
+    strictly higher score, so tied scores share the best of their ranks ("1224" competition ranking).
+    """
+    neg = -jnp.asarray(scores)
+    srt = jnp.sort(neg, axis=-1)
+    below = jnp.vectorize(lambda a, v: jnp.searchsorted(a, v, side="left"),
+                          signature="(n),(n)->(n)")(srt, neg)
+    return (below + 1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("num_draws",))
+def _check_concrete(name: str, value, finite: bool = True) -> None:
+    if isinstance(value, jax.core.Tracer):
+        return
+    a = np.asarray(value)
+    if finite and not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} has {int(np.size(a) - np.isfinite(a).sum())} non-finite entries "
+                         "(NaN or inf); expected finite values (did the fit or its covariance fail?)")
+
+
 def rank_intervals(key: jax.Array, params: Params, cov: jax.Array, level: float = 0.95,
                    num_draws: int = 4000) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Marginal intervals for each model's rank by simulation from the asymptotic normal law.
 
     Draws ``s ~ N(s_hat, Cov(s))`` (``Cov(s)`` is singular along the all-ones direction; the draws
-    are sampled through its eigendecomposition), ranks every draw, and takes the ``(1-level)/2`` and
-    ``(1+level)/2`` quantiles of each model's rank (lower and upper empirical order statistics, so
-    the integer interval is conservative).
+    are sampled through its eigendecomposition), ranks every draw with :func:`ranks`, and takes the
+    ``(1-level)/2`` and ``(1+level)/2`` quantiles of each model's rank (lower and upper empirical
+    order statistics, so the integer interval is conservative). The point rank is :func:`ranks` of
+    ``s_hat`` (tied scores share the best rank); each interval is widened, where needed, to contain
+    its point rank (with many near-equal models the rank of ``s_hat`` can fall outside the central
+    quantiles of the draws' ranks), so ``lo <= point <= hi`` always.
+
+    Args:
+      key: PRNG key.
+      params: fitted parameters (scores float [N]).
+      cov: float [D, D] from :func:`covariance` (D = N + J + 1), finite.
+      level: coverage in (0, 1).
+      num_draws: R >= 1 draws (static).
 
     Returns:
-      (point ranks int32 [N], lower int32 [N], upper int32 [N]).
+      (point ranks int32 [N], lower int32 [N], upper int32 [N]), 1 = best.
+
+    Raises:
+      ValueError: ``level`` outside (0, 1); ``num_draws`` < 1; ``cov`` of the wrong shape; ``cov``
+        or the scores not finite (checked when concrete).
     """
+    _z(level)
+    if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
+        raise ValueError(f"rank_intervals: num_draws={num_draws!r}; expected an int >= 1")
+    n, nj = np.shape(params.scores)[-1], np.shape(params.log_discrimination)[-1]
+    if np.shape(cov) != (n + nj + 1, n + nj + 1):
+        raise ValueError(f"rank_intervals: cov has shape {np.shape(cov)}; expected "
+                         f"[{n + nj + 1}, {n + nj + 1}] (N + J + 1 with N={n}, J={nj})")
+    _check_concrete("rank_intervals: cov", cov)
+    _check_concrete("rank_intervals: params.scores", params.scores)
+    return _rank_intervals(key, params, jnp.asarray(cov), level, int(num_draws))
+
+
+@functools.partial(jax.jit, static_argnames=("num_draws",))
+def _rank_intervals(key, params, cov, level, num_draws):
     n = params.scores.shape[-1]
+    scores = jnp.asarray(params.scores, cov.dtype)
     w, v = jnp.linalg.eigh(cov[:n, :n])
     factor = v * jnp.sqrt(jnp.clip(w, 0.0))  # the singular direction has w ~ 0 (+- rounding)
-    eps = jax.random.normal(key, (num_draws, n), params.scores.dtype)
-    draws = params.scores + eps @ factor.T
-    r = ranks(draws).astype(params.scores.dtype)
+    eps = jax.random.normal(key, (num_draws, n), cov.dtype)
+    draws = scores + eps @ factor.T
+    r = ranks(draws).astype(cov.dtype)
     a = (1.0 - level) / 2
-    lo = jnp.quantile(r, a, axis=0, method="lower")
-    hi = jnp.quantile(r, 1.0 - a, axis=0, method="higher")
-    return ranks(params.scores), lo.astype(jnp.int32), hi.astype(jnp.int32)
+    lo = jnp.quantile(r, a, axis=0, method="lower").astype(jnp.int32)
+    hi = jnp.quantile(r, 1.0 - a, axis=0, method="higher").astype(jnp.int32)
+    point = ranks(scores)
+    return point, jnp.minimum(lo, point), jnp.maximum(hi, point)
 
 
 def bootstrap(key: jax.Array, table: ComparisonTable, params: Params, config: FitConfig,
@@ -179,8 +224,11 @@ def bootstrap(key: jax.Array, table: ComparisonTable, params: Params, config: Fi
       batch_size: replicates vectorised together.
 
     Returns:
-      (params with a leading axis [B], converged bool [B]). A replicate whose resample breaks
-      identifiability (say, a model that now never loses) does not converge; drop it.
+      (params with a leading axis [B], converged bool [B]). A replicate counts as converged only if
+      Newton's method converged and its MLE exists (:func:`algorithms.ranking.btl.mle_exists`: a
+      resample can break identifiability, say a model that now never loses, or separate a judge;
+      its scores then run to infinity). Drop the others; :func:`bootstrap_intervals` does so and
+      counts them.
 
     Raises:
       ValueError: ``num_samples`` or ``batch_size`` < 1, or counts that are not whole numbers.
@@ -206,7 +254,9 @@ def _bootstrap(key, table, params, config, num_samples, batch_size, total):
         t = ComparisonTable(table.i, table.j, table.judge, new[:, 0], new[:, 1], new[:, 2],
                             table.n_models, table.n_judges)
         p, conv = solve(t, config, init=params)
-        return p, conv.converged
+        # A resample can lose the MLE's existence (e.g. a model that now never loses): Newton then
+        # stops on a flat objective with the scores far out, which is not a converged fit.
+        return p, conv.converged & mle_exists(t, config, conv.information)
 
     keys = jax.random.split(key, num_samples)
     return jax.lax.map(one, keys, batch_size=batch_size)
@@ -221,3 +271,42 @@ def percentile_intervals(draws: jax.Array, level: float = 0.95, axis: int = 0):
     _z(level)
     a = (1.0 - level) / 2
     return jnp.quantile(draws, a, axis=axis), jnp.quantile(draws, 1.0 - a, axis=axis)
+
+
+class BootstrapSummary(NamedTuple):
+    """Percentile intervals over the usable bootstrap replicates.
+
+    Attributes:
+      lo, hi: float [...], the interval bounds (the shape of one replicate).
+      num_used: replicates that converged to an existing MLE.
+      num_dropped: replicates left out (not converged, or MLE at infinity).
+    """
+
+    lo: np.ndarray
+    hi: np.ndarray
+    num_used: int
+    num_dropped: int
+
+
+def bootstrap_intervals(draws: jax.Array, converged: jax.Array, level: float = 0.95
+                        ) -> BootstrapSummary:
+    """Percentile intervals from :func:`bootstrap` output, dropping unusable replicates.
+
+    Args:
+      draws: float [B, ...], e.g. the replicate scores [B, N].
+      converged: bool [B], the second output of :func:`bootstrap`.
+      level: coverage in (0, 1).
+
+    Raises:
+      ValueError: ``level`` outside (0, 1), mismatched lengths, or fewer than 2 usable replicates.
+    """
+    draws, ok = np.asarray(draws), np.asarray(converged, bool)
+    if ok.shape != draws.shape[:1]:
+        raise ValueError(f"bootstrap_intervals: converged has shape {ok.shape}; expected "
+                         f"({draws.shape[0]},) like the leading axis of draws {draws.shape}")
+    used = int(ok.sum())
+    if used < 2:
+        raise ValueError(f"bootstrap_intervals: only {used} of {ok.size} replicates have a finite "
+                         "MLE; the data are too sparse for a bootstrap (add a ridge, or comparisons)")
+    lo, hi = percentile_intervals(draws[ok], level)
+    return BootstrapSummary(np.asarray(lo), np.asarray(hi), used, int(ok.size - used))
