@@ -252,9 +252,9 @@ class PlainLines(io.TextIOBase):
     Progress bars (tqdm) redraw one line with carriage returns and move the cursor with escape
     codes; in a log those become one ever-growing line onto which the next error is glued. Here a
     carriage-return update is held back and written as its own line (bar graphic removed) at most
-    once per ``interval_s`` for each bar (keyed by its label), and always when the bar ends with a
-    newline; escape codes are dropped; any other text is passed through at once, starting on a
-    fresh line if a bar update was last.
+    once per ``interval_s`` for each bar (keyed by its label, so the first update of a label is
+    shown at once); escape codes and the newlines that move the cursor between nested bars are dropped;
+    any other text is passed through at once, starting on a fresh line.
 
     Args:
       stream: the underlying text stream.
@@ -267,7 +267,8 @@ class PlainLines(io.TextIOBase):
         self.stream, self.interval_s, self._clock = stream, interval_s, clock
         self._lock = threading.RLock()
         self._in_status = False  # the last write was a carriage-return update
-        self._status = ""
+        self._status, self._shown = "", False
+        self._after_status = False  # a bar was drawn since the last line of other text
         self._open = False  # the underlying stream's current line has text but no newline yet
         self._last: dict[str, float] = {}
 
@@ -293,37 +294,40 @@ class PlainLines(io.TextIOBase):
         with self._lock:
             clean = _ANSI_CODE.sub("", text)
             if self._in_status and not clean.startswith("\r"):
-                self._in_status = False
-                if clean.startswith("\n"):  # a bar closing with a newline: its last state
-                    self._emit_status(self._status, final=True)
-                    clean = clean[1:]
+                self._in_status = False  # that update was shown or skipped at its write
+            if clean and not clean.strip("\n") and self._after_status and not self._open:
+                return len(text)  # a bar moving the cursor down to its row: no blank line here
             for token in re.split(r"(\r|\n)", clean):
                 if token == "\r":
-                    if self._in_status:
-                        self._emit_status(self._status)
-                    self._in_status, self._status = True, ""
+                    if self._in_status and self._status:  # an update made within this write
+                        self._show_status()
+                    self._in_status, self._status, self._shown = True, "", False
+                    self._after_status = True
                 elif token == "\n" and self._in_status:
-                    self._emit_status(self._status, final=True)
-                    self._in_status, self._status = False, ""
+                    self._show_status()
+                    self._in_status = False
                 elif self._in_status:
                     self._status += token
                 elif token:
                     self.stream.write(token)
                     self._open = not token.endswith("\n")
-            if self._in_status and self._status.strip():
-                self._emit_status(self._status)
-                self._status = ""
+                    self._after_status = self._after_status and not token.strip()
+            if self._in_status:  # one update per write: show it if its bar's interval is up
+                self._show_status()
+                self._status = ""  # considered once, at the write that made it
         return len(text)
 
-    def _emit_status(self, text: str, final: bool = False) -> None:
-        line = " ".join(_BAR_GRAPHIC.sub(" ", text).split())
-        if not line:
+    def _show_status(self) -> None:
+        """Writes the current bar state as a line, unless already written or the same bar
+        (keyed by its label) had a line less than ``interval_s`` ago."""
+        line = " ".join(_BAR_GRAPHIC.sub(" ", self._status).split())
+        if not line or self._shown:
             return
         key = line.split(":", 1)[0] if ":" in line else ""
         now = self._clock()
-        if not final and now - self._last.get(key, -math.inf) < self.interval_s:
+        if now - self._last.get(key, -math.inf) < self.interval_s:
             return
-        self._last[key] = now
+        self._last[key], self._shown = now, True
         self.stream.write(("\n" if self._open else "") + line + "\n")
         self._open = False
         self.stream.flush()
