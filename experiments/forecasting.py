@@ -56,9 +56,11 @@ def default_data_path() -> str:
     return path
 
 
-def load_table(path: str, columns: str = "") -> data.Table:
+def load_table(path: str, columns: str = "", fill_gaps: str = "none") -> data.Table:
     """Reads an ETT-style CSV or headerless numeric file (``.gz`` allowed) into a
-    :class:`algorithms.forecasting.data.Table`.
+    :class:`algorithms.forecasting.data.Table`; ``fill_gaps`` as in
+    :func:`algorithms.forecasting.data.parse_table` (``"none"``: a gap in the timestamps or a
+    missing value is an error naming the file and line; ``"linear"``: interpolated and counted).
 
     Raises:
       FileNotFoundError: no such file. ValueError: see :func:`algorithms.forecasting.data.parse_table`.
@@ -68,7 +70,7 @@ def load_table(path: str, columns: str = "") -> data.Table:
     with opener(path, "rt") as f:
         text = f.read()
     cols = tuple(c.strip() for c in columns.split(",") if c.strip()) or None
-    return data.parse_table(text, os.path.basename(path), cols)
+    return data.parse_table(text, os.path.basename(path), cols, fill_gaps=fill_gaps)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,8 +248,12 @@ def run_horizon(series: np.ndarray, table: data.Table, split: str, H: int,
                                         total=-(-len(te) // config.eval_batch_size),
                                         desc=f"{name} H={H} score {method}", leave=False)):
             sums = metrics.add_sums(sums, metrics.metric_sums(sampler(x, jax.random.fold_in(k_eval, i)),
-                                                              y))
+                                                              y, out_of_range=config.qice_out_of_range))
         m = metrics.finalize_metrics(sums)
+        bad = sorted(k for k, v in m.items() if not math.isfinite(v))
+        if bad:
+            raise ValueError(f"{name} H={H} {method}: metrics {bad} are not finite: the forecasts or "
+                             "the test targets contain NaN or infinite values")
         m["qice"] *= 100.0  # percent, as the paper reports it
         m["train_seconds"] = seconds[method]
         m["sample_seconds"] = time.perf_counter() - t0
@@ -334,14 +340,22 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     key = jax.random.key(config.seed)
     results, figures, histories, info = {}, [], {}, {}
     t_all = time.perf_counter()
+    if config.qice_out_of_range not in metrics.OUT_OF_RANGE:
+        raise ValueError(f"config.qice_out_of_range must be one of {metrics.OUT_OF_RANGE}, got "
+                         f"{config.qice_out_of_range!r}")
     for di, path in enumerate(paths):
-        table = load_table(path, config.columns)
+        table = load_table(path, config.columns, config.fill_gaps)
         name = table.source.split(".")[0]
         split = data.resolve_split(config.split, table.source)
         borders = data.split_borders(len(table.values), config.input_len, max(config.horizons), split)
         series, _, _ = data.standardize(table.values, borders["train"][1], table.columns)
         info[name] = {"file": table.source, "steps": len(series), "channels": list(table.columns),
-                      "split": split}
+                      "split": split, "step": table.step, "fill_gaps": config.fill_gaps,
+                      "filled_rows": table.filled_rows, "filled_cells": table.filled_cells}
+        if table.filled_rows or table.filled_cells:
+            print(f"[forecasting] {table.source}: fill_gaps={config.fill_gaps!r} inserted "
+                  f"{table.filled_rows} row(s) and interpolated {table.filled_cells} missing value(s)",
+                  flush=True)
         results[name], histories[name], arima_cache = {}, {}, {}
         for H in config.horizons:
             res, fan, hist = run_horizon(series, table, split, int(H), config,
@@ -370,8 +384,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     table_md = report.markdown_table(
         ["data", "H", "method", "CRPS", "CRPS-sum", "QICE %", "MSE", "MAE", "cov 50", "cov 90",
          "train s"], rows)
+    filled = "; ".join(
+        f"{d}: {v['filled_rows']} row(s) inserted for missing time steps and {v['filled_cells']} "
+        f"missing value(s) interpolated (fill_gaps={v['fill_gaps']!r})"
+        for d, v in info.items() if v["filled_rows"] or v["filled_cells"])
     body = (f"Input length {config.input_len}, {config.eval_samples} samples per window, metrics on "
-            f"the standardised scale over the test windows (every {config.test_stride}-th). The "
+            f"the standardised scale over the test windows (every {config.test_stride}-th); QICE "
+            f"with the {config.qice_out_of_range.upper()} reference code's treatment of targets "
+            f"outside the samples' range. Data as read: "
+            f"{filled if filled else 'every series complete at one time step, nothing filled'}. The "
             f"authors report on ETTh1 96->192: CRPS {PAPER_ETTH1_192['crps']}, QICE "
             f"{PAPER_ETTH1_192['qice']}%, MSE {PAPER_ETTH1_192['mse']}, MAE {PAPER_ETTH1_192['mae']}."
             f"\n\n{table_md}\n")

@@ -25,6 +25,10 @@ def base() -> ml_collections.ConfigDict:
     c.data_path = ""            # comma-separated files; "" = statsmodels' mstl_elec_vic.csv (hourly)
     c.columns = ""              # comma-separated channel names to keep ("" = all)
     c.split = "auto"            # auto | ett_hour | ett_minute | ratio (70/10/20)
+    # Timestamps must be at one step. "none": a missing step or value is an error naming the file
+    # and line; "linear": missing rows and values are interpolated, and the report counts them.
+    c.fill_gaps = "none"
+    c.qice_out_of_range = "ppm"  # QICE: targets outside the samples' range in no bin (PPM code) | "card"
     c.input_len = 96
     c.horizons = (96,)
     # PPM (the authors' ETTh1 script: d_model 256, d_ff 512, K 100, tau 0.1, bandwidth 0.3).

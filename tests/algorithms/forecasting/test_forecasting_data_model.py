@@ -197,3 +197,119 @@ def test_experiment_loader_reads_gzip_and_names_missing_file(tmp_path):
     csv = tmp_path / "ETTh9.csv"
     csv.write_text(ETT_TEXT)
     assert load_table(str(csv), "B").columns == ("B",)
+
+
+# ----------------------------------------------------------------------------------------------
+# Timestamps at one step (generated files in tmp_path, read through the experiment's loader).
+
+T0 = np.datetime64("2016-07-01T00:00:00")
+
+
+def _hourly_rows(n=200):
+    """(timestamp text, A, B) for n hourly rows; A is linear in time so interpolation is exact."""
+    t = np.arange(n)
+    stamps = [str(T0 + np.timedelta64(int(h), "h")).replace("T", " ") for h in t]
+    return [(s, 0.5 * float(h) + 3.0, float(np.sin(0.3 * h))) for s, h in zip(stamps, t, strict=True)]
+
+
+def _write(tmp_path, rows, name="ETTh9.csv"):
+    path = tmp_path / name
+    path.write_text("date,A,B\n" + "".join(f"{s},{a!r},{b!r}\n" for s, a, b in rows))
+    return str(path)
+
+
+def test_dropped_rows_are_refused_with_file_and_line(tmp_path):
+    from experiments.forecasting import load_table
+
+    rows = _hourly_rows()
+    kept = rows[:100] + rows[160:]        # 60 rows (say, NaN rows) dropped: a 61-hour step
+    # Header is line 1, kept row r is line r + 2: row 160 is now the 101st data row, line 102.
+    with pytest.raises(ValueError, match=r"ETTh9.csv, line 102: timestamp '2016-07-07 16:00:00' comes "
+                                         r"60 missing step\(s\) of 1:00:00 after '2016-07-05 03:00:00' "
+                                         r"at line 101.*fill_gaps='linear'"):
+        load_table(_write(tmp_path, kept))
+
+
+def test_duplicated_rows_are_refused(tmp_path):
+    from experiments.forecasting import load_table
+
+    rows = _hourly_rows()
+    dup = rows[:74] + rows[50:74] + rows[74:]      # 24 rows repeated: time jumps back 23 hours
+    with pytest.raises(ValueError, match=r"line 76: timestamp '2016-07-03 02:00:00' goes backwards "
+                                         r"from '2016-07-04 01:00:00' at line 75"):
+        load_table(_write(tmp_path, dup))
+    with pytest.raises(ValueError, match=r"line 76: timestamp '2016-07-03 02:00:00' goes backwards"):
+        load_table(_write(tmp_path, dup), fill_gaps="linear")   # never fillable
+    twice = rows[:10] + rows[9:]                   # one row twice in a row
+    with pytest.raises(ValueError, match=r"line 12: timestamp '2016-07-01 09:00:00' repeats "
+                                         r"'2016-07-01 09:00:00' at line 11"):
+        load_table(_write(tmp_path, twice))
+    off = rows[:5] + [("2016-07-01 04:30:00", 1.0, 1.0)] + rows[5:]
+    with pytest.raises(ValueError, match=r"line 7: timestamp '2016-07-01 04:30:00' is 0:30:00 after "
+                                         r"'2016-07-01 04:00:00' at line 6, not a whole number of steps"):
+        load_table(_write(tmp_path, off))
+    # Blank lines count: the message gives the line in the file.
+    path = tmp_path / "gap.csv"
+    path.write_text("date,A\n\n2016-07-01 00:00:00,1\n2016-07-01 01:00:00,2\n\n2016-07-01 03:00:00,4\n")
+    with pytest.raises(ValueError, match=r"gap.csv, line 6: .* comes 1 missing step"):
+        load_table(str(path))
+
+
+def test_fill_gaps_linear_inserts_and_reports_rows(tmp_path):
+    from experiments.forecasting import load_table
+
+    rows = _hourly_rows()
+    kept = rows[:100] + rows[160:]
+    t = load_table(_write(tmp_path, kept), fill_gaps="linear")
+    assert t.filled_rows == 60 and t.filled_cells == 0 and t.step == "1:00:00"
+    assert t.timestamps == tuple(r[0] for r in rows)       # the regular hourly grid again
+    # Column A is linear in time, so interpolation gives back the dropped values exactly (to
+    # rounding); column B is interpolated on the straight line between rows 99 and 160.
+    np.testing.assert_allclose(t.values[:, 0], [r[1] for r in rows], rtol=1e-12)
+    h = np.arange(100, 160)
+    want_b = rows[99][2] + (rows[160][2] - rows[99][2]) * (h - 99) / 61
+    np.testing.assert_allclose(t.values[100:160, 1], want_b, rtol=1e-12)
+    np.testing.assert_array_equal(t.values[160:, 1], [r[2] for r in rows[160:]])
+    # A gap that would more than double the series is refused.
+    far = str(T0 + np.timedelta64(9999, "h")).replace("T", " ")
+    text = "date,A\n" + "".join(f"{r[0]},{r[1]}\n" for r in rows[:99]) + f"{far},1\n"
+    with pytest.raises(ValueError, match=r"x.csv: filling the gaps would add 9900 rows to 100"):
+        data.parse_table(text, "x.csv", fill_gaps="linear")
+
+
+def test_fill_gaps_linear_interpolates_missing_values():
+    text = "date,A,B\n1,1.0,10\n2,,20\n3,nan,30\n4,4.0,40\n"
+    with pytest.raises(ValueError, match=r"column 'A' has 2 missing .* lines 3-4 .* fill_gaps='linear'"):
+        data.parse_table(text, "x.csv")
+    t = data.parse_table(text, "x.csv", fill_gaps="linear")
+    np.testing.assert_allclose(t.values[:, 0], [1.0, 2.0, 3.0, 4.0])
+    assert t.filled_cells == 2 and t.filled_rows == 0 and t.step == "1"
+    with pytest.raises(ValueError, match=r"x.csv: column 'B' is missing at line 5, at the start or end"):
+        data.parse_table("date,A,B\n1,1,1\n2,2,2\n3,3,3\n4,4,\n", "x.csv", fill_gaps="linear")
+    with pytest.raises(ValueError, match="fill_gaps must be one of"):
+        data.parse_table(text, "x.csv", fill_gaps="ffill")
+
+
+def test_calendar_and_other_timestamp_formats():
+    monthly = "date,A\n2015-11-01,1\n2015-12-01,2\n2016-01-01,3\n2016-02-01,4\n2016-03-01,5\n"
+    t = data.parse_table(monthly, "m.csv")
+    assert t.step == "1 month"                       # 30, 31, 31, 29 days: one calendar month
+    with pytest.raises(ValueError, match=r"m.csv, line 4: timestamp '2016-02-01' comes 1 missing "
+                                         r"step\(s\) of 1 month after '2015-12-01' at line 3"):
+        data.parse_table(monthly.replace("2016-01-01,3\n", ""), "m.csv")
+    filled = data.parse_table(monthly.replace("2016-01-01,3\n", ""), "m.csv", fill_gaps="linear")
+    assert filled.timestamps[2] == "2016-01-01" and filled.filled_rows == 1
+    quarterly = "period,A\n1974Q3,1\n1974Q4,2\n1975Q1,3\n1975Q3,5\n"
+    with pytest.raises(ValueError, match=r"line 5: timestamp '1975Q3' comes 1 missing step\(s\) of "
+                                         r"3 months"):
+        data.parse_table(quarterly, "q.csv")
+    assert data.parse_table(quarterly, "q.csv", fill_gaps="linear").timestamps[3] == "1975Q2"
+    weekly = "date,co2\n19580329,316.1\n19580405,317.3\n19580419,317.5\n"
+    w = data.parse_table(weekly, "co2.csv", fill_gaps="linear")
+    assert w.step == "7 days" and w.timestamps[2] == "19580412"
+    np.testing.assert_allclose(w.values[2, 0], 317.4)
+    with pytest.raises(ValueError, match=r"years.csv, line 3: timestamp '1873' comes 1 missing "
+                                         r"step\(s\) of 1 after '1871' at line 2"):
+        data.parse_table("year,v\n1871,1\n1873,2\n1874,3\n1875,4\n1876,5\n", "years.csv")
+    with pytest.raises(ValueError, match=r"x.csv, line 2: timestamp 'Jan-1-1995' is not understood"):
+        data.parse_table("DATE,A\nJan-1-1995,1\nFeb-1-1995,2\n", "x.csv")
