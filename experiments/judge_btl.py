@@ -9,7 +9,8 @@ without Ground Truth"):
    in one vectorised call.
 3. Plain BTL against ``choix`` on judge-free data; fit time against the fastest ``choix``
    estimator at 100 models, 20 judges and 1M comparisons.
-4. LLMFAO (crowd workers judge pairs of LLM answers), when the file is present: held-out
+4. Real comparisons (LLMFAO by default: crowd workers judge pairs of LLM answers; any CSV, JSON-lines
+   or JSON-array file), when the file is present, read and validated before any other work: held-out
    log-likelihood of plain BTL, the judge-aware MLE and the judge-aware MAP with a ridge on the
    log-discriminations chosen by cross-validation; the leaderboard with score and rank intervals.
 
@@ -18,8 +19,6 @@ without Ground Truth"):
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import time
 
@@ -33,6 +32,7 @@ from tqdm import tqdm
 from algorithms.ranking import btl, data, inference, simulate
 from algorithms.ranking.data import LEFT, RIGHT, TIE
 from core import report
+from core.data import judgments
 from experiments import common
 from experiments.configs.judge_btl import DEFAULT_DATA
 
@@ -40,47 +40,43 @@ NAME = "judge_btl"
 
 
 # ----------------------------------------------------------------------------------------------
-# Data loading (CSV or JSON lines, with a column mapping)
+# Data loading and validation (before any other work)
 # ----------------------------------------------------------------------------------------------
 
 
-def load_comparisons(path: str, columns: ml_collections.ConfigDict):
-    """Reads pairwise judgements from a CSV (header row) or JSON-lines file.
+def load_comparisons(path: str, config: ml_collections.ConfigDict) -> dict:
+    """Reads and validates a judgements file (CSV, JSON lines or one JSON array; see
+    :func:`core.data.judgments.read_judgments`) with the config's column mapping.
 
     Returns:
-      dict with int arrays ``left``, ``right``, ``judge``, ``outcome`` [C] and name lists ``models``,
-      ``judges`` (ids index these, sorted).
+      dict with int arrays ``left``, ``right``, ``judge``, ``outcome`` [C], name lists ``models``,
+      ``judges`` (ids index these, sorted), the data set's ``name`` (``config.data_name`` or the file
+      name), ``path`` and ``dropped`` (rows dropped per unknown outcome value, with
+      ``config.drop_unknown_outcomes``).
 
     Raises:
-      ValueError: a missing column or an outcome value outside the mapping (file and line named),
-        or no rows.
+      ValueError: unreadable rows (file and line named), or data that cannot rank the models (no
+        decisive comparison, a model that never loses or never wins, a disconnected comparison
+        graph; the file is named).
     """
-    if path.endswith((".jsonl", ".json")):
-        with open(path) as f:
-            rows = [(n + 1, json.loads(line)) for n, line in enumerate(f) if line.strip()]
-    else:
-        with open(path, newline="") as f:
-            rows = [(n + 2, r) for n, r in enumerate(csv.DictReader(f))]
-    if not rows:
-        raise ValueError(f"{path}: no comparisons")
-    need = (columns.left, columns.right, columns.judge, columns.outcome)
-    code = {str(columns.left_value): LEFT, str(columns.right_value): RIGHT, str(columns.tie_value): TIE}
-    recs = []
-    for line, r in rows:
-        missing = [c for c in need if c not in r]
-        if missing:
-            raise ValueError(f"{path}:{line}: missing column(s) {missing}; present: {sorted(r)}")
-        o = str(r[columns.outcome])
-        if o not in code:
-            raise ValueError(f"{path}:{line}: outcome {o!r} in column {columns.outcome!r}; expected "
-                             f"one of {sorted(code)} (see --config.columns.*_value)")
-        recs.append((str(r[columns.left]), str(r[columns.right]), str(r[columns.judge]), code[o]))
-    models = sorted({x[0] for x in recs} | {x[1] for x in recs})
-    judges = sorted({x[2] for x in recs})
-    mi, ji = {m: k for k, m in enumerate(models)}, {j: k for k, j in enumerate(judges)}
-    return dict(left=np.array([mi[x[0]] for x in recs]), right=np.array([mi[x[1]] for x in recs]),
-                judge=np.array([ji[x[2]] for x in recs]), outcome=np.array([x[3] for x in recs]),
-                models=models, judges=judges)
+    c = config.columns
+    if judgments.LEFT != LEFT or judgments.RIGHT != RIGHT or judgments.TIE != TIE:
+        raise AssertionError("outcome codes of core.data.judgments and algorithms.ranking.data differ")
+    js = judgments.read_judgments(path, left=c.left, right=c.right, judge=c.judge, outcome=c.outcome,
+                                  left_value=c.left_value, right_value=c.right_value,
+                                  tie_value=c.tie_value, drop_unknown=config.drop_unknown_outcomes,
+                                  name=config.data_name or None)
+    d = dict(left=js.left, right=js.right, judge=js.judge, outcome=js.outcome, models=js.models,
+             judges=js.judges, name=js.name, path=path, dropped=js.dropped)
+    table = _table(d, np.arange(js.num_comparisons), len(js.models), len(js.judges))
+    try:
+        # Plain BTL (the baseline) needs the unpenalised scores; the leaderboard's ridge on the
+        # log-discriminations makes every judge's parameter finite.
+        data.check_identifiable(table, judge_aware=True, ridge_alpha=1.0, model_names=js.models,
+                                judge_names=js.judges)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return d
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,8 +296,8 @@ def timing_part(config):
                                                            - np.asarray(truth.log_discrimination)))))
 
 
-def llmfao_part(config, out_dir, path):
-    d = load_comparisons(path, config.columns)
+def data_part(config, out_dir, d):
+    """The real-data part on comparisons ``d`` from :func:`load_comparisons`."""
     nm, nj = len(d["models"]), len(d["judges"])
     c_all = d["left"].shape[0]
     full = _table(d, np.arange(c_all), nm, nj)
@@ -309,7 +305,7 @@ def llmfao_part(config, out_dir, path):
     rng = np.random.default_rng(config.seed)
     grid = tuple(float(x) for x in config.ridge_grid)
     rows = []
-    for split in tqdm(range(config.num_splits), desc="judge_btl LLMFAO splits", leave=False):
+    for split in tqdm(range(config.num_splits), desc=f"judge_btl {d['name']} splits", leave=False):
         test = rng.random(c_all) < config.heldout_fraction
         tr, te = np.flatnonzero(~test), np.flatnonzero(test)
         t_tr, t_te = _table(d, tr, nm, nj, pad), _table(d, te, nm, nj)
@@ -341,22 +337,25 @@ def llmfao_part(config, out_dir, path):
     if config.bootstrap_samples:
         draws, ok = inference.bootstrap(jax.random.key(config.seed + 4), t_pad.astype(np.float64),
                                         res.params, res.config, config.bootstrap_samples)
-        blo, bhi = inference.percentile_intervals(draws.scores[np.asarray(ok)], config.level)
-        boot = dict(lo=np.asarray(blo), hi=np.asarray(bhi), converged=float(np.mean(ok)))
+        summ = inference.bootstrap_intervals(draws.scores, ok, config.level)
+        boot = dict(lo=summ.lo, hi=summ.hi, used=summ.num_used, dropped=summ.num_dropped)
     s = np.asarray(res.params.scores)
+    label = d["name"]
+    stem = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in label) or "data"
     fig1 = _rank_plot(d["models"], np.asarray(point), np.asarray(lo), np.asarray(hi), s,
-                      f"LLMFAO, judge-aware MAP (ridge on alpha = {lam:g}): 95% rank intervals",
-                      os.path.join(out_dir, "llmfao_rank_intervals.png"))
+                      f"{label}, judge-aware MAP (ridge on alpha = {lam:g}): "
+                      f"{config.level:.0%} rank intervals",
+                      os.path.join(out_dir, f"{stem}_rank_intervals.png"))
     gam, gse = np.asarray(ci.gamma), np.asarray(ci.gamma_se)
     per_judge = np.bincount(d["judge"], minlength=nj)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.errorbar(per_judge, gam, yerr=1.96 * gse, fmt="o", ms=3, alpha=0.6)
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_xscale("log")
-    ax.set_xlabel("comparisons by the worker")
+    ax.set_xlabel("comparisons by the judge")
     ax.set_ylabel("discrimination gamma (95% CI)")
-    ax.set_title("LLMFAO crowd workers as judges")
-    fig2 = report.save_figure(fig, os.path.join(out_dir, "llmfao_judges.png"))
+    ax.set_title(f"{label}: judges")
+    fig2 = report.save_figure(fig, os.path.join(out_dir, f"{stem}_judges.png"))
     order = np.argsort(-s)
     board = [dict(model=d["models"][m], score=float(s[m]), lo=float(ci.scores_lo[m]),
                   hi=float(ci.scores_hi[m]), rank=int(point[m]), rank_lo=int(lo[m]),
@@ -367,7 +366,8 @@ def llmfao_part(config, out_dir, path):
     from scipy.stats import kendalltau
     mean = lambda key: float(np.nanmean([r[key] for r in rows]))
     return dict(
-        num_comparisons=int(c_all), num_models=nm, num_judges=nj,
+        name=label, path=d["path"], num_comparisons=int(c_all), num_models=nm, num_judges=nj,
+        dropped_outcomes=dict(d["dropped"]), num_dropped=int(sum(d["dropped"].values())),
         heldout_btl=mean("btl"), heldout_judge_aware_map=mean("judge_aware_map"),
         heldout_judge_aware_mle=mean("judge_aware_mle") if any(np.isfinite(r["judge_aware_mle"])
                                                                for r in rows) else float("nan"),
@@ -375,7 +375,8 @@ def llmfao_part(config, out_dir, path):
         rank_ci_width=float(np.mean(np.asarray(hi - lo))),
         kendall_tau_vs_btl=float(kendalltau(np.asarray(point), plain_rank)[0]),
         gamma_quantiles=np.quantile(gam, [0.05, 0.25, 0.5, 0.75, 0.95]),
-        bootstrap_converged=None if boot is None else boot["converged"],
+        bootstrap_used=None if boot is None else boot["used"],
+        bootstrap_dropped=None if boot is None else boot["dropped"],
         figures=[fig1, fig2])
 
 
@@ -385,105 +386,123 @@ def llmfao_part(config, out_dir, path):
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
-    out_dir = common.experiment_dir(workdir, NAME)
     path = config.data_path
     if path and not os.path.exists(path) and path == DEFAULT_DATA:
         path = None  # the embedded default: simulation only
     path = common.check_data_path(path, "judge_btl comparisons (--config.data_path)")
+    # The data file is read and validated first, so a bad file fails in seconds, not after the
+    # simulation parts.
+    real = load_comparisons(path, config) if path else None
+    out_dir = common.experiment_dir(workdir, NAME)
     timings = {}
     with jax.enable_x64(True):
         steps = [("simulation", lambda: simulation_part(config, out_dir)),
                  ("coverage", lambda: coverage_part(config)),
                  ("choix", lambda: choix_part(config)),
                  ("timing", lambda: timing_part(config))]
-        if path:
-            steps.append(("llmfao", lambda: llmfao_part(config, out_dir, path)))
+        if real is not None:
+            steps.append(("real_data", lambda: data_part(config, out_dir, real)))
         results = {}
         for name, fn in tqdm(steps, desc="judge_btl", leave=False):
             t0, c0 = time.perf_counter(), time.process_time()
             results[name] = fn()
             timings[name] = dict(wall=time.perf_counter() - t0, cpu=time.process_time() - c0)
-    sim, cov, tim, llm = results["simulation"], results["coverage"], results["timing"], results.get("llmfao")
-    held_src = "llmfao" if llm else "simulation"
+    sim, cov, tim, llm = (results["simulation"], results["coverage"], results["timing"],
+                          results.get("real_data"))
+    # Every number sits under the part that produced it: "simulation", "coverage", "choix",
+    # "timing" (synthetic data at the timing scale) and "real_data" (the file's data set); the
+    # headline names its source.
     metrics = dict(
-        heldout_source=held_src,
-        heldout_loglik_judge_aware=llm["heldout_judge_aware_map"] if llm else sim["heldout"]["judge_aware"],
-        heldout_loglik_btl=llm["heldout_btl"] if llm else sim["heldout"]["btl"],
-        heldout_loglik_judge_aware_mle=llm["heldout_judge_aware_mle"] if llm else sim["heldout"]["judge_aware"],
-        ci_coverage=cov["scores"], ci_coverage_differences=cov["differences"],
-        ci_coverage_log_discrimination=cov["log_discrimination"], coverage_converged=cov["converged"],
-        coverage_num_datasets=cov["num_datasets"],
-        rank_ci_width=sim["rank_ci_width"], rank_ci_covers_truth=sim["rank_ci_covers_truth"],
-        choix_max_abs_diff=results["choix"],
-        fit_seconds=tim["fit_seconds"], choix_seconds=tim["choix_seconds"],
-        choix_times=tim["choix_times"], fit_compile_seconds=tim["compile_seconds"],
-        speedup_vs_choix=tim["choix_seconds"] / tim["fit_seconds"],
-        timing_scale=dict(models=config.timing.num_models, judges=config.timing.num_judges,
-                          comparisons=config.timing.num_comparisons, rows=tim["rows"]),
+        headline=dict(
+            heldout_source=llm["name"] if llm else "simulation",
+            heldout_loglik_judge_aware=llm["heldout_judge_aware_map"] if llm else sim["heldout"]["judge_aware"],
+            heldout_loglik_btl=llm["heldout_btl"] if llm else sim["heldout"]["btl"],
+            ci_coverage=cov["scores"], choix_max_abs_diff=results["choix"],
+            speedup_vs_choix=tim["choix_seconds"] / tim["fit_seconds"]),
         simulation=dict(heldout_loglik_judge_aware=sim["heldout"]["judge_aware"],
                         heldout_loglik_btl=sim["heldout"]["btl"], score_rmse=sim["score_rmse"],
                         score_rmse_btl=sim["score_rmse_btl"], gamma_true=sim["gamma_true"],
-                        gamma_hat=sim["gamma_hat"]),
+                        gamma_hat=sim["gamma_hat"], rank_ci_width=sim["rank_ci_width"],
+                        rank_ci_covers_truth=sim["rank_ci_covers_truth"],
+                        iterations=sim["iterations"]),
+        coverage=dict(scores=cov["scores"], differences=cov["differences"],
+                      log_discrimination=cov["log_discrimination"], converged=cov["converged"],
+                      num_datasets=cov["num_datasets"],
+                      comparisons_per_dataset=cov["comparisons_per_dataset"]),
+        choix=dict(max_abs_diff=results["choix"]),
+        timing=dict(fit_seconds=tim["fit_seconds"], choix_seconds=tim["choix_seconds"],
+                    choix_times=tim["choix_times"], fit_compile_seconds=tim["compile_seconds"],
+                    speedup_vs_choix=tim["choix_seconds"] / tim["fit_seconds"],
+                    models=config.timing.num_models, judges=config.timing.num_judges,
+                    comparisons=config.timing.num_comparisons, rows=tim["rows"],
+                    converged=tim["converged"], iterations=tim["iterations"]),
+        real_data=None if llm is None else {k: v for k, v in llm.items() if k != "figures"},
         part_seconds=timings,
     )
-    if llm:
-        metrics["llmfao"] = {k: v for k, v in llm.items() if k != "figures"}
     report.write_json(os.path.join(out_dir, "metrics.json"), metrics)
     return _section(config, metrics, sim, llm)
 
 
 def _section(config, m, sim, llm) -> report.Section:
-    cov_ok = 0.93 <= m["ci_coverage"] <= 0.97
-    fast = m["speedup_vs_choix"] >= 10
-    agree = m["choix_max_abs_diff"] <= 1e-6
-    better = m["heldout_loglik_judge_aware"] > m["heldout_loglik_btl"]
+    h, cov, tim = m["headline"], m["coverage"], m["timing"]
+    cov_ok = 0.93 <= cov["scores"] <= 0.97
+    fast = tim["speedup_vs_choix"] >= 10
+    agree = m["choix"]["max_abs_diff"] <= 1e-6
+    better = h["heldout_loglik_judge_aware"] > h["heldout_loglik_btl"]
     lines = [
         "Judge-aware BTL (Xu et al., 2026): `P(i beats j | judge k) = sigmoid(gamma_k (s_i - s_j))`, "
         "joint Newton MLE/MAP in zero-sum coordinates, Fisher-information intervals.",
         "",
         report.markdown_table(["quantity", "target", "ours"], [
-            ["95% CI coverage of s_i (" + str(m["coverage_num_datasets"]) + " simulated data sets)",
-             "[0.93, 0.97]", m["ci_coverage"]],
+            ["95% CI coverage of s_i (" + str(cov["num_datasets"]) + " simulated data sets)",
+             "[0.93, 0.97]", cov["scores"]],
             ["  ... of s_i - s_j / of alpha_k", "[0.93, 0.97]",
-             f"{m['ci_coverage_differences']:.3f} / {m['ci_coverage_log_discrimination']:.3f}"],
-            ["max |ours - choix| (plain BTL)", "<= 1e-6", f"{m['choix_max_abs_diff']:.2e}"],
-            ["fit seconds (aggregation + fit, "
-             f"{config.timing.num_models} models, {config.timing.num_judges} judges, "
-             f"{config.timing.num_comparisons:,} comparisons)", "", m["fit_seconds"]],
-            ["fastest choix seconds (" + ", ".join(m["choix_times"]) + ")", "", m["choix_seconds"]],
-            ["speed-up", ">= 10x", f"{m['speedup_vs_choix']:.1f}x"],
-            [f"held-out log-lik / comparison, judge-aware ({m['heldout_source']})", "> plain BTL",
-             m["heldout_loglik_judge_aware"]],
-            [f"held-out log-lik / comparison, plain BTL ({m['heldout_source']})", "",
-             m["heldout_loglik_btl"]],
+             f"{cov['differences']:.3f} / {cov['log_discrimination']:.3f}"],
+            ["max |ours - choix| (plain BTL, simulated)", "<= 1e-6", f"{m['choix']['max_abs_diff']:.2e}"],
+            ["fit seconds (aggregation + fit, synthetic: "
+             f"{tim['models']} models, {tim['judges']} judges, "
+             f"{tim['comparisons']:,} comparisons)", "", tim["fit_seconds"]],
+            ["fastest choix seconds (" + ", ".join(tim["choix_times"]) + ")", "", tim["choix_seconds"]],
+            ["speed-up", ">= 10x", f"{tim['speedup_vs_choix']:.1f}x"],
+            [f"held-out log-lik / comparison, judge-aware ({h['heldout_source']})", "> plain BTL",
+             h["heldout_loglik_judge_aware"]],
+            [f"held-out log-lik / comparison, plain BTL ({h['heldout_source']})", "",
+             h["heldout_loglik_btl"]],
             ["mean 95% rank-interval width (simulation, "
-             f"{config.sim.num_models} models)", "", m["rank_ci_width"]],
+             f"{config.sim.num_models} models)", "", m["simulation"]["rank_ci_width"]],
         ]),
         "",
         f"Simulation ({config.sim.num_models} models, {len(sim['gamma_true'])} judges, "
         f"{config.sim.num_comparisons:,} comparisons): score RMSE judge-aware "
         f"{sim['score_rmse']:.3f} vs plain BTL {sim['score_rmse_btl']:.3f}; rank intervals cover the "
-        f"true rank for {m['rank_ci_covers_truth']:.0%} of models.",
+        f"true rank for {sim['rank_ci_covers_truth']:.0%} of models.",
     ]
     figures = [sim["figure"]]
     if llm:
-        lines += ["", f"LLMFAO ({llm['num_comparisons']:,} comparisons, {llm['num_models']} models, "
-                  f"{llm['num_judges']} workers), {config.num_splits} random "
+        dropped = (f"; {llm['num_dropped']:,} rows with unknown outcomes dropped "
+                   f"({', '.join(f'{k!r}: {v}' for k, v in sorted(llm['dropped_outcomes'].items()))})"
+                   if llm["num_dropped"] else "")
+        boot = ("" if llm["bootstrap_used"] is None else
+                f" Bootstrap: {llm['bootstrap_used']} replicates used, {llm['bootstrap_dropped']} "
+                "dropped (not converged or MLE at infinity).")
+        lines += ["", f"{llm['name']} ({llm['num_comparisons']:,} comparisons, {llm['num_models']} "
+                  f"models, {llm['num_judges']} judges{dropped}), {config.num_splits} random "
                   f"{1 - config.heldout_fraction:.0%}/{config.heldout_fraction:.0%} splits, ties as "
                   "half wins. Held-out log-likelihood per comparison: plain BTL "
                   f"{llm['heldout_btl']:.4f}, judge-aware MLE {llm['heldout_judge_aware_mle']:.4f}, "
                   f"judge-aware MAP (ridge on alpha by {config.cv_folds}-fold CV) "
                   f"{llm['heldout_judge_aware_map']:.4f}. The leaderboard uses the MAP with ridge "
                   f"{llm['leaderboard_ridge_alpha']:g}; Kendall tau with the plain-BTL order "
-                  f"{llm['kendall_tau_vs_btl']:.3f}; mean rank-interval width {llm['rank_ci_width']:.1f}.",
+                  f"{llm['kendall_tau_vs_btl']:.3f}; mean rank-interval width {llm['rank_ci_width']:.1f}."
+                  + boot,
                   "", report.markdown_table(
                       ["rank", "model", "score (95% CI)", "rank interval", "plain BTL rank"],
                       [[b["rank"], b["model"], f"{b['score']:+.3f} [{b['lo']:+.3f}, {b['hi']:+.3f}]",
                         f"{b['rank_lo']}-{b['rank_hi']}", b["btl_rank"]] for b in llm["leaderboard"][:10]]),
-                  "", "(top 10; the full leaderboard is in metrics.json)"]
+                  "", "(top 10; the full leaderboard is in metrics.json under real_data)"]
         figures += llm["figures"]
     else:
-        lines += ["", f"LLMFAO not found at {config.data_path!r}: held-out numbers are from the "
+        lines += ["", f"No comparisons file at {config.data_path!r}: held-out numbers are from the "
                   "simulation."]
     ok = [cov_ok, fast, agree, better]
     verdict = "yes" if all(ok) else ("partly" if any(ok) else "no")
@@ -494,9 +513,9 @@ def _section(config, m, sim, llm) -> report.Section:
             method="Judge-aware BTL ranking",
             claim="judge discriminations improve on plain BTL; MLE asymptotically normal, "
                   "calibrated score/rank intervals",
-            ours=(f"coverage {m['ci_coverage']:.3f}; held-out {m['heldout_loglik_judge_aware']:.4f} vs "
-                  f"BTL {m['heldout_loglik_btl']:.4f} ({m['heldout_source']}); choix diff "
-                  f"{m['choix_max_abs_diff']:.1e}; {m['speedup_vs_choix']:.0f}x faster than choix"),
+            ours=(f"coverage {cov['scores']:.3f}; held-out {h['heldout_loglik_judge_aware']:.4f} vs "
+                  f"BTL {h['heldout_loglik_btl']:.4f} ({h['heldout_source']}); choix diff "
+                  f"{m['choix']['max_abs_diff']:.1e}; {tim['speedup_vs_choix']:.0f}x faster than choix"),
             reproduces=verdict))
 
 

@@ -2,13 +2,15 @@
 
     python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:tiny --workdir=workdir
     python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:paper --workdir=workdir
-    # another comparisons file (CSV or JSON lines) with its own column names:
+    # another comparisons file (CSV, JSON lines or a JSON array) with its own column names:
     python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:tiny \
         --config.data_path=my_votes.jsonl --config.columns.judge=annotator \
         --config.columns.outcome=label --config.columns.left_value=A --config.columns.right_value=B
 
 The LLMFAO crowd-sourced comparisons are read from ``data_path`` when that file exists; with the
 default path a missing file is skipped (the simulation parts still run), any other path must exist.
+The file is read and validated before any other work; rows whose outcome is none of the configured
+values stop the run unless ``--config.drop_unknown_outcomes`` (then they are dropped and counted).
 """
 
 import ml_collections
@@ -23,8 +25,10 @@ def base() -> ml_collections.ConfigDict:
     c.seed = 0
     c.level = 0.95
     c.rank_draws = 4000
-    # Real data: a CSV or JSON-lines file of pairwise judgements.
+    # Real data: a CSV, JSON-lines or JSON-array file of pairwise judgements.
     c.data_path = DEFAULT_DATA
+    c.data_name = ""            # label in reports and metrics; "" = the file name without extension
+    c.drop_unknown_outcomes = False  # drop (and count) rows whose outcome is none of the *_value
     c.columns = ml_collections.ConfigDict(dict(
         left="left", right="right", judge="worker", outcome="winner",
         left_value="left", right_value="right", tie_value="tie"))
