@@ -33,8 +33,8 @@ def kde_log_likelihood(samples: jax.Array, target: jax.Array, bandwidth: float) 
     Returns:
       f32 [B, H, N]: ``log(1/(S h) sum_s phi((y - y_s)/h))`` via log-sum-exp (no underflow).
     """
-    if bandwidth <= 0:
-        raise ValueError(f"KDE bandwidth must be positive, got {bandwidth}")
+    if not isinstance(bandwidth, jax.core.Tracer) and not (math.isfinite(bandwidth) and bandwidth > 0):
+        raise ValueError(f"KDE bandwidth must be positive and finite, got {bandwidth}")
     u = (samples - target[:, None]) / bandwidth
     log_kernel = -0.5 * u * u - 0.5 * math.log(2 * math.pi)
     s = samples.shape[1]
@@ -66,13 +66,14 @@ def hybrid_loss(samples: jax.Array, target: jax.Array, tau: float, bandwidth: fl
       ``(loss, {"kde_nll", "mse"})``, f32 scalars.
 
     Raises:
-      ValueError: shapes disagree, ``tau < 0`` or ``bandwidth <= 0``.
+      ValueError: shapes disagree, ``tau`` not finite and >= 0 or ``bandwidth`` not finite and > 0
+        (checked when they are Python numbers or concrete arrays).
     """
     if samples.ndim != 4 or samples.shape[:1] + samples.shape[2:] != target.shape:
         raise ValueError(f"expected samples [B, S, H, N] and target [B, H, N], got {samples.shape} "
                          f"and {target.shape}")
-    if tau < 0:
-        raise ValueError(f"tau must be >= 0, got {tau}")
+    if not isinstance(tau, jax.core.Tracer) and not (math.isfinite(tau) and tau >= 0):
+        raise ValueError(f"tau must be finite and >= 0, got {tau}")
     kde = kde_nll(samples, target, bandwidth, clamp)
     mse = sample_mean_mse(samples, target)
     return tau * kde + mse, {"kde_nll": kde, "mse": mse}

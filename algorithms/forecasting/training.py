@@ -8,6 +8,7 @@ H horizon, N channels, S samples).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +23,9 @@ def halving_schedule(base_lr: float, steps_per_epoch: int) -> optax.Schedule:
     ``base_lr * 0.5 ** (e - 1)``, i.e. epochs 1 and 2 run at ``base_lr``, then it halves every epoch.
 
     Raises:
-      ValueError: ``steps_per_epoch < 1`` or ``base_lr <= 0``.
+      ValueError: ``steps_per_epoch < 1`` or ``base_lr`` not finite and > 0.
     """
-    if steps_per_epoch < 1 or base_lr <= 0:
+    if steps_per_epoch < 1 or not (math.isfinite(base_lr) and base_lr > 0):
         raise ValueError(f"need steps_per_epoch >= 1 and base_lr > 0, got {steps_per_epoch}, {base_lr}")
 
     def schedule(step):

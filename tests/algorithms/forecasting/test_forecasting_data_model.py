@@ -313,3 +313,9 @@ def test_calendar_and_other_timestamp_formats():
         data.parse_table("year,v\n1871,1\n1873,2\n1874,3\n1875,4\n1876,5\n", "years.csv")
     with pytest.raises(ValueError, match=r"x.csv, line 2: timestamp 'Jan-1-1995' is not understood"):
         data.parse_table("DATE,A\nJan-1-1995,1\nFeb-1-1995,2\n", "x.csv")
+
+
+def test_halving_schedule_rejects_non_finite_rate():
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="base_lr > 0"):
+            training.halving_schedule(bad, 10)

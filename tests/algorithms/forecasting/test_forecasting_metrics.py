@@ -272,3 +272,13 @@ def test_finite_input_gives_finite_metrics(case):
     assert all(np.isfinite(v) for v in m.values()), m
     assert 0.0 <= m["coverage_50"] <= m["coverage_90"] <= 1.0
     assert m["crps"] >= 0 and m["mse"] >= 0 and m["mae"] >= 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -0.1])
+def test_non_finite_hyperparameters_are_rejected(bad):
+    samples, target = _case(9)
+    with pytest.raises(ValueError, match="bandwidth must be positive and finite"):
+        losses.hybrid_loss(jnp.asarray(samples), jnp.asarray(target), 0.1, bad)
+    if bad != 0.0:
+        with pytest.raises(ValueError, match="tau must be finite and >= 0"):
+            losses.hybrid_loss(jnp.asarray(samples), jnp.asarray(target), bad, 0.3)
