@@ -53,14 +53,17 @@ def pair_thresholds(score: ScoreFamily, cost, theta, rewards) -> np.ndarray:
       rewards: [N] reward per rank, non-increasing.
 
     Raises:
-      ValueError: ``theta`` not strictly decreasing, or ``rewards`` of the wrong length.
+      ValueError: ``theta`` not finite and strictly decreasing, or ``rewards`` not finite or of the
+        wrong length.
     """
     theta = np.asarray(theta, np.float64)
     rewards = np.asarray(rewards, np.float64)
-    if theta.ndim != 1 or np.any(np.diff(theta) >= 0):
-        raise ValueError(f"the closed form needs strictly decreasing theta, got {theta}")
+    if theta.ndim != 1 or not np.all(np.isfinite(theta)) or np.any(np.diff(theta) >= 0):
+        raise ValueError(f"the closed form needs finite, strictly decreasing theta, got {theta}")
     if rewards.shape != theta.shape:
         raise ValueError(f"rewards must have shape {theta.shape}, got {rewards.shape}")
+    if not np.all(np.isfinite(rewards)):
+        raise ValueError(f"rewards must be finite, got {rewards}")
     n = theta.shape[0]
     out = np.zeros((n, n))
     for k in range(n):
@@ -126,12 +129,14 @@ def delta_star_numeric(deltas, good) -> float:
     the grid; ``inf`` when it fails at the last grid point.
 
     Raises:
-      ValueError: ``deltas`` not strictly increasing or shapes differ.
+      ValueError: ``deltas`` empty, not finite or not strictly increasing, or shapes differ.
     """
     deltas = np.asarray(deltas, np.float64)
     good = np.asarray(good, bool)
-    if deltas.shape != good.shape or deltas.ndim != 1 or np.any(np.diff(deltas) <= 0):
-        raise ValueError("deltas must be a strictly increasing vector with one flag each")
+    if (deltas.shape != good.shape or deltas.ndim != 1 or deltas.size == 0
+            or not np.all(np.isfinite(deltas)) or np.any(np.diff(deltas) <= 0)):
+        raise ValueError(f"deltas must be a non-empty, finite, strictly increasing vector with one flag "
+                         f"each, got deltas {deltas} and flags of shape {good.shape}")
     if not good[-1]:
         return float("inf")
     bad = np.flatnonzero(~good)
@@ -184,6 +189,6 @@ def fidelity(score: ScoreFamily, contest: Contest, deltas, sweep: Sweep,
 
 def designer_objective(deltas, fidelities, cost_per_unit: float) -> np.ndarray:
     """``J(Delta) = fidelity(Delta) - cost_per_unit * Delta`` [G] (the leader's payoff)."""
-    if cost_per_unit < 0:
-        raise ValueError(f"cost_per_unit must be non-negative, got {cost_per_unit}")
+    if not (np.isfinite(cost_per_unit) and cost_per_unit >= 0):
+        raise ValueError(f"cost_per_unit must be finite and non-negative, got {cost_per_unit}")
     return np.asarray(fidelities, np.float64) - cost_per_unit * np.asarray(deltas, np.float64)

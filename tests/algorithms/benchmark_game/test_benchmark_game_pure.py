@@ -398,3 +398,19 @@ def test_finite_inputs_give_finite_outputs_over_wide_magnitudes(log10_pay, log10
     assert np.all(np.isfinite(np.asarray(eq.taus)[: min(k, 16)]))
     dyn = bg.best_response_dynamics(score, c, delta, jnp.zeros(N_P, jnp.int32))
     assert int(dyn.rounds) >= 1 and np.all(np.asarray(dyn.history[: int(dyn.rounds) + 1]) >= 0)
+
+
+def test_designer_helpers_reject_non_finite_input():
+    cost = bg.PowerCost(1.0, 1)
+    with pytest.raises(ValueError, match="finite, strictly decreasing theta"):
+        bg.delta_star_closed_form(ADD, cost, [1.0, np.nan], [1.0, 0.0])
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        bg.delta_star_closed_form(ADD, cost, [1.0, 0.5], [np.nan, 0.0])
+    with pytest.raises(ValueError, match="finite, strictly increasing"):
+        bg.delta_star_numeric([0.0, np.nan, 1.0], [True, True, True])
+    with pytest.raises(ValueError, match="non-empty"):
+        bg.delta_star_numeric([], [])
+    with pytest.raises(ValueError, match="cost_per_unit must be finite"):
+        bg.designer_objective([0.0, 1.0], [0.0, 1.0], np.nan)
+    with pytest.raises(ValueError, match="finite 0 <= lo <= hi"):
+        bg.refine_delta_star(ADD, hand_contest(), np.nan, 1.0)
