@@ -1,0 +1,126 @@
+"""The judge_btl experiment on a comparisons file: validated before any other work, labelled with the
+data set's own name, real-data and simulation numbers under separate keys of metrics.json."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments import judge_btl
+from experiments.configs import judge_btl as judge_btl_config
+
+NAMES = ["alpha", "beta", "gamma", "delta", "eps"]
+
+
+def _rows(seed=0, n=300, ties_only=False):
+    """Comparisons from a BTL truth (scores 1, 0.5, 0, -0.5, -1), three workers, 10% ties."""
+    rng = np.random.default_rng(seed)
+    s = np.array([1.0, 0.5, 0.0, -0.5, -1.0])
+    out = []
+    for _ in range(n):
+        a, b = rng.choice(5, 2, replace=False)
+        p = 1 / (1 + np.exp(-(s[a] - s[b])))
+        u = rng.random()
+        w = "tie" if ties_only or u < 0.1 else ("left" if u < 0.1 + 0.9 * p else "right")
+        out.append(dict(left=NAMES[a], right=NAMES[b], worker=f"w{rng.integers(3)}", winner=w))
+    return out
+
+
+def _csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return str(path)
+
+
+def _config(path, **overrides):
+    config = judge_btl_config.get_config("smoke")
+    config.data_path = path
+    for k, v in overrides.items():
+        setattr(config, k, v)
+    return config
+
+
+def _must_not_run(*_):
+    raise AssertionError("a simulation part ran before the data file was validated")
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    for part in ("simulation_part", "coverage_part", "choix_part", "timing_part"):
+        monkeypatch.setattr(judge_btl, part, _must_not_run)
+
+
+def test_all_ties_file_is_an_error_before_any_work(tmp_path, no_simulation):
+    # Used to exit 0 with an alphabetical leaderboard of +0.000 scores.
+    path = _csv(tmp_path / "ties.csv", _rows(ties_only=True))
+    with pytest.raises(ValueError, match=rf"^{path}: no decisive comparison: all 300 comparisons are ties"):
+        judge_btl.run(_config(path), str(tmp_path / "work"))
+    assert not os.path.exists(tmp_path / "work" / "judge_btl")
+
+
+def test_json_array_file_with_unknown_outcomes(tmp_path, no_simulation):
+    # A .json file holding one array used to fail with "Expecting value: line 2 column 1", naming no
+    # file, after the simulation parts had run.
+    rows = _rows()
+    rows[7]["winner"] = "unknown"
+    rows[20]["winner"] = "unknown"
+    path = str(tmp_path / "arena.json")
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+    line = 1 + 6 * 7 + 5  # "[", 7 objects of 6 lines, then the 8th object's "winner" line
+    assert '"unknown"' in open(path).read().splitlines()[line - 1]
+    with pytest.raises(ValueError, match=rf"^{path}:{line - 4}: outcome 'unknown' in column 'winner'"):
+        judge_btl.run(_config(path), str(tmp_path / "work"))
+    d = judge_btl.load_comparisons(path, _config(path, drop_unknown_outcomes=True))
+    assert d["dropped"] == {"unknown": 2} and d["left"].shape == (298,)
+    assert d["name"] == "arena" and d["models"] == sorted(NAMES)
+
+
+def test_real_data_numbers_are_kept_apart_and_named(tmp_path, monkeypatch):
+    sim = dict(heldout=dict(judge_aware=-0.1, btl=-0.2), score_rmse=0.3, score_rmse_btl=0.4,
+               gamma_true=np.ones(3), gamma_hat=np.ones(3), rank_ci_width=111.0,
+               rank_ci_covers_truth=0.5, iterations=7, figure=str(tmp_path / "sim.png"))
+    (tmp_path / "sim.png").write_bytes(b"")
+    monkeypatch.setattr(judge_btl, "simulation_part", lambda *a: sim)
+    monkeypatch.setattr(judge_btl, "coverage_part", lambda *a: dict(
+        scores=0.95, differences=0.95, log_discrimination=0.95, converged=1.0, num_datasets=8,
+        comparisons_per_dataset=10.0))
+    monkeypatch.setattr(judge_btl, "choix_part", lambda *a: 1e-12)
+    monkeypatch.setattr(judge_btl, "timing_part", lambda *a: dict(
+        fit_seconds=222.0, compile_seconds=1.0, choix_seconds=444.0, choix_times={"ilsr": 444.0},
+        converged=True, iterations=3, rows=10, gamma_recovery_max_abs=0.0))
+    rows = _rows(n=400)
+    rows[3]["winner"] = "??"
+    path = _csv(tmp_path / "my_votes.csv", rows)
+    section = judge_btl.run(_config(path, drop_unknown_outcomes=True, data_name="My votes"),
+                            str(tmp_path))
+    m = json.load(open(tmp_path / "judge_btl" / "metrics.json"))
+    assert "rank_ci_width" not in m and "fit_seconds" not in m
+    assert m["simulation"]["rank_ci_width"] == 111.0 and m["timing"]["fit_seconds"] == 222.0
+    real = m["real_data"]
+    assert real["name"] == "My votes" and real["num_comparisons"] == 399
+    assert real["num_dropped"] == 1 and real["dropped_outcomes"] == {"??": 1}
+    assert real["rank_ci_width"] != 111.0 and m["headline"]["heldout_source"] == "My votes"
+    assert "My votes (399 comparisons, 5 models, 3 judges; 1 rows with unknown outcomes dropped" in \
+        section.body
+    assert "LLMFAO" not in section.body and "workers" not in section.body
+    # The leaderboard: the truth's order, and every point rank inside its interval.
+    board = real["leaderboard"]
+    assert [b["model"] for b in board[:2]] == ["alpha", "beta"]
+    assert all(b["rank_lo"] <= b["rank"] <= b["rank_hi"] for b in board)
+    assert os.path.exists(tmp_path / "judge_btl" / "My_votes_rank_intervals.png")
+
+
+LLMFAO = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "llmfao.csv")
+
+
+@pytest.mark.skipif(not os.path.exists(LLMFAO),
+                    reason="LLMFAO benchmark file ../shared/data/llmfao.csv not present (optional data)")
+def test_llmfao_file_validates():
+    d = judge_btl.load_comparisons(LLMFAO, _config(LLMFAO))
+    assert (d["left"].shape[0], len(d["models"]), len(d["judges"])) == (8931, 59, 124)
+    assert d["name"] == "llmfao"
