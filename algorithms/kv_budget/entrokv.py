@@ -159,7 +159,8 @@ def snapkv_votes(probs: jax.Array, window: int, pool: int) -> jax.Array:
       probs: float [..., Wq, P] attention of the observation queries over the prompt.
 
     Returns:
-      float32 [..., P]; the window's own keys get +inf (always kept, most recent first).
+      float32 [..., P]; the window's own keys get +inf: :func:`select_tokens` keeps them first,
+      newest first, so a budget below the window keeps the most recent window tokens.
     """
     p = probs.shape[-1]
     vote = jnp.sum(probs.astype(jnp.float32), axis=-2)
@@ -170,20 +171,28 @@ def snapkv_votes(probs: jax.Array, window: int, pool: int) -> jax.Array:
                                      (1,) * (vote.ndim - 1) + (pool,), (1,) * vote.ndim, "VALID")
     pos = jnp.arange(p)
     in_window = pos >= p - window
-    return jnp.where(in_window, 1e30 + pos.astype(jnp.float32), vote)
+    # +inf, not 1e30 + position: in float32 1e30 + p is the same number for every p < 2^49
+    return jnp.where(in_window, jnp.inf, vote)
 
 
 def select_tokens(votes: jax.Array, budgets: jax.Array) -> jax.Array:
-    """Keep mask: per head, the ``budgets[h]`` highest-vote tokens (exactly, ties by position).
+    """Keep mask: per head, the ``budgets[h]`` highest-vote tokens, exactly.
+
+    Tokens are ranked by vote, then by an integer position key: among the always-kept tokens
+    (vote +inf, the observation window) the newest first, among equal finite votes the oldest
+    first. Sorting on the two keys (``lexsort``) keeps the order exact at any prompt length.
 
     Args:
-      votes: float [..., N, P]; budgets: int [N] (broadcast over leading dims).
+      votes: float [..., N, P] (NaN not allowed); budgets: int [N] (broadcast over leading dims).
 
     Returns:
       bool [..., N, P] with ``sum(mask[..., h, :]) == min(budgets[h], P)``.
     """
-    order = jnp.argsort(-votes, axis=-1, stable=True)
-    rank = jnp.argsort(order, axis=-1, stable=True)
+    p = votes.shape[-1]
+    pos = jnp.arange(p, dtype=jnp.int32)
+    tie = jnp.where(jnp.isposinf(votes), -pos, pos)  # newest first inside the window
+    order = jnp.lexsort((tie, -votes), axis=-1)  # last key is the primary one
+    rank = jnp.argsort(order, axis=-1)
     return rank < budgets[:, None]
 
 

@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from algorithms.kv_budget import cache as bcache
 from algorithms.kv_budget import entrokv
@@ -79,3 +81,31 @@ def test_budgeted_cache_all_kept_equals_dense_and_mask_excludes():
     out = be.attend(masked, q, start)  # only slot 3 visible -> its value
     chex.assert_trees_all_close(out.reshape(b, kh, 2, d), jnp.broadcast_to(
         v[:, :, 3][:, :, None], (b, kh, 2, d)), atol=1e-6)
+
+
+@pytest.mark.parametrize("p,window,budget", [(64, 32, 19), (64, 32, 1), (5000, 32, 13)])
+def test_budget_below_window_keeps_the_newest_window_tokens(p, window, budget):
+    """1e30 + position rounded to one float32 for every position, so the stable sort kept the
+    oldest window tokens (positions 32-50 of 64 at budget 19); the newest are the ones to keep."""
+    probs = jax.random.uniform(jax.random.key(p), (1, window, p))
+    votes = entrokv.snapkv_votes(probs, window=window, pool=3)
+    keep = np.asarray(entrokv.select_tokens(votes, jnp.array([budget])))[0]
+    np.testing.assert_array_equal(np.flatnonzero(keep), np.arange(p - budget, p))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), budget=st.integers(1, 48), levels=st.integers(2, 50))
+def test_selection_is_newest_window_then_top_votes(seed, budget, levels):
+    """Against a plain numpy ranking: the window (newest first), then the prefix by vote (ties:
+    oldest first). Few distinct vote levels make ties common."""
+    p, window = 48, 12
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, levels, (1, 2, p)).astype(np.float32)  # [K, Wq, P], ties likely
+    votes = entrokv.snapkv_votes(jnp.asarray(raw), window=window, pool=1)  # [1, P]
+    keep = np.asarray(entrokv.select_tokens(votes, jnp.array([budget])))[0]
+    prefix_votes = raw.sum(axis=1)[0, :p - window]
+    want_order = list(range(p - 1, p - window - 1, -1)) + list(
+        np.argsort(-prefix_votes, kind="stable"))
+    want = np.zeros(p, bool)
+    want[want_order[:budget]] = True
+    np.testing.assert_array_equal(keep, want)
