@@ -308,11 +308,12 @@ def test_traced_bad_delta_gives_flagged_outputs():
     # claim; a good delta through the same traced path agrees with the eager call.
     c = hand_contest()
     eq_fn = jax.jit(lambda d: bg.pure_equilibria(ADD, c, d))
+    dyn_fn = jax.jit(lambda d: bg.best_response_dynamics(ADD, c, d, jnp.zeros(2, jnp.int32)))
     for delta in (np.nan, np.inf, -1.0):
         eq = eq_fn(jnp.float32(delta))
         assert int(eq.count) == -1 and not bool(eq.zero_effort_unique)
         assert np.all(np.asarray(eq.profiles) == -1) and np.all(np.isnan(eq.taus))
-        dyn = jax.jit(lambda d: bg.best_response_dynamics(ADD, c, d, jnp.zeros(2, jnp.int32)))(delta)
+        dyn = dyn_fn(jnp.float32(delta))
         assert not bool(dyn.converged) and not bool(dyn.cycled) and int(dyn.cycle_start) == -1
         assert np.all(np.asarray(dyn.history) == -1)
     good = eq_fn(jnp.float32(2.0))
