@@ -65,6 +65,12 @@ _SHIFTS = 2 * jnp.arange(CODES_PER_WORD, dtype=jnp.uint32)
 # -- 2-bit packing and page quantization -------------------------------------------------------
 
 
+def nan_max(x: jax.Array, axis: int) -> jax.Array:
+    """``x.max(axis)``, NaN wherever the reduced slice holds a NaN. (XLA:CPU's vectorised max
+    reductions may skip NaNs, so ``jnp.max`` alone does not propagate them.)"""
+    return jnp.where(jnp.isnan(x).any(axis), jnp.nan, x.max(axis))
+
+
 def pack_codes(codes: jax.Array) -> jax.Array:
     """Packs 2-bit codes, uint8/int [..., D] with values in 0..3, into int32 words [..., D / 16].
 
@@ -104,7 +110,7 @@ def quantize_pages(k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
       its channel's scale and residual NaN (its code is 0).
     """
     k = k.astype(jnp.float32)
-    scale = jnp.max(jnp.abs(k), axis=-2) / 1.5
+    scale = nan_max(jnp.abs(k), axis=-2) / 1.5
     safe = jnp.where(scale > 0, scale, 1.0)[..., None, :]
     x = k / safe
     codes = jnp.where(jnp.isnan(x), 0.0, jnp.clip(jnp.round(x + 1.5), 0, 3))
@@ -320,7 +326,7 @@ def select_pages(page_max: jax.Array, num_full: jax.Array, delta: float | jax.Ar
     """
     n = page_max.shape[-1]
     valid = (jnp.arange(n)[None, :] < num_full[:, None])[:, None, :]  # [B, 1, P]
-    score = page_max.max(axis=2)  # [B, K, P], NaN-propagating
+    score = nan_max(page_max, axis=2)  # [B, K, P]
     if top_k is not None:
         keep = _top_mask(jnp.where(valid, _rankable(score), -jnp.inf), top_k) & valid
     else:
@@ -411,7 +417,7 @@ def ffd_page_max(qg: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array)
     :func:`ffd_scan_page_max`, which the selection uses, up to float32 rounding.)"""
     p = cache["tail"].shape[2]
     k_hat = dequantize_pages(cache["codes"], cache["scale"])
-    est = jnp.einsum("bkgd,bkptd->bkgpt", qg, k_hat).max(-1)
+    est = nan_max(jnp.einsum("bkgd,bkptd->bkgpt", qg, k_hat), -1)
     full = jnp.arange(est.shape[-1])[None, :] < (lengths // p)[:, None]
     return jnp.where(full[:, None, None, :], est, -jnp.inf)
 
@@ -478,7 +484,7 @@ def ffd_scan_page_max(qg: jax.Array, cache: dict[str, jax.Array], num_full: jax.
         for s in range(CODES_PER_WORD):
             c = ((u >> (2 * s)) & 3).astype(jnp.float32)  # channels s*W .. s*W+W-1
             est = est + jnp.einsum("bkgpw,bkptw->bkgpt", qs[..., s, :], c)
-    page_max = est.max(-1) - offset
+    page_max = est.max(-1) - offset  # a NaN scale or query makes the offset (a sum) NaN
     full = jnp.arange(page_max.shape[-1])[None, :] < num_full[:, None]
     return jnp.where(full[:, None, None, :], page_max, -jnp.inf)
 
