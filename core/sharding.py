@@ -6,15 +6,28 @@ default). Multi-host runs call :func:`initialize_distributed` before anything to
 ``jax.devices()`` then lists every host's devices and the same code shards over all of them.
 
 Logical axes: ``batch`` (examples), ``embed`` (model width), ``heads``/``kv_heads``, ``mlp``
-(hidden width), ``vocab``, ``seq`` (sequence). Unlisted axes are replicated.
+(hidden width), ``vocab``, ``seq`` (sequence), ``layers`` (stacked layers), ``norm`` (norm scales),
+``cond`` (conditioning width). Unlisted axes are replicated.
+
+Parameters are placed by :data:`PARAM_RULES`, as in MaxText: fully-sharded data parallelism (FSDP:
+parameters, gradients and optimizer state sharded along the model width over ``data``, gathered
+per layer by the compiler) and tensor parallelism (Megatron-style: attention heads, MLP hidden width
+and vocabulary over ``model``). A model declares the logical axes of its parameters in one table
+from parameter-path suffixes to axis names (e.g. ``models.transformer.PARAM_AXES``);
+:func:`param_shardings` turns it into ``NamedSharding``s and :func:`train_state_shardings` extends
+them to the optimizer state. A dimension whose mesh axis does not divide it is replicated (e.g. a
+vocabulary of 259 bytes); the model's own check rejects a ``model`` axis that does not divide its
+heads or MLP width.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA, MODEL = "data", "model"
@@ -29,6 +42,32 @@ RULES: dict[str, str | None] = {
     "mlp": MODEL,
     "vocab": MODEL,
 }
+
+
+# Parameters: logical axis -> mesh axis. FSDP over ``data`` (the model width), tensor parallelism
+# over ``model``.
+PARAM_RULES: dict[str, str | None] = {
+    "embed": DATA,
+    "heads": MODEL,
+    "kv_heads": MODEL,
+    "mlp": MODEL,
+    "vocab": MODEL,
+    "layers": None,
+    "norm": None,
+    "cond": None,
+}
+# Data parallelism only: every parameter replicated.
+REPLICATED_RULES: dict[str, str | None] = {name: None for name in PARAM_RULES}
+
+
+def check_rules(rules: Mapping[str, str | None], mesh: Mesh | None = None) -> None:
+    """Raises ValueError when a rules table maps a logical axis to a mesh axis that does not exist
+    (``data``, ``model``, or ``mesh``'s own axis names)."""
+    known = set(mesh.axis_names) if mesh is not None else {DATA, MODEL}
+    for logical, axis in rules.items():
+        if axis is not None and axis not in known:
+            raise ValueError(f"sharding rules: logical axis {logical!r} maps to mesh axis {axis!r}, "
+                             f"which is not one of {sorted(known)}")
 
 
 def initialize_distributed(enabled: bool) -> None:
@@ -94,3 +133,133 @@ def shard_batch(batch, mesh: Mesh):
 def replicate(tree, mesh: Mesh):
     """Places every leaf of ``tree`` fully replicated on ``mesh``."""
     return jax.device_put(tree, replicated(mesh))
+
+
+# ----------------------------------------------------------------------------------------------
+# Parameter and train-state shardings
+
+
+def _path_names(path) -> tuple[str, ...]:
+    """Names of a pytree key path (dict keys, attributes, indices), without NNX's trailing
+    ``value`` attribute."""
+    names = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                names.append(str(getattr(k, attr)))
+                break
+    if names and names[-1] == "value":
+        names.pop()
+    return tuple(names)
+
+
+def param_logical_axes(params: Any, table: Mapping[tuple[str, ...], tuple[str | None, ...]]) -> Any:
+    """The logical axis names of every parameter, from a table of parameter-path suffixes.
+
+    Args:
+      params: a parameter pytree (e.g. an ``nnx.State``); leaves are arrays or
+        ``ShapeDtypeStruct``s.
+      table: ``{path suffix: logical axes}``, e.g. ``{("q_proj", "kernel"): ("embed", "heads")}``.
+        The longest matching suffix wins. A leaf with one more dimension than its entry (stacked
+        layers, ``scan_layers``) gets a leading ``layers`` axis.
+
+    Returns:
+      a pytree of the same structure whose leaves are tuples of logical names (one per dimension).
+
+    Raises:
+      ValueError: a parameter matches no entry, or its rank fits neither the entry nor the entry
+        plus a layer axis (naming the parameter path).
+    """
+    suffixes = sorted(table, key=len, reverse=True)
+
+    def axes(path, leaf):
+        names = _path_names(path)
+        for suffix in suffixes:
+            if names[-len(suffix):] == tuple(suffix):
+                logical = tuple(table[suffix])
+                ndim = len(leaf.shape)
+                if ndim == len(logical) + 1:
+                    return ("layers", *logical)
+                if ndim == len(logical):
+                    return logical
+                raise ValueError(f"parameter {'/'.join(names)} has shape {tuple(leaf.shape)} but "
+                                 f"the sharding table gives {len(logical)} axes {logical}")
+        raise ValueError(f"parameter {'/'.join(names)} has no entry in the sharding table "
+                         f"(known suffixes: {sorted('/'.join(s) for s in table)})")
+
+    return jax.tree_util.tree_map_with_path(axes, params)
+
+
+def spec_for(shape: Sequence[int], logical: Sequence[str | None], mesh: Mesh,
+             rules: Mapping[str, str | None] = PARAM_RULES) -> PartitionSpec:
+    """``PartitionSpec`` of an array of ``shape`` with the given logical axes: each dimension on its
+    rule's mesh axis when that axis's size divides it, else replicated; a mesh axis is used at most
+    once per array (the first dimension that asks for it)."""
+    used, spec = set(), []
+    for size, name in zip(shape, logical, strict=True):
+        axis = rules.get(name) if name is not None else None
+        if axis is not None and axis not in used and size % mesh.shape[axis] == 0:
+            spec.append(axis)
+            used.add(axis)
+        else:
+            spec.append(None)
+    return PartitionSpec(*spec)
+
+
+def param_shardings(params: Any, table: Mapping[tuple[str, ...], tuple[str | None, ...]],
+                    mesh: Mesh, rules: Mapping[str, str | None] = PARAM_RULES) -> Any:
+    """``NamedSharding`` of every parameter (same pytree structure as ``params``).
+
+    Args:
+      params: parameter pytree (arrays or ``ShapeDtypeStruct``s).
+      table: the model's path-suffix -> logical-axes table (see :func:`param_logical_axes`).
+      mesh: the (``data``, ``model``) mesh.
+      rules: logical -> mesh axis; :data:`PARAM_RULES` (FSDP + tensor parallelism) or
+        :data:`REPLICATED_RULES` (data parallelism only).
+
+    Raises:
+      ValueError: as :func:`param_logical_axes`; a rule naming an axis the mesh lacks.
+    """
+    check_rules(rules, mesh)
+    logical = param_logical_axes(params, table)
+    return jax.tree.map(lambda x, names: NamedSharding(mesh, spec_for(x.shape, names, mesh, rules)),
+                        params, logical, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def train_state_shardings(state: Mapping[str, Any], params_sharding: Any,
+                          tx: optax.GradientTransformation, mesh: Mesh) -> dict[str, Any]:
+    """Shardings of a ``{"params", "opt_state", "step", ...}`` train state: the parameters' own,
+    every parameter-shaped optimizer leaf (Adam moments, EMA copies under ``"ema"``) like its
+    parameter, everything else (counters, the step) replicated."""
+    rep = replicated(mesh)
+    out = {}
+    for name, value in state.items():
+        if name in ("params", "ema"):
+            out[name] = params_sharding
+        elif name == "opt_state":
+            out[name] = optax.tree_map_params(tx, lambda _, s: s, value, params_sharding,
+                                              transform_non_params=lambda _: rep)
+        else:
+            out[name] = jax.tree.map(lambda _: rep, value)
+    return out
+
+
+def constrain_step(step: Callable, state_sharding: Any) -> Callable:
+    """Wraps a train step ``(state, batch, key) -> (state, metrics)`` so that the new state keeps
+    ``state_sharding`` (a sharding constraint inside jit: the compiler then reduce-scatters
+    gradients onto the FSDP shards and the donated state buffers are reused in place)."""
+
+    def sharded(state, batch, key):
+        new_state, metrics = step(state, batch, key)
+        return jax.lax.with_sharding_constraint(new_state, state_sharding), metrics
+
+    return sharded
+
+
+def bytes_per_device(tree: Any) -> int:
+    """Bytes of ``tree``'s arrays held by one device (the largest addressable shard per leaf)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape)
+        total += int(np.prod(shard)) * x.dtype.itemsize
+    return total

@@ -39,8 +39,42 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models import attention as attn_lib
 from models import kv_cache as kvc
 from models.rope import apply_rope
+
+# Rematerialisation policies for ``TransformerConfig.remat`` (None: no remat).
+REMAT_POLICIES: dict[str, Any] = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+}
+
+# Logical axes of every parameter, keyed by the end of its path (module, parameter), read by
+# core.sharding.param_shardings: the model width ("embed") is FSDP-sharded over `data`; heads, kv
+# heads, MLP width and vocabulary are tensor-parallel over `model`. Stacked layers (scan_layers) gain
+# a leading "layers" axis.
+PARAM_AXES: dict[tuple[str, ...], tuple[str | None, ...]] = {
+    ("embed", "embedding"): ("vocab", "embed"),
+    ("q_proj", "kernel"): ("embed", "heads"),
+    ("k_proj", "kernel"): ("embed", "kv_heads"),
+    ("v_proj", "kernel"): ("embed", "kv_heads"),
+    ("o_proj", "kernel"): ("heads", "embed"),
+    ("gate", "kernel"): ("embed", "mlp"),
+    ("up", "kernel"): ("embed", "mlp"),
+    ("down", "kernel"): ("mlp", "embed"),
+    ("norm1", "scale"): ("norm",),
+    ("norm2", "scale"): ("norm",),
+    ("final_norm", "scale"): ("norm",),
+    ("head", "kernel"): ("embed", "vocab"),
+    ("ada", "kernel"): ("cond", "embed"),
+    ("ada", "bias"): ("embed",),
+    ("final_ada", "kernel"): ("cond", "embed"),
+    ("final_ada", "bias"): ("embed",),
+    ("time_in", "kernel"): ("cond", None),
+    ("time_out", "kernel"): ("cond", None),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +96,14 @@ class TransformerConfig:
       rope_base: RoPE base frequency.
       norm_eps: RMSNorm epsilon.
       dtype: computation dtype (parameters are float32).
+      attention: full-sequence attention implementation (:mod:`models.attention`): ``"reference"``
+        (float32 L x L scores in memory; the CPU default), ``"blockwise"`` (exact, O(L) memory per
+        query block, any mask, every platform), ``"cudnn"`` (cuDNN flash attention on GPU; causal
+        and bidirectional masks). Decoding through a KV-cache backend is unaffected.
+      attention_block: keys per block of the blockwise attention.
+      remat: rematerialisation of each block in the backward pass (:data:`REMAT_POLICIES`):
+        ``"none"``, ``"full"`` (save only the block inputs), ``"minimal"`` (also save matmul outputs
+        without batch dimensions), ``"dots"`` (save every matmul output).
       scan_layers: store the blocks' parameters stacked along a leading layer axis [num_layers, ...]
         and apply them with one ``scan`` (the compiled program holds one block instead of
         num_layers); the KV cache of :meth:`Transformer.init_cache` is then stacked the same way.
@@ -84,6 +126,9 @@ class TransformerConfig:
     rope_base: float = 10_000.0
     norm_eps: float = 1e-6
     dtype: Any = jnp.float32
+    attention: str = "reference"
+    attention_block: int = 512
+    remat: str = "none"
     scan_layers: bool = False
 
     def __post_init__(self):
@@ -102,6 +147,21 @@ class TransformerConfig:
             )
         if self.dim_per_head % 2:
             raise ValueError(f"TransformerConfig: head_dim={self.dim_per_head} must be even (RoPE)")
+        attn_lib.check_implementation(self.attention)
+        if self.attention_block < 1:
+            raise ValueError(f"TransformerConfig: attention_block={self.attention_block} must be >= 1")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"TransformerConfig: remat={self.remat!r} is not one of "
+                             f"{tuple(REMAT_POLICIES)}")
+
+    def check_model_parallelism(self, model_parallelism: int) -> None:
+        """Raises ValueError unless ``model_parallelism`` (the mesh's ``model`` axis) divides the
+        query heads and the MLP width, which tensor parallelism splits (kv heads that it does not
+        divide are replicated, as usual for GQA)."""
+        for name, size in (("num_heads", self.num_heads), ("mlp width", self.hidden_dim)):
+            if size % model_parallelism:
+                raise ValueError(f"model_parallelism={model_parallelism} does not divide the model's "
+                                 f"{name} ({size}); tensor parallelism splits it over the model axis")
 
     @property
     def kv_heads(self) -> int:
@@ -212,11 +272,14 @@ class Attention(nnx.Module):
         k = apply_rope(k, positions, cfg.rope_base)
         return (q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None) -> jax.Array:
         """Full-sequence attention. x [B, L, E]; positions [B, L] int; mask [B or 1, L, L] bool
-        (True = query may attend to key). Returns [B, L, E]."""
+        (True = query may attend to key), or None for the config's causal / bidirectional mask.
+        Returns [B, L, E]."""
         q, k, v = self.qkv(x, positions)
-        out = kvc.grouped_attention(q, k, v, mask[:, None, None, :, :])
+        kind = "custom" if mask is not None else ("causal" if self.cfg.causal else "full")
+        out = attn_lib.attention(q, k, v, implementation=self.cfg.attention, mask_kind=kind,
+                                 mask=mask, block_size=self.cfg.attention_block)
         b, _, l, _ = out.shape
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, l, -1))
 
@@ -361,7 +424,8 @@ class Transformer(nnx.Module):
             ``time_conditioning``.
           positions: int [B, L] RoPE positions; defaults to 0..L-1.
           mask: bool [B or 1, L, L] attention mask (True = may attend) overriding the config's
-            causal / bidirectional default (e.g. Eso-LM's permuted causal order).
+            causal / bidirectional default (e.g. Eso-LM's permuted causal order); None for the
+            default, which the fused implementations compute without a mask array.
           return_hidden: return the final hidden states [B, L, E] (before the final norm) instead.
 
         Returns:
@@ -374,21 +438,26 @@ class Transformer(nnx.Module):
         b, l = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
-        if mask is None:
-            mask = (jnp.tril(jnp.ones((l, l), bool)) if self.cfg.causal
-                    else jnp.ones((l, l), bool))[None]
         c = self.condition(cond)
         x = self.embed(tokens)
+        policy = REMAT_POLICIES[self.cfg.remat]
         if self.cfg.scan_layers:
             block_def, block_params = nnx.split(self.blocks)
 
             def layer(h, params):
                 return nnx.merge(block_def, params)(h, positions, mask, c), None
 
+            if self.cfg.remat != "none":
+                layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
             x, _ = jax.lax.scan(layer, x, block_params)
         else:
+            def apply(block, h):
+                return block(h, positions, mask, c)
+
+            if self.cfg.remat != "none":
+                apply = nnx.remat(apply, policy=policy)
             for block in self.blocks:
-                x = block(x, positions, mask, c)
+                x = apply(block, x)
         if return_hidden:
             return x
         return self._head(x, c)
