@@ -87,11 +87,14 @@ class CompileResult:
       target: the target's name.
       memory: bytes, from ``memory_analysis()``: ``argument``, ``output``, ``temp``, ``alias`` and
         ``generated_code`` (0 where the backend does not report it: XLA:GPU reports no code size).
+      shared_memory: GPU targets with ``shared_memory=True``: bytes of shared memory per launched
+        kernel, by kernel name (XLA's thunk sequence); None otherwise.
     """
 
     compiled: Any
     target: str
     memory: dict[str, int]
+    shared_memory: dict[str, int] | None = None
 
 
 def target_names() -> tuple[str, ...]:
@@ -176,8 +179,21 @@ def _on_device(tree: Any, sharding: jax.sharding.Sharding) -> Any:
     return jax.tree.map(leaf, tree)
 
 
-def compile_for(fn: Callable, args: tuple, target: str, *, kwargs: dict | None = None
-                ) -> CompileResult:
+def _thunk_shared_memory(dump_dir: str) -> dict[str, int]:
+    """{kernel name: shared memory bytes} from XLA:GPU's dumped thunk sequence."""
+    import re
+
+    out: dict[str, int] = {}
+    files = sorted(pathlib.Path(dump_dir).glob("*thunk_sequence.txt"))
+    for line in (files[-1].read_text().splitlines() if files else []):
+        m = re.search(r"\]\s+(\S+)\s+grid:.*shared_memory:\s*(\d+)\s*bytes", line)
+        if m:
+            out[m.group(1)] = max(out.get(m.group(1), 0), int(m.group(2)))
+    return out
+
+
+def compile_for(fn: Callable, args: tuple, target: str, *, kwargs: dict | None = None,
+                shared_memory: bool = False) -> CompileResult:
     """Compiles ``fn(*args, **kwargs)`` for one device of ``target`` without running it.
 
     Args:
@@ -187,6 +203,8 @@ def compile_for(fn: Callable, args: tuple, target: str, *, kwargs: dict | None =
         used); every leaf is placed on a single compile-only device.
       target: one of :func:`target_names`.
       kwargs: keyword arguments passed through unchanged (static values).
+      shared_memory: GPU targets only: also report each kernel's shared memory (XLA dumps its
+        thunk sequence to a temporary directory, which makes the compile slower).
 
     Returns:
       :class:`CompileResult`.
@@ -205,8 +223,17 @@ def compile_for(fn: Callable, args: tuple, target: str, *, kwargs: dict | None =
     specs = _on_device(args, sharding)
     kwargs = kwargs or {}
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    compiled = jitted.lower(*specs, **kwargs).compile()
+    lowered = jitted.lower(*specs, **kwargs)
+    smem = None
+    if shared_memory and TARGETS[target].platform == "cuda":
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as dump:
+            compiled = lowered.compile(compiler_options={"xla_dump_to": dump})
+            smem = _thunk_shared_memory(dump)
+    else:
+        compiled = lowered.compile()
     stats = compiled.memory_analysis()
     memory = {key: int(getattr(stats, f"{key}_size_in_bytes", 0) or 0)
               for key in ("argument", "output", "temp", "alias", "generated_code")}
-    return CompileResult(compiled, target, memory)
+    return CompileResult(compiled, target, memory, smem)
