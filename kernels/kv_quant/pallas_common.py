@@ -5,7 +5,7 @@ Dimensions as in :mod:`kernels.kv_quant.reference`; W is the piece width (below)
 A chunk is dequantized in column pieces of W channels, W = gcd(P, block, D / 2 with RoPE else D),
 so each piece lies inside one bit plane of the planar packing, one scale block and one RoPE half.
 A piece is then a static slice of every operand: bytes ``[b0, b0 + W)`` of plane ``j`` shifted
-right by ``j * bits`` and masked, times its block's float8 scale column, plus the stage centroids
+right by ``j * bits`` and masked, times its block's scale column, plus the stage centroids
 gathered by a one-hot matmul. No concatenation, reshape or gather is needed inside the kernel, which
 keeps the same code valid for Mosaic TPU and Triton.
 """
@@ -29,23 +29,30 @@ def piece_width(d: int, bits: int, block: int, rope: bool) -> int:
 
 
 def dequant_pieces(load_codes: Loader, load_scale: Loader, load_assign: Loader | None,
-                   load_cent: Loader | None, mm: Callable, *, d: int, bits: int, block: int,
-                   stages: int, num_centroids: int, w: int) -> list[jax.Array]:
+                   load_cent: Loader | None, mm: Callable | None, *, d: int, bits: int, block: int,
+                   stages: int, num_centroids: int, w: int,
+                   gather_cent: Loader | None = None) -> list[jax.Array]:
     """Dequantized chunk as D / W float32 pieces [N, W] (``x_hat = sum_s C_s[a_s] + scale * q``).
 
     Loaders read the current chunk: ``load_codes(b0, w)`` -> uint8 [N, w] bytes;
-    ``load_scale(bi)`` -> float8 [N, 1]; ``load_assign(s)`` -> uint8 [N, 1];
-    ``load_cent(s, c0, w)`` -> bfloat16 [C, w]. ``mm(a, b)`` is the [M, K] x [K, N] matmul.
+    ``load_scale(bi)`` -> [N, 1] scales; ``load_assign(s)`` -> uint8 [N, 1];
+    ``load_cent(s, c0, w)`` -> bfloat16 [C, w]. ``mm(a, b)`` is the [M, K] x [K, N] matmul with a
+    float32 result; the centroids are gathered with it as a bfloat16 one-hot [N, C] product
+    (exact). A backend that can gather from memory passes ``gather_cent(s, c0, w)`` -> [N, w]
+    (the stage-s centroid rows of the chunk's tokens) instead, and then ``load_assign``,
+    ``load_cent`` and ``mm`` are not used.
     """
     p = d * bits // 8
     mask = jnp.int32((1 << bits) - 1)
     offset = float(2 ** (bits - 1))
     onehots = []
-    for s in range(stages):
+    for s in range(stages if gather_cent is None else 0):
         a = load_assign(s).astype(jnp.int32)  # [N, 1]
         n = a.shape[0]
         cid = lax.broadcasted_iota(jnp.int32, (n, num_centroids), 1)
-        onehots.append((a == cid).astype(jnp.float32))  # [N, C]
+        # bf16 0/1 times the bf16 centroids, accumulated in f32: an exact gather at half the
+        # operand bytes of an f32 product
+        onehots.append((a == cid).astype(jnp.bfloat16))  # [N, C]
     pieces = []
     for i in range(d // w):
         c0 = i * w
@@ -54,7 +61,10 @@ def dequant_pieces(load_codes: Loader, load_scale: Loader, load_assign: Loader |
         code = lax.shift_right_logical(raw, jnp.int32(bits * j)) & mask
         x = (code.astype(jnp.float32) - offset) * load_scale(c0 // block).astype(jnp.float32)
         for s in range(stages):
-            x = x + mm(onehots[s], load_cent(s, c0, w).astype(jnp.float32))
+            if gather_cent is None:
+                x = x + mm(onehots[s], load_cent(s, c0, w).astype(jnp.bfloat16))
+            else:
+                x = x + gather_cent(s, c0, w).astype(jnp.float32)
         pieces.append(x)
     return pieces
 

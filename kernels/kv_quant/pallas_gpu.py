@@ -2,17 +2,19 @@
 registers.
 
 Dimensions as in :mod:`kernels.kv_quant.reference`; Rp = R padded to a power of two >= 16 (the
-smallest tensor-core tile), Cp = C padded to a power of two, NS splits of the NC chunks.
+smallest tensor-core tile), NS splits of the NC chunks, BN tokens per tile.
 
-Program (b, k, s) walks the chunks of its split that hold quantized slots of row b (a
-``fori_loop`` whose upper bound is ``ceil(num_quantized[b] / N)``, so empty chunks are never
-read). Each chunk is dequantized piece by piece (:mod:`kernels.kv_quant.pallas_common`: shifted
-masks of the packed bytes, float8 scale, one-hot matmul gather of the centroids), keys are rotated
-to their slot positions when stored before RoPE, and an online softmax (acc, m, l) is updated. Each
-program writes its partial; the splits are merged with a log-sum-exp outside the kernel.
+Program (b, k, s) walks the token tiles of its split that hold quantized slots of row b (a
+``fori_loop`` whose upper bound is ``ceil(num_quantized[b] / BN)``, so empty tiles are never
+read), BN tokens at a time, so registers and shared memory are set by BN and not by the chunk
+length N. Each tile is dequantized piece by piece (:mod:`kernels.kv_quant.pallas_common`: shifted
+masks of the packed bytes times the block scale, plus the stage centroids read with a pointer
+gather at the tile's assignments), keys are rotated to their slot positions when stored before
+RoPE, and an online softmax (acc, m, l) is updated. Each program writes its partial; the splits
+are merged with a log-sum-exp outside the kernel.
 
-Triton needs power-of-two tiles: N and D must be powers of two (checked); rows and centroids are
-padded (padding rows see no slot; padding centroids are never selected).
+Triton needs power-of-two tiles: N, D and BN must be powers of two (checked); query rows are padded
+(padding rows see no slot).
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ def _mm(a, b, trans_b=False, exact=True):
     n = b.shape[0] if trans_b else b.shape[1]
     if min(m, k, n) >= MIN_ROWS:
         return plgpu.dot(a, b, trans_b=trans_b, allow_tf32=not exact)
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     if trans_b:
         return jnp.sum(a[:, None, :] * b[None, :, :], axis=2)
     return jnp.sum(a[:, :, None] * b[None, :, :], axis=1)
 
 
 def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
-            chunks_per_split: int, num_centroids: int):
+            blocks_per_split: int, block_n: int, num_centroids: int):
     stages = cfg.stages
     per_code = 4 if stages else 2
     k_refs, v_refs = refs[:per_code], refs[per_code:2 * per_code]
@@ -60,38 +63,45 @@ def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
     acc_ref, m_ref, l_ref = rest
     split = pl.program_id(2)
     n = k_refs[0].shape[1]
+    blocks_per_chunk = n // block_n
     rows, d = q_ref.shape
     pos = pos_ref[...]  # [Rp]; -1 for padding rows
     nq = jnp.max(nq_ref[...])
-    lo = split * chunks_per_split
-    hi = jnp.minimum(lo + chunks_per_split, lax.div(nq + n - 1, jnp.int32(n)))
+    lo = split * blocks_per_split
+    hi = jnp.minimum(lo + blocks_per_split, lax.div(nq + block_n - 1, jnp.int32(block_n)))
 
-    def pieces(code_refs, c):
+    def pieces(code_refs, c, toks):
         codes_ref, scale_ref = code_refs[0], code_refs[1]
         assign_ref, cent_ref = (code_refs[2], code_refs[3]) if stages else (None, None)
-        return pc.dequant_pieces(
-            lambda b0, ww: codes_ref[c, :, pl.ds(b0, ww)],
-            lambda bi: scale_ref[c, :, pl.ds(bi, 1)],
-            (lambda s: assign_ref[c, s]) if stages else None,
-            (lambda s, c0, ww: cent_ref[c, s, :, pl.ds(c0, ww)]) if stages else None,
-            functools.partial(_mm, exact=False),  # one-hot x bf16 centroids: exact in tf32
-            d=d, bits=cfg.bits, block=cfg.block, stages=stages, num_centroids=num_centroids, w=w)
+        def gather(s, c0, ww):  # rows a_s of the stage-s centroids: a pointer gather, no matmul
+            a = assign_ref[c, s, toks].astype(jnp.int32)  # [BN]
+            return cent_ref[c, s, a, pl.ds(c0, ww)]  # [BN, ww]
 
-    def body(c, carry):
+        return pc.dequant_pieces(
+            lambda b0, ww: codes_ref[c, toks, pl.ds(b0, ww)],
+            lambda bi: scale_ref[c, toks, pl.ds(bi, 1)],
+            None, None, None, d=d, bits=cfg.bits, block=cfg.block, stages=stages,
+            num_centroids=num_centroids, w=w, gather_cent=gather if stages else None)
+
+    def body(g, carry):  # token block g: chunk g // blocks_per_chunk, tokens t0 .. t0 + block_n
         accs, m, l = carry
-        kp = pieces(k_refs, c)
+        c = lax.div(g, jnp.int32(blocks_per_chunk))
+        t0 = (g - c * blocks_per_chunk) * block_n
+        toks = pl.ds(pl.multiple_of(t0, block_n), block_n)
+        kp = pieces(k_refs, c, toks)
         if rope:
-            kp = pc.rope_pieces(kp, lambda c0, ww: cos_ref[c, :, pl.ds(c0, ww)],
-                                lambda c0, ww: sin_ref[c, :, pl.ds(c0, ww)])
+            kp = pc.rope_pieces(kp, lambda c0, ww: cos_ref[c, toks, pl.ds(c0, ww)],
+                                lambda c0, ww: sin_ref[c, toks, pl.ds(c0, ww)])
         logits = None
         for i, kx in enumerate(kp):
             part = _mm(q_ref[:, pl.ds(i * w, w)].astype(jnp.float32), kx, trans_b=True)
             logits = part if logits is None else logits + part
         logits = logits * (1.0 / math.sqrt(d))
-        slot = c * n + jnp.arange(n, dtype=jnp.int32)
+        slot = g * block_n + jnp.arange(block_n, dtype=jnp.int32)
         valid = (slot[None, :] < nq) & (slot[None, :] <= pos[:, None])
         prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m, l)
-        accs = [corr * a + _mm(prob, vx) for a, vx in zip(accs, pieces(v_refs, c), strict=True)]
+        accs = [corr * a + _mm(prob, vx)
+                for a, vx in zip(accs, pieces(v_refs, c, toks), strict=True)]
         return accs, m_new, l_new
 
     init = ([jnp.zeros((rows, w), jnp.float32) for _ in range(d // w)],
@@ -104,22 +114,27 @@ def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_new", "rope_base", "num_splits",
-                                             "interpret", "num_warps"))
+                                             "block_n", "interpret", "num_warps"))
 def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, cfg: QVGConfig,
                         start: jax.Array, num_quantized: jax.Array, num_new: int,
                         rope_base: float | None, num_splits: int | None = None,
-                        interpret: bool = False, num_warps: int = 4
+                        block_n: int | None = None, interpret: bool = False, num_warps: int = 4
                         ) -> tuple[jax.Array, jax.Array]:
     """Attention of q [B, K, R, D] over the QVG chunks, dequantized inside the kernel.
 
     Same contract as :func:`kernels.kv_quant.api.qvg_chunk_attention`. ``num_splits`` (default
-    min(NC, 4)) programs per (batch, kv head) each take ceil(NC / NS) consecutive chunks.
+    min(NC, 4)) programs per (batch, kv head) each take ceil(NC / NS) consecutive chunks, walked
+    ``block_n`` tokens at a time (default min(N, 64)): no tile is larger than
+    [max(block_n, Rp), W], so shared memory does not grow with N or C. For H100 at N = 1024,
+    C = 256, D = 128, S = 1, INT2, block 64 the kernel takes 114752 B of the 232448 B of shared
+    memory (XLA's launch); with [N, C] one-hot tiles it asked for 1847296 B and did not compile.
 
     Returns:
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
 
     Raises:
-      ValueError: inconsistent shapes, N or D not a power of two, or num_splits < 1.
+      ValueError: inconsistent shapes, N or D not a power of two, num_splits < 1, or block_n
+        not a power of two dividing N.
     """
     pc.check_inputs(q, k_code, v_code, cfg, num_new)
     b, kh, r, d = q.shape
@@ -130,10 +145,13 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     if ns < 1:
         raise ValueError(f"num_splits={ns} must be >= 1")
     cps = -(-nc // ns)
+    bn = min(n, 64) if block_n is None else block_n
+    if bn < 1 or _pow2(bn) != bn or n % bn:
+        raise ValueError(f"block_n={bn} must be a power of two that divides the chunk N={n}")
     rope = rope_base is not None
     w = pc.piece_width(d, cfg.bits, cfg.block, rope)
     s, c = cfg.stages, cfg.num_centroids
-    cp, rp = _pow2(c), max(MIN_ROWS, _pow2(r))
+    rp = max(MIN_ROWS, _pow2(r))
 
     def full(shape):  # the whole [NC, ...] slab of one (batch, kv head)
         zeros = (0,) * len(shape)
@@ -143,11 +161,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
         specs = [full((nc, n, code.codes.shape[-1])), full((nc, n, code.scales.shape[-1]))]
         args = [code.codes, code.scales]
         if s:
-            cents = code.centroids
-            if cp != c:
-                cents = jnp.pad(cents, [(0, 0)] * 4 + [(0, cp - c), (0, 0)])
-            specs += [full((nc, s, n, 1)), full((nc, s, cp, d))]
-            args += [code.assign.reshape(*code.assign.shape, 1), cents]
+            specs += [full((nc, s, n)), full((nc, s, c, d))]
+            args += [code.assign, code.centroids]
         return specs, args
 
     rowoff = jnp.arange(rp, dtype=jnp.int32) % num_new
@@ -170,8 +185,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
                                       lambda bi, ki, si: (bi, ki, si) + (0,) * len(shape))
     f32 = jnp.float32
     acc, m, l = pl.pallas_call(
-        functools.partial(_kernel, cfg=cfg, rope=rope, w=w, chunks_per_split=cps,
-                          num_centroids=cp),
+        functools.partial(_kernel, cfg=cfg, rope=rope, w=w, blocks_per_split=cps * (n // bn),
+                          block_n=bn, num_centroids=c),
         grid=(b, kh, ns),
         in_specs=in_specs,
         out_specs=[part((rp, d)), part((rp, 1)), part((rp, 1))],

@@ -5,7 +5,7 @@ Dimensions as in :mod:`kernels.kv_quant.reference` (B, K, R = G * T rows, D, N, 
 Grid (B, K, NC), chunks innermost ("arbitrary"). ``start`` and ``num_quantized`` are prefetched
 into SMEM (``PrefetchScalarGridSpec``); the block index maps clamp the chunk index to the last
 quantized chunk of the row, so chunks past ``num_quantized`` issue no new DMA and are skipped by
-``pl.when``. Each visited chunk's packed codes, float8 scales, uint8 assignments and bf16 centroids
+``pl.when``. Each visited chunk's packed codes, bfloat16 scales, uint8 assignments and bf16 centroids
 are dequantized piece by piece (:mod:`kernels.kv_quant.pallas_common`), keys are rotated to their
 slot positions when they were stored before RoPE, and the online softmax (m, l, acc in VMEM
 scratch) is updated. The last chunk step writes (acc / l, m + log l).
@@ -31,7 +31,9 @@ _HI = lax.Precision.HIGHEST
 
 
 def _mm(a, b):
-    return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=_HI)
+    # f32 operands at full precision; bf16 operands (the one-hot centroid gather) are exact as is
+    precision = _HI if a.dtype == jnp.float32 or b.dtype == jnp.float32 else None
+    return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=precision)
 
 
 def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,

@@ -12,7 +12,14 @@ QVG (Quant VideoGen, ICML 2026), Sec. 3: per (batch, kv head) and chunk of N tok
 * progressive residual quantization: S stages of the same on the residual of the previous stage
   (QVG: S = 1; QVG-Pro: S = 4);
 * the final residual r is quantized per token in blocks of ``block`` channels, symmetric INTn with
-  ``scale = max|r| / (2^(n-1) - 1)`` stored as float8 e4m3, codes bit-packed into bytes.
+  ``scale = max|r| / (2^(n-1) - 1)`` stored as bfloat16 (rounded up), codes bit-packed into bytes.
+
+Scale format. The paper stores FP8 E4M3 scales; E4M3's largest value is 448 and its smallest
+normal 2^-6, so a block with ``max|r| > 448 (2^(n-1) - 1)`` had an infinite scale (dequantizing to
+NaN) and small blocks lost their scale to subnormal rounding or zero. bfloat16 has float32's
+exponent range: every finite float32 block gets a finite, non-zero scale (clamped to bfloat16's
+largest finite value, 3.39e38), for 8 more bits per block (``effective_bits`` counts 16). Rounding
+the scale up keeps ``|r| <= qmax * scale``, so the error is at most ``scale / 2`` per element.
 
 Dequantization is ``x_hat = sum_s C_s[a_s] + scale * q``.
 
@@ -20,6 +27,10 @@ KIVI (Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV 
 asymmetric INTn (``x_hat = zero + scale * q``, q in [0, 2^n - 1]); keys per channel with the
 statistics taken over groups of ``group`` tokens, values per token over blocks of ``block``
 channels; the most recent tokens stay in full precision (handled by the cache in ``api.py``).
+KIVI's scale and zero are 16-bit; we store them as bfloat16 rather than float16 (whose largest
+value, 65504, a key channel can exceed: the zero then overflowed to inf and dequantized to NaN),
+with the zero rounded down and the scale rounded up so that every element stays inside
+``[zero, zero + qmax * scale]``.
 
 Packing layout ("planar"): with ``ppb = 8 / bits`` codes per byte and ``P = D / ppb`` bytes per
 token, byte ``i`` holds channels ``i, i + P, ..., i + (ppb - 1) P`` at bit offsets ``0, bits, ...``,
@@ -37,7 +48,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-SCALE_DTYPE = jnp.float8_e4m3fn
+SCALE_DTYPE = jnp.bfloat16
 CENTROID_DTYPE = jnp.bfloat16
 VALID_BITS = (2, 4, 8)
 
@@ -180,17 +191,37 @@ def unpack_codes(packed: jax.Array, bits: int) -> jax.Array:
 # Symmetric per-token block INTn (QVG's residual quantizer)
 
 
-def quantize_symmetric(x: jax.Array, bits: int, block: int) -> tuple[jax.Array, jax.Array]:
-    """Symmetric INTn per token in blocks of ``block`` channels, float8 e4m3 scales.
+def _bf16_up(x: jax.Array) -> jax.Array:
+    """float32 x >= 0 -> the smallest bfloat16 >= x, clamped to bfloat16's largest finite value."""
+    big = float(jnp.finfo(jnp.bfloat16).max)
+    x = jnp.minimum(x, big)
+    y = x.astype(jnp.bfloat16)
+    up = jnp.nextafter(y, jnp.asarray(jnp.inf, jnp.bfloat16))
+    return jnp.where((y.astype(jnp.float32) < x) & (up.astype(jnp.float32) <= big), up, y)
 
-    ``scale = max|x_block| / (2^(n-1) - 1)`` rounded to e4m3; ``q = clip(round(x / scale))`` in
-    ``[-(2^(n-1) - 1), 2^(n-1) - 1]`` (so INT2 uses {-1, 0, 1}); stored as ``q + 2^(n-1)``.
+
+def _bf16_down(x: jax.Array) -> jax.Array:
+    """float32 x (finite) -> the largest bfloat16 <= x (bfloat16's lowest finite value at worst)."""
+    lowest = float(jnp.finfo(jnp.bfloat16).min)
+    x = jnp.maximum(x, lowest)
+    y = x.astype(jnp.bfloat16)
+    down = jnp.nextafter(y, jnp.asarray(-jnp.inf, jnp.bfloat16))
+    return jnp.where((y.astype(jnp.float32) > x) & (down.astype(jnp.float32) >= lowest), down, y)
+
+
+def quantize_symmetric(x: jax.Array, bits: int, block: int) -> tuple[jax.Array, jax.Array]:
+    """Symmetric INTn per token in blocks of ``block`` channels, bfloat16 scales (QVG Sec. 3).
+
+    ``scale = max|x_block| / (2^(n-1) - 1)`` rounded up to bfloat16; ``q = clip(round(x / scale))``
+    in ``[-(2^(n-1) - 1), 2^(n-1) - 1]`` (so INT2 uses {-1, 0, 1}); stored as ``q + 2^(n-1)``.
+    For finite x the scale is finite and ``|x - scale * q| <= scale / 2`` (exactly, up to the
+    float32 rounding of ``x / scale``); an all-zero block gets scale 0 and codes for 0.
 
     Args:
       x: float [..., D].
 
     Returns:
-      (packed codes uint8 [..., D * bits / 8], scales float8_e4m3fn [..., D / block]).
+      (packed codes uint8 [..., D * bits / 8], scales bfloat16 [..., D / block]).
 
     Raises:
       ValueError: bits not in {2, 4, 8}; block does not divide D.
@@ -200,7 +231,7 @@ def quantize_symmetric(x: jax.Array, bits: int, block: int) -> tuple[jax.Array, 
     _check_block(block, d, "quantize_symmetric")
     qmax = 2 ** (bits - 1) - 1
     xb = x.astype(jnp.float32).reshape(*x.shape[:-1], d // block, block)
-    scale = (jnp.max(jnp.abs(xb), axis=-1) / qmax).astype(SCALE_DTYPE)
+    scale = _bf16_up(jnp.max(jnp.abs(xb), axis=-1) / qmax)
     s = scale.astype(jnp.float32)[..., None]
     q = jnp.where(s > 0, jnp.clip(jnp.round(xb / jnp.where(s > 0, s, 1.0)), -qmax, qmax), 0.0)
     codes = (q + 2 ** (bits - 1)).astype(jnp.uint8).reshape(x.shape)
@@ -316,7 +347,7 @@ def kmeans(x: jax.Array, k: int, iters: int, key: jax.Array
 class QVGCode(NamedTuple):
     """A QVG-quantized chunk (leading batch dims ``...`` are free).
 
-    codes: uint8 [..., N, P]; scales: float8_e4m3fn [..., N, NB]; assign: uint8 [..., S, N];
+    codes: uint8 [..., N, P]; scales: bfloat16 [..., N, NB]; assign: uint8 [..., S, N];
     centroids: bfloat16 [..., S, C, D].
     """
 
@@ -395,7 +426,7 @@ def qvg_dequantize(code: QVGCode, cfg: QVGConfig) -> jax.Array:
 class KIVICode(NamedTuple):
     """A KIVI-quantized chunk of N tokens (leading dims free).
 
-    codes: uint8 [..., N, P]; scale, zero: float16 — keys [..., NG, D] (per channel, per token
+    codes: uint8 [..., N, P]; scale, zero: bfloat16 — keys [..., NG, D] (per channel, per token
     group), values [..., N, NB] (per token, per channel block).
     """
 
@@ -405,13 +436,16 @@ class KIVICode(NamedTuple):
 
 
 def _asym(xg: jax.Array, bits: int, axis: int):
+    """Asymmetric INTn of xg along ``axis``: zero = min rounded down, scale = range / qmax rounded
+    up (both bfloat16), so every element lies in [zero, zero + qmax * scale] and its error is at
+    most scale / 2. Computed as hi / qmax - zero / qmax so the range cannot overflow float32."""
     qmax = 2 ** bits - 1
-    lo = jnp.min(xg, axis=axis, keepdims=True).astype(jnp.float16)
+    lo = _bf16_down(jnp.min(xg, axis=axis, keepdims=True))
+    z = lo.astype(jnp.float32)
     hi = jnp.max(xg, axis=axis, keepdims=True)
-    scale = ((hi - lo.astype(jnp.float32)) / qmax).astype(jnp.float16)
+    scale = _bf16_up(jnp.maximum(hi / qmax - z / qmax, 0.0))
     s = scale.astype(jnp.float32)
-    q = jnp.where(s > 0, jnp.clip(jnp.round((xg - lo.astype(jnp.float32)) / jnp.where(s > 0, s, 1.0)),
-                                  0, qmax), 0.0)
+    q = jnp.where(s > 0, jnp.clip(jnp.round((xg - z) / jnp.where(s > 0, s, 1.0)), 0, qmax), 0.0)
     return q, jnp.squeeze(scale, axis), jnp.squeeze(lo, axis)
 
 
@@ -452,9 +486,9 @@ def effective_bits(cfg: QVGConfig | KIVIConfig, head_dim: int, context_len: int 
                    baseline_bits: int = 16) -> dict[str, float]:
     """True storage bits per cached K/V element, everything counted, next to the nominal bits.
 
-    QVG, per chunk of N tokens: ``N D n`` code bits + ``N (D / block) 8`` (e4m3 scales)
+    QVG, per chunk of N tokens: ``N D n`` code bits + ``N (D / block) 16`` (bf16 scales)
     + ``S N 8`` (uint8 assignments) + ``S C D 16`` (bf16 centroids). KIVI, per ``residual`` tokens:
-    ``N D n`` + keys ``(N / group) D 2 16`` + values ``N (D / block) 2 16`` (fp16 scale and zero),
+    ``N D n`` + keys ``(N / group) D 2 16`` + values ``N (D / block) 2 16`` (bf16 scale and zero),
     averaged over K and V. With ``context_len`` the cache's full-precision tail
     (``context_len mod chunk`` tokens at ``baseline_bits``) is included.
 
@@ -467,7 +501,7 @@ def effective_bits(cfg: QVGConfig | KIVIConfig, head_dim: int, context_len: int 
     cfg.check_head_dim(head_dim)
     n, d = cfg.chunk, head_dim
     if isinstance(cfg, QVGConfig):
-        chunk_bits = (n * d * cfg.bits + n * (d // cfg.block) * 8 + cfg.stages * n * 8
+        chunk_bits = (n * d * cfg.bits + n * (d // cfg.block) * 16 + cfg.stages * n * 8
                       + cfg.stages * cfg.num_centroids * d * 16)
     elif isinstance(cfg, KIVIConfig):
         k_bits = n * d * cfg.bits + (n // cfg.group) * d * 2 * 16
