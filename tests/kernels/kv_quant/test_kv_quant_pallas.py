@@ -15,7 +15,7 @@ KERNELS = {"pallas_tpu": pallas_tpu.qvg_chunk_attention,
 
 
 def _random_code(rng, b, kh, nc, n, d, cfg):
-    """Fresh random codes: every byte pattern, positive e4m3 scales, random ids and centroids
+    """Fresh random codes: every byte pattern, positive bf16 scales, random ids and centroids
     (drawn with numpy: no XLA compilation for test inputs)."""
     p = d * cfg.bits // 8
     codes = rng.integers(0, 256, (b, kh, nc, n, p), dtype=np.uint8)
@@ -67,6 +67,24 @@ def test_kernel_interpret_matches_reference(impl, case):
         empty = int(jnp.argmin(nq))
         assert np.all(np.isneginf(np.asarray(lse[empty])))
         np.testing.assert_array_equal(out[empty], 0.0)
+
+
+@pytest.mark.parametrize("block_n,num_splits", [(16, 2), (8, 1)])
+def test_gpu_kernel_token_tiles_match_reference(block_n, num_splits):
+    """Chunks of N = 32 walked in tiles of 16 or 8 tokens (the tiling that bounds shared memory),
+    with ragged quantized lengths that end mid-split."""
+    q, kc, vc, cfg, start, nq = _case(7, 2, 2, 2, 1, 8, 2, [70, 40], [64, 32], nc=3, n=32)
+    want_out, want_lse = api.qvg_chunk_attention(q, kc, vc, cfg, start, nq, 2, 10_000.0,
+                                                 implementation="reference")
+    out, lse = pallas_gpu.qvg_chunk_attention(q, kc, vc, cfg, start, nq, 2, 10_000.0,
+                                              num_splits=num_splits, block_n=block_n,
+                                              interpret=True)
+    np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(lse, want_lse, atol=2e-5, rtol=2e-5)
+    assert float(jnp.std(want_out)) > 0.03
+    with pytest.raises(ValueError, match="block_n"):
+        pallas_gpu.qvg_chunk_attention(q, kc, vc, cfg, start, nq, 2, None, block_n=12,
+                                       interpret=True)
 
 
 @pytest.mark.parametrize("platform,impl", [("tpu", "pallas_tpu"), ("cuda", "pallas_gpu")])
