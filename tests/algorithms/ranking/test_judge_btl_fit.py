@@ -195,11 +195,14 @@ def test_bootstrap_spread_matches_fisher_standard_errors():
         t = table.astype(np.float64)
         cov = inference.covariance(t, res.params, res.config)
         draws, ok = inference.bootstrap(jax.random.key(9), t, res.params, res.config, num_samples=64)
-        lo, hi = inference.percentile_intervals(draws.scores)
+        # host copies: float64 jax arrays used outside the x64 scope would be cut to float32
+        cov, scores, ok = np.asarray(cov), np.asarray(draws.scores), np.asarray(ok)
     assert bool(np.all(ok))
+    summary = inference.bootstrap_intervals(scores, ok)
+    assert summary.num_used == 64 and summary.num_dropped == 0
     se = np.sqrt(np.diag(cov)[:N])
-    np.testing.assert_allclose(np.std(draws.scores, axis=0), se, rtol=0.3)
-    assert np.all(lo < res.params.scores) and np.all(res.params.scores < hi)
+    np.testing.assert_allclose(np.std(scores, axis=0), se, rtol=0.3)
+    assert np.all(summary.lo < res.params.scores) and np.all(res.params.scores < summary.hi)
 
 
 def test_divergent_judge_is_reported():
