@@ -233,7 +233,9 @@ def coverage_part(config):
         dd = (p.scores[:, None] - p.scores[None, :]) - (truth.scores[:, None] - truth.scores[None, :])
         iu = jnp.triu_indices(n, 1)
         cover_d = (jnp.abs(dd) <= z * jnp.sqrt(jnp.clip(dv, 0.0)))[iu]
-        return cover_s, cover_d, cover_a, conv.converged
+        # A simulated data set can lack a finite MLE (a model or judge separated); such fits are
+        # left out of the coverage, not counted as converged.
+        return cover_s, cover_d, cover_a, conv.converged & btl.mle_exists(t, cfg, conv.information)
 
     keys = jax.random.split(jax.random.key(config.seed + 11), c.num_datasets)
     cs, cd, ca, ok = jax.lax.map(one, keys, batch_size=50)
