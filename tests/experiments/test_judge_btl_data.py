@@ -4,6 +4,7 @@ data set's own name, real-data and simulation numbers under separate keys of met
 import csv
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -57,7 +58,8 @@ def no_simulation(monkeypatch):
 def test_all_ties_file_is_an_error_before_any_work(tmp_path, no_simulation):
     # Used to exit 0 with an alphabetical leaderboard of +0.000 scores.
     path = _csv(tmp_path / "ties.csv", _rows(ties_only=True))
-    with pytest.raises(ValueError, match=rf"^{path}: no decisive comparison: all 300 comparisons are ties"):
+    want = f"{path}: no decisive comparison: all 300 comparisons are ties"
+    with pytest.raises(ValueError, match="^" + re.escape(want)):
         judge_btl.run(_config(path), str(tmp_path / "work"))
     assert not os.path.exists(tmp_path / "work" / "judge_btl")
 
@@ -73,14 +75,15 @@ def test_json_array_file_with_unknown_outcomes(tmp_path, no_simulation):
         json.dump(rows, f, indent=1)
     line = 1 + 6 * 7 + 5  # "[", 7 objects of 6 lines, then the 8th object's "winner" line
     assert '"unknown"' in open(path).read().splitlines()[line - 1]
-    with pytest.raises(ValueError, match=rf"^{path}:{line - 4}: outcome 'unknown' in column 'winner'"):
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}:{line - 4}: outcome 'unknown' in column 'winner'")):
         judge_btl.run(_config(path), str(tmp_path / "work"))
     d = judge_btl.load_comparisons(path, _config(path, drop_unknown_outcomes=True))
     assert d["dropped"] == {"unknown": 2} and d["left"].shape == (298,)
     assert d["name"] == "arena" and d["models"] == sorted(NAMES)
 
 
-def test_real_data_numbers_are_kept_apart_and_named(tmp_path, monkeypatch):
+def _stub_parts(monkeypatch, tmp_path):
+    """Replaces the simulation, coverage, choix and timing parts by fixed numbers."""
     sim = dict(heldout=dict(judge_aware=-0.1, btl=-0.2), score_rmse=0.3, score_rmse_btl=0.4,
                gamma_true=np.ones(3), gamma_hat=np.ones(3), rank_ci_width=111.0,
                rank_ci_covers_truth=0.5, iterations=7, figure=str(tmp_path / "sim.png"))
@@ -93,6 +96,19 @@ def test_real_data_numbers_are_kept_apart_and_named(tmp_path, monkeypatch):
     monkeypatch.setattr(judge_btl, "timing_part", lambda *a: dict(
         fit_seconds=222.0, compile_seconds=1.0, choix_seconds=444.0, choix_times={"ilsr": 444.0},
         converged=True, iterations=3, rows=10, gamma_recovery_max_abs=0.0))
+
+
+def test_without_data_the_headline_comes_from_the_simulation(tmp_path, monkeypatch):
+    _stub_parts(monkeypatch, tmp_path)
+    section = judge_btl.run(_config(""), str(tmp_path))
+    m = json.load(open(tmp_path / "judge_btl" / "metrics.json"))
+    assert m["real_data"] is None and m["headline"]["heldout_source"] == "simulation"
+    assert m["headline"]["heldout_loglik_judge_aware"] == -0.1 and m["headline"]["speedup_vs_choix"] == 2.0
+    assert "No comparisons file" in section.body
+
+
+def test_real_data_numbers_are_kept_apart_and_named(tmp_path, monkeypatch):
+    _stub_parts(monkeypatch, tmp_path)
     rows = _rows(n=400)
     rows[3]["winner"] = "??"
     path = _csv(tmp_path / "my_votes.csv", rows)
