@@ -191,14 +191,21 @@ def param_logical_axes(params: Any, table: Mapping[tuple[str, ...], tuple[str | 
 
 
 def spec_for(shape: Sequence[int], logical: Sequence[str | None], mesh: Mesh,
-             rules: Mapping[str, str | None] = PARAM_RULES) -> PartitionSpec:
-    """``PartitionSpec`` of an array of ``shape`` with the given logical axes: each dimension on its
-    rule's mesh axis when that axis's size divides it, else replicated; a mesh axis is used at most
-    once per array (the first dimension that asks for it)."""
+             rules: Mapping[str, str | None] = PARAM_RULES,
+             logical_sizes: Mapping[str, int] | None = None) -> PartitionSpec:
+    """``PartitionSpec`` of an array of ``shape`` with the given logical axes.
+
+    Each dimension goes on its rule's mesh axis when that axis's size divides both the dimension and,
+    for axes listed in ``logical_sizes`` (e.g. ``{"kv_heads": 2}`` for a fused [E, K * D] kernel),
+    the logical count, so that a split never cuts through a head; otherwise it is replicated. A mesh
+    axis is used at most once per array (the first dimension that asks for it)."""
+    sizes = logical_sizes or {}
     used, spec = set(), []
     for size, name in zip(shape, logical, strict=True):
         axis = rules.get(name) if name is not None else None
-        if axis is not None and axis not in used and size % mesh.shape[axis] == 0:
+        n = mesh.shape[axis] if axis is not None else 1
+        if (axis is not None and axis not in used and size % n == 0
+                and sizes.get(name, n) % n == 0):
             spec.append(axis)
             used.add(axis)
         else:
@@ -207,7 +214,8 @@ def spec_for(shape: Sequence[int], logical: Sequence[str | None], mesh: Mesh,
 
 
 def param_shardings(params: Any, table: Mapping[tuple[str, ...], tuple[str | None, ...]],
-                    mesh: Mesh, rules: Mapping[str, str | None] = PARAM_RULES) -> Any:
+                    mesh: Mesh, rules: Mapping[str, str | None] = PARAM_RULES,
+                    logical_sizes: Mapping[str, int] | None = None) -> Any:
     """``NamedSharding`` of every parameter (same pytree structure as ``params``).
 
     Args:
@@ -216,14 +224,17 @@ def param_shardings(params: Any, table: Mapping[tuple[str, ...], tuple[str | Non
       mesh: the (``data``, ``model``) mesh.
       rules: logical -> mesh axis; :data:`PARAM_RULES` (FSDP + tensor parallelism) or
         :data:`REPLICATED_RULES` (data parallelism only).
+      logical_sizes: counts of fused logical axes (``{"heads": H, "kv_heads": K}``): a split must
+        divide them too (see :func:`spec_for`).
 
     Raises:
       ValueError: as :func:`param_logical_axes`; a rule naming an axis the mesh lacks.
     """
     check_rules(rules, mesh)
     logical = param_logical_axes(params, table)
-    return jax.tree.map(lambda x, names: NamedSharding(mesh, spec_for(x.shape, names, mesh, rules)),
-                        params, logical, is_leaf=lambda x: isinstance(x, tuple))
+    return jax.tree.map(
+        lambda x, names: NamedSharding(mesh, spec_for(x.shape, names, mesh, rules, logical_sizes)),
+        params, logical, is_leaf=lambda x: isinstance(x, tuple))
 
 
 def train_state_shardings(state: Mapping[str, Any], params_sharding: Any,

@@ -154,6 +154,12 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig: remat={self.remat!r} is not one of "
                              f"{tuple(REMAT_POLICIES)}")
 
+    @property
+    def logical_sizes(self) -> dict[str, int]:
+        """Counts of the fused logical axes of :data:`PARAM_AXES` (q/k/v kernels are [E, H * D] and
+        [E, K * D]): pass to ``core.sharding.param_shardings`` so that no split cuts a head."""
+        return {"heads": self.num_heads, "kv_heads": self.kv_heads}
+
     def check_model_parallelism(self, model_parallelism: int) -> None:
         """Raises ValueError unless ``model_parallelism`` (the mesh's ``model`` axis) divides the
         query heads and the MLP width, which tensor parallelism splits (kv heads that it does not
