@@ -112,7 +112,10 @@ def quantize_pages(k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     k = k.astype(jnp.float32)
     scale = nan_max(jnp.abs(k), axis=-2) / 1.5
     safe = jnp.where(scale > 0, scale, 1.0)[..., None, :]
-    x = k / safe
+    # k / scale with both rescaled by the scale's power of two: XLA:CPU divides through a
+    # reciprocal that flushes to zero for scales above ~8.5e37, which would zero the huge keys
+    mant, expo = jnp.frexp(safe)
+    x = jnp.ldexp(k, -expo) / mant
     codes = jnp.where(jnp.isnan(x), 0.0, jnp.clip(jnp.round(x + 1.5), 0, 3))
     resid = jnp.where(scale[..., None, :] > 0, jnp.clip(x - (codes - 1.5), -0.5, 0.5), 0.0)
     resid = jnp.where(jnp.isnan(scale)[..., None, :], jnp.nan, resid)
