@@ -152,6 +152,9 @@ def compile_only_device(name: str) -> jax.Device:
         raise CompileExtrasMissing(f"compiling for {name!r} needs {_INSTALL[t.platform]} "
                                    "(or run `make aot-env` and use .venv-aot)")
     if t.platform == "tpu":
+        # libtpu takes a machine-wide lock file for the TPU chips; compile-only devices use no chip,
+        # so concurrent compiling processes (pytest workers, two test runs) may all load it.
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         topo = topologies.get_topology_desc(topology_name=t.topology, platform="tpu")
     else:
         _ensure_ptxas_on_path()
