@@ -3,9 +3,10 @@
 Dimensions as in :mod:`kernels.sparse_decode.reference` (B, K, G, D, p, P, W = D/16), plus M page
 slots per (row, kv head) and NS splits of the slots (split-K; M = NS * MPS).
 
-The selection (packed 2-bit scan and the top-delta or top-k rule) runs first and yields, per
-(row, kv head), the kept page indices packed to the front of ``idx [B, K, M]`` and their number
-``count [B, K]``. Both are prefetched into SMEM (``PrefetchScalarGridSpec``); the block index maps
+The selection (packed 2-bit scan and the top-delta or top-k rule, capped at ``max_pages`` by score:
+:func:`kernels.sparse_decode.reference.ffd_keep`, the mask every implementation uses) runs first and
+yields, per (row, kv head), the kept page indices packed to the front of ``idx [B, K, M]`` and their
+number ``count [B, K] <= M`` (:func:`kernels.sparse_decode.reference.page_list`). Both are prefetched into SMEM (``PrefetchScalarGridSpec``); the block index maps
 read them, so each grid step's DMA fetches exactly one kept page of codes, scale, residual and values
 from HBM. Slots beyond ``count`` map to the last kept page (an unchanged block index issues no new
 DMA) and are skipped by ``pl.when``: skipped pages load neither residual nor values. Each split keeps
