@@ -58,6 +58,16 @@ PARAM_RULES: dict[str, str | None] = {
 }
 # Data parallelism only: every parameter replicated.
 REPLICATED_RULES: dict[str, str | None] = {name: None for name in PARAM_RULES}
+# The rule sets a config names (``param_sharding`` fields).
+RULE_SETS: dict[str, dict[str, str | None]] = {"fsdp": PARAM_RULES, "replicated": REPLICATED_RULES}
+
+
+def rules_named(name: str) -> dict[str, str | None]:
+    """The parameter rule set called ``name`` (``"fsdp"``: FSDP + tensor parallelism;
+    ``"replicated"``: data parallelism only). Raises ValueError for another name."""
+    if name not in RULE_SETS:
+        raise ValueError(f"param_sharding={name!r} is not one of {sorted(RULE_SETS)}")
+    return RULE_SETS[name]
 
 
 def check_rules(rules: Mapping[str, str | None], mesh: Mesh | None = None) -> None:
@@ -253,6 +263,24 @@ def train_state_shardings(state: Mapping[str, Any], params_sharding: Any,
         else:
             out[name] = jax.tree.map(lambda _: rep, value)
     return out
+
+
+def shard_train_state(state: Mapping[str, Any], table: Mapping[tuple[str, ...], tuple[str | None, ...]],
+                      mesh: Mesh, tx: optax.GradientTransformation, *, rules: str = "fsdp",
+                      logical_sizes: Mapping[str, int] | None = None) -> tuple[dict, dict]:
+    """Places a ``{"params", "opt_state", "step", ...}`` train state on ``mesh`` by the named rule
+    set (:func:`rules_named`) and the model's parameter table.
+
+    Returns:
+      (the placed state, its shardings): pass the shardings to :func:`constrain_step` so that the
+      jitted step keeps them.
+
+    Raises:
+      ValueError: an unknown rule set, or as :func:`param_shardings`.
+    """
+    p_sh = param_shardings(state["params"], table, mesh, rules_named(rules), logical_sizes)
+    st_sh = train_state_shardings(state, p_sh, tx, mesh)
+    return jax.device_put(dict(state), st_sh), st_sh
 
 
 def constrain_step(step: Callable, state_sharding: Any) -> Callable:

@@ -49,7 +49,7 @@ from core.checkpoint import Checkpointer
 from core.data import ByteTokenizer, TextBatcher, load_corpus
 from core.data.text import sequential_windows
 from experiments import common
-from models.transformer import Transformer, forward_flops_per_token, param_count
+from models.transformer import PARAM_AXES, Transformer, forward_flops_per_token, param_count
 
 NAME = "diffusion_lm"
 LABELS = {"ar": "AR", "mdlm": "MDLM (NELBO)", "mdlm_ce": "MDLM (CE)", "duo": "Duo (uniform)",
@@ -100,11 +100,16 @@ class _Run:
     def __init__(self, config, spec: FamilySpec, size, tx):
         d, layers, heads = size
         self.spec, self.size = spec, tuple(size)
+        backbone = config.backbone.to_dict()
+        backbone["dtype"] = jnp.dtype(backbone["dtype"])
         self.cfg = transformer_config(spec, config.seq_len, d_model=d, num_layers=layers,
-                                      num_heads=heads)
+                                      num_heads=heads, **backbone)
+        self.cfg.check_model_parallelism(config.model_parallelism)
         self.graphdef, params = nnx.split(Transformer(self.cfg, rngs=nnx.Rngs(config.seed)))
         self.params_count = param_count(params)
-        self.state = sharding.replicate(init_state(params, tx, config.ema_decay), _mesh())
+        self.state, self.state_sharding = sharding.shard_train_state(
+            init_state(params, tx, config.ema_decay), PARAM_AXES, _mesh(config.model_parallelism),
+            tx, rules=config.param_sharding, logical_sizes=self.cfg.logical_sizes)
         self.flops_per_token = forward_flops_per_token(self.cfg, config.seq_len)
         # Eso-LM trains on an L-token diffusion pass plus a 2L-token AR pass.
         if spec.name == "esolm" and spec.alpha0 < 1:
@@ -115,18 +120,22 @@ class _Run:
         return self.state.get("ema", self.state["params"])
 
 
-def _step_cache(graphdef, tx, spec, ema_decay, cache={}):  # noqa: B006 (deliberate memo)
-    # mdlm and mdlm_ce share one compiled step (the objective is a traced flag).
-    key = (graphdef, id(tx), "mdlm" if spec.name == "mdlm_ce" else spec.name, ema_decay)
+def _step_cache(run: _Run, tx, ema_decay, cache={}):  # noqa: B006 (deliberate memo)
+    # mdlm and mdlm_ce share one compiled step (the objective is a traced flag); the state's
+    # shardings follow from the graphdef on the one mesh.
+    spec = run.spec
+    key = (run.graphdef, id(tx), "mdlm" if spec.name == "mdlm_ce" else spec.name, ema_decay)
     if key not in cache:
-        cache[key] = jax.jit(make_step(graphdef, tx, spec, ema_decay), donate_argnums=0)
+        step = make_step(run.graphdef, tx, spec, ema_decay)
+        cache[key] = jax.jit(sharding.constrain_step(step, run.state_sharding), donate_argnums=0)
     return cache[key]
 
 
-def _mesh():
-    """The data-parallel mesh over all devices (built once; one device on a CPU run)."""
+def _mesh(model_parallelism: int | None = None):
+    """The mesh over all devices, built once (one device on a CPU run): data parallelism and FSDP
+    over ``data``, tensor parallelism over ``model``."""
     if "mesh" not in _MESH:
-        _MESH["mesh"] = sharding.make_mesh()
+        _MESH["mesh"] = sharding.make_mesh(model_parallelism or 1)
     return _MESH["mesh"]
 
 
@@ -158,7 +167,7 @@ def _evaluate(run: _Run, step_fn, windows: np.ndarray, batch_size: int, reps: in
 def _train(config, run: _Run, tx, batches: TextBatcher, eval_steps: list[int], windows, key,
            desc: str) -> dict:
     """Trains ``run`` to ``max(eval_steps)`` steps, evaluating at each of ``eval_steps``."""
-    step_fn = _step_cache(run.graphdef, tx, run.spec, config.ema_decay)
+    step_fn = _step_cache(run, tx, config.ema_decay)
     ce = run.spec.name == "mdlm_ce"
     evals, history, pending = {}, [], []
     total = max(eval_steps)
@@ -278,7 +287,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     val_nats, val_se = {}, {}
     for fam in config.families:
         r = runs_ref[fam]
-        step_fn = _step_cache(r.graphdef, tx, r.spec, config.ema_decay)
+        step_fn = _step_cache(r, tx, config.ema_decay)
         val_nats[fam], val_se[fam] = _evaluate(r, step_fn, final_windows, config.batch_size,
                                                config.final_eval_reps,
                                                jax.random.key(config.seed + 11))
@@ -286,7 +295,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
 
     # 4. Sampling: speed and quality, scored by the AR model of the same size.
     ar = runs_ref["ar"]
-    ar_step = _step_cache(ar.graphdef, tx, ar.spec, config.ema_decay)
+    ar_step = _step_cache(ar, tx, config.ema_decay)
     gen_ppl, entropy, tps, samples_text = {}, {}, {}, {}
     for fam in config.families:
         r = runs_ref[fam]

@@ -34,16 +34,24 @@ from core.training import (
 from experiments import common
 from models.losses import next_token_nll
 from models.sampling import generate
-from models.transformer import Transformer, TransformerConfig, forward_flops_per_token, param_count
+from models.transformer import (
+    PARAM_AXES,
+    Transformer,
+    TransformerConfig,
+    forward_flops_per_token,
+    param_count,
+)
 
 NAME = "lm"
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
-    m = config.model
-    return TransformerConfig(vocab_size=vocab_size, max_len=m.max_len, d_model=m.d_model,
-                             num_layers=m.num_layers, num_heads=m.num_heads,
-                             num_kv_heads=m.num_kv_heads, mlp_dim=m.mlp_dim or None, causal=True)
+    """The model's :class:`TransformerConfig`, straight from ``config.model`` (``mlp_dim=0``: the
+    default width; ``dtype`` by name)."""
+    m = config.model.to_dict()
+    m["mlp_dim"] = m["mlp_dim"] or None
+    m["dtype"] = jnp.dtype(m["dtype"])
+    return TransformerConfig(vocab_size=vocab_size, causal=True, **m)
 
 
 def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -105,12 +113,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     if config.seq_len > config.model.max_len:
         raise ValueError(f"lm config: seq_len={config.seq_len} exceeds model.max_len="
                          f"{config.model.max_len}")
-    graphdef, state, tx, _ = build(config, tokenizer)
+    graphdef, state, tx, mcfg = build(config, tokenizer)
+    mcfg.check_model_parallelism(config.model_parallelism)
     mesh = sharding.make_mesh(config.model_parallelism)
-    state = sharding.replicate(state, mesh)
+    state, state_sharding = sharding.shard_train_state(
+        state, PARAM_AXES, mesh, tx, rules=config.param_sharding, logical_sizes=mcfg.logical_sizes)
     batches = TextBatcher(corpus.train, config.batch_size, config.seq_len, seed=config.seed)
     result = train_loop(
-        make_train_step(graphdef, tx, lm_loss), state, batches, jax.random.key(config.seed),
+        sharding.constrain_step(make_train_step(graphdef, tx, lm_loss), state_sharding), state,
+        batches, jax.random.key(config.seed),
         LoopConfig(num_steps=config.steps, log_every=config.log_every,
                    checkpoint_every=config.checkpoint_every, progress=progress, desc=NAME),
         workdir=workdir, put_batch=lambda b: sharding.shard_batch(b, mesh),

@@ -24,6 +24,12 @@ def base() -> ml_collections.ConfigDict:
     # Model sizes of the IsoFLOP grid: (d_model, num_layers, num_heads).
     c.sizes = ((16, 2, 1), (24, 2, 2), (32, 2, 2), (48, 2, 3))
     c.reference_size = 2  # index into sizes: the size of the per-family comparison and sampling
+    # Backbone kernels (TransformerConfig fields): compute dtype (parameters and optimizer state
+    # stay float32), full-sequence attention implementation, per-block rematerialisation.
+    c.backbone = ml_collections.ConfigDict(dict(
+        dtype="float32", attention="reference", attention_block=512, remat="none"))
+    c.model_parallelism = 1  # size of the mesh's model axis (tensor parallelism)
+    c.param_sharding = "fsdp"  # "fsdp": FSDP over data + TP over model; "replicated"
     c.isoflop_families = ("ar", "mdlm", "mdlm_ce", "duo")
     c.families = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "gidd")
     c.budgets = (1e10, 2e10, 4e10)  # training FLOPs, C = 3 * F_fwd * tokens
@@ -67,6 +73,7 @@ VARIANTS = {
         "eval_windows": 2048, "eval_reps": 2, "final_eval_windows": 4096, "final_eval_reps": 4,
         "sample_steps": (16, 64, 256, 1024), "sample_batches": 1, "log_every": 100,
         "bootstrap_samples": 2000,
+        "backbone.dtype": "bfloat16", "backbone.attention": "blockwise", "backbone.remat": "minimal",
     },
 }
 
