@@ -235,7 +235,8 @@ class Checkpointer:
                 damaged.append((step, f"state unreadable ({_first_line(e)})"))
                 continue
             for bad, reason in damaged:
-                where = self._set_aside(bad)
+                # one process moves (every host of a multi-host run sees the same directory)
+                where = self._set_aside(bad) if jax.process_index() == 0 else "the side"
                 _warn(f"{self.directory}: step {bad} does not restore: {reason}; restored step "
                       f"{step} instead and moved step {bad} to {where}")
             return Restored(state, metadata, step, damaged)

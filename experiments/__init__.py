@@ -4,15 +4,17 @@ import sys
 
 if sys.argv[:1] == ["-m"]:
     # ``python -m experiments.<name>`` imports this package before the entry module, whose imports
-    # (JAX, Flax, orbax) take seconds: a Ctrl-C then would print a long import traceback. Say it in
-    # one line instead; once running, the entry point handles interrupts itself
-    # (``experiments.common.interrupted``). Other exceptions keep the default report.
-    def _one_line_interrupt(kind, value, tb, _default=sys.excepthook):
-        if issubclass(kind, KeyboardInterrupt):
-            import os
+    # (JAX, Flax, orbax) take seconds. A KeyboardInterrupt raised inside them prints a long
+    # traceback and can leave a half-initialised extension that hangs or crashes the interpreter
+    # on its way out; so until the entry point takes over (``experiments.common.app_main`` and
+    # ``experiments.main`` restore the default handler), Ctrl-C leaves at once with one line.
+    import os
+    import signal
 
-            print("interrupted during start-up; nothing was run", file=sys.stderr, flush=True)
-            os._exit(130)
-        _default(kind, value, tb)
+    def _leave_during_start_up(signum, frame):
+        del signum, frame
+        os.write(2, b"interrupted during start-up; nothing was run\n")
+        os._exit(130)
 
-    sys.excepthook = _one_line_interrupt
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _leave_during_start_up)

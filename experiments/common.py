@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import ml_collections
 
 from core import config as cfg_lib
-from core import report, sharding
+from core import report
 
 
 def experiment_dir(workdir: str, name: str) -> str:
@@ -355,11 +355,12 @@ def interrupted(name: str, error: BaseException) -> NoReturn:
     its last checkpoint; a checkpoint being saved was committed first."""
     import signal
 
-    from core.training import TrainingInterrupted
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break this line
-    message = str(error) if isinstance(error, TrainingInterrupted) else (
-        f"{name}: interrupted; rerun the same command to resume from the last checkpoint")
+    training = sys.modules.get("core.training")  # not imported: not a training interrupt
+    if training is not None and isinstance(error, training.TrainingInterrupted):
+        message = str(error)
+    else:
+        message = f"{name}: interrupted; rerun the same command to resume from the last checkpoint"
     lead = "\n" if sys.stderr.isatty() else ""  # end a live progress bar's line first
     print(f"{lead}{message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -378,10 +379,21 @@ def app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.S
     config's variants and its fields with their defaults, and exits 0. Where stdout/stderr are not
     a terminal, progress bars print plain periodic lines (:class:`PlainLines`).
     """
+    end_start_up()
     try:
         _app_main(name, run)
     except KeyboardInterrupt as e:
         interrupted(name, e)
+
+
+def end_start_up() -> None:
+    """From here on Ctrl-C raises ``KeyboardInterrupt`` again (``experiments/__init__.py`` makes
+    it leave at once while the entry module's imports run); the entry points catch it and leave
+    with :func:`interrupted`."""
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.Section]) -> None:
@@ -428,6 +440,8 @@ def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.
         except ValueError as e:
             usage_error(name, str(e))
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+        from core import sharding
+
         sharding.initialize_distributed(multihost.value)
         try:
             with lock_workdir(os.path.join(workdir, name)):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ import traceback
 from absl import app, flags, logging
 
 from core import config as cfg_lib
-from core import report, sharding
+from core import report
 from experiments import common, registry
 
 _EXPERIMENTS = flags.DEFINE_string(
@@ -241,12 +242,12 @@ def _variants_help(argv) -> str:
     names = registry.resolve(experiments)
     have: dict[str, list[str]] = {}
     for name in names:
-        for v in common.variants_of(registry.load(name)[1]):
+        for v in common.variants_of(_config_module(name)):
             have.setdefault(v, []).append(name)
     lines = ["variants (--variant=VARIANT[,field=value,...]):"]
     lines += [f"  {v}: {'every selected experiment' if len(ns) == len(names) else ', '.join(ns)}"
               for v, ns in have.items()]
-    configs = {n: registry.load(n)[1].get_config(variant) for n in names}
+    configs = {n: _config_module(n).get_config(variant) for n in names}
     shared = None
     for config in configs.values():
         leaves = {p for p in cfg_lib.field_paths(config) if p != "variant"
@@ -262,6 +263,11 @@ def _variants_help(argv) -> str:
     return "\n".join(lines)
 
 
+def _config_module(name: str):
+    """The config module of experiment ``name`` (without importing the experiment and JAX)."""
+    return importlib.import_module(f"experiments.configs.{name}")
+
+
 def _field(config, path: str):
     for part in path.split("."):
         config = config[part]
@@ -271,16 +277,18 @@ def _field(config, path: str):
 def main(argv):
     if len(argv) > 1:
         common.usage_error("main", f"unexpected arguments: {argv[1:]} (flags are --name=value)")
-    from core.checkpoint import RunDirectoryInUseError
-
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     try:
         names = registry.resolve(_EXPERIMENTS.value)
         for name in names:  # an unknown variant fails here, before anything runs
-            registry.load(name)[1].get_config(_VARIANT.value)
+            _config_module(name).get_config(_VARIANT.value)
         workdir = common.check_workdir(_WORKDIR.value, names)
     except ValueError as e:
         common.usage_error("main", str(e))
+    # JAX is imported only once the flags and the workdir are known to be good
+    from core import sharding
+    from core.checkpoint import RunDirectoryInUseError
+
     sharding.initialize_distributed(_MULTIHOST.value)
     t0 = time.perf_counter()
     if _SECTION_OUT.value:  # child of an isolated run: one experiment, section as JSON
@@ -310,6 +318,7 @@ def main(argv):
 
 
 def _entry() -> None:
+    common.end_start_up()
     common.plain_output_if_not_tty()
     try:
         app.run(main, flags_parser=common.parse_flags_or_exit("main", _variants_help))
