@@ -458,10 +458,13 @@ def load_tokenizer(path: str) -> Tokenizer:
     """The tokenizer of checkpoint directory ``path`` (``tokenizer.json``).
 
     Raises:
-      ValueError: no ``tokenizer.json`` or one the library cannot parse (naming the file).
+      ValueError: ``path`` is not a directory, has no ``tokenizer.json`` or one the library
+        cannot parse (naming the file).
     """
     from tokenizers import Tokenizer as HFTokenizer
 
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: not a checkpoint directory")
     file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(file):
         raise ValueError(f"{file}: no such file (a tokenizer.json is needed to encode prompts)")
