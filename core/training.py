@@ -6,6 +6,12 @@ The step is a pure function ``step(state, batch, key) -> (state, metrics)`` over
 ``metrics["loss"]`` must be a scalar. The per-step key is ``fold_in(key, step)``, and the batch
 iterator's position is saved with the state, so a run killed and restarted from its last checkpoint
 ends bit-identical (on CPU) to an uninterrupted one.
+
+A killed run leaves things behind, and a rerun copes with each: a damaged newest checkpoint (the
+newest step that restores cleanly is used, see ``core.checkpoint``), metrics logged after the
+restored step or a torn last log line (the log is cut back to the restored step), a second process
+on the same workdir (refused: the workdir is locked). Ctrl-C during a save is delivered once the
+save has committed.
 """
 
 from __future__ import annotations
