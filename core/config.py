@@ -4,13 +4,22 @@ Every experiment config module defines ``get_config(arg: str | None = None)`` in
 big_vision: ``arg`` names a variant (``tiny`` for a CPU in minutes, ``paper`` for an accelerator)
 optionally followed by ``,key=value`` overrides, e.g. ``tiny,steps=50``. Command-line overrides
 ``--config.<field>=...`` are applied by absl's ``config_flags`` on top of that.
+
+Each config module also declares ``RULES`` (dotted field path -> :class:`Rule`: what the field
+accepts, e.g. ``integer(lo=1)``) and optionally ``CROSS_CHECKS`` (functions raising ``ValueError``
+when valid fields do not fit together). The entry points call :func:`validate_module_config` once,
+after every override and before any work, so bad input is one line naming the field.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
-from collections.abc import Callable, Mapping
+import math
+import numbers
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -77,7 +86,9 @@ def build(
       later (the dict is locked), so a misspelt ``--config.<field>`` fails loudly.
 
     Raises:
-      ValueError: unknown variant or unknown field.
+      ValueError: unknown variant, unknown field, or a value whose type differs from the field's
+        default (``steps=abc``). Ranges and cross-field constraints are checked later, once every
+        override is in, by :func:`validate`.
     """
     name, overrides = parse_arg(arg)
     if name not in variants:
@@ -139,9 +150,213 @@ def _set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None
     current = node[leaf]
     if isinstance(current, tuple) and isinstance(value, list):
         value = tuple(value)
-    node[leaf] = value
+    try:
+        node[leaf] = value
+    except TypeError:  # ml_collections refuses a value of another type than the default's
+        raise ValueError(f"config field {key!r} = {value!r}: expected "
+                         f"{_TYPE_WORDS.get(type(current), type(current).__name__)}") from None
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "True or False",
+               tuple: "a tuple"}
 
 
 def to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """A JSON-serialisable plain dict of ``config`` (tuples become lists)."""
     return config.to_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# Field rules: what each config field accepts, declared beside the fields (``RULES`` in every
+# experiment config module) and checked once, after every override, before any work.
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What one config field accepts.
+
+    Attributes:
+      test: ``value -> bool``; an exception inside it counts as a refusal.
+      expected: the accepted values in words (``"an integer >= 1"``), used in error messages.
+    """
+
+    test: Callable[[Any], bool]
+    expected: str
+
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` passes ``test`` (an exception raised by the test is a refusal)."""
+        try:
+            return bool(self.test(value))
+        except Exception:  # noqa: BLE001 - any failure of the test means "not accepted"
+            return False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _range_text(lo, hi, lo_open: bool, hi_open: bool) -> str:
+    if lo is not None and hi is not None:
+        return f" in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f" {'>' if lo_open else '>='} {lo:g}"
+    if hi is not None:
+        return f" {'<' if hi_open else '<='} {hi:g}"
+    return ""
+
+
+def _in_range(value, lo, hi, lo_open: bool, hi_open: bool) -> bool:
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        return False
+    return not (hi is not None and (value >= hi if hi_open else value > hi))
+
+
+def integer(lo: int | None = None, hi: int | None = None) -> Rule:
+    """An ``int`` (not ``bool``) in ``[lo, hi]`` (either bound optional)."""
+    return Rule(lambda v: _is_int(v) and _in_range(v, lo, hi, False, False),
+                "an integer" + _range_text(lo, hi, False, False))
+
+
+def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+           hi_open: bool = False) -> Rule:
+    """A finite real (``int`` or ``float``, not ``bool``, not nan or inf) between ``lo`` and
+    ``hi``; ``lo_open`` / ``hi_open`` exclude the bound itself."""
+    return Rule(lambda v: _is_real(v) and _in_range(v, lo, hi, lo_open, hi_open),
+                "a finite number" + _range_text(lo, hi, lo_open, hi_open))
+
+
+def one_of(*choices: Any) -> Rule:
+    """One of ``choices`` (compared by type and value: ``1`` does not match ``True`` or ``1.0``)."""
+    if not choices:
+        raise ValueError("one_of: expected at least one choice, got none")
+    return Rule(lambda v: any(type(v) is type(c) and v == c for c in choices),
+                "one of " + ", ".join(repr(c) for c in choices))
+
+
+def boolean() -> Rule:
+    """``True`` or ``False`` (not 0 / 1)."""
+    return Rule(lambda v: isinstance(v, bool), "True or False")
+
+
+def string(nonempty: bool = False) -> Rule:
+    """A ``str``; with ``nonempty``, not empty or blank."""
+    if nonempty:
+        return Rule(lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
+    return Rule(lambda v: isinstance(v, str), "a string")
+
+
+def path_or_empty(several: bool = False) -> Rule:
+    """A file path, or ``""`` for the experiment's default data; with ``several``, a
+    comma-separated list of paths. Existence is checked by the experiment when it reads."""
+    what = "comma-separated file paths" if several else "a file path"
+    return Rule(lambda v: isinstance(v, str) and v == v.strip() and "\n" not in v,
+                f"{what} (a string without surrounding blanks) or '' for the default")
+
+
+def tuple_of(rule: Rule, min_len: int = 1, max_len: int | None = None) -> Rule:
+    """A tuple (or list) of ``min_len`` to ``max_len`` items, each accepted by ``rule``."""
+    if max_len == min_len:
+        size = f"{min_len} item{'s' if min_len != 1 else ''}"
+    elif max_len is None:
+        size = f">= {min_len} item{'s' if min_len != 1 else ''}"
+    else:
+        size = f"{min_len} to {max_len} items"
+    return Rule(lambda v: isinstance(v, tuple | list) and len(v) >= min_len
+                and (max_len is None or len(v) <= max_len) and all(rule.accepts(x) for x in v),
+                f"a tuple of {size}, each {rule.expected}")
+
+
+def any_of(*rules: Rule) -> Rule:
+    """A value that at least one of ``rules`` accepts."""
+    return Rule(lambda v: any(r.accepts(v) for r in rules),
+                " or ".join(r.expected for r in rules))
+
+
+def get_field(config: ml_collections.ConfigDict, path: str) -> Any:
+    """The value at the dotted field path ``path`` of ``config``."""
+    node = config
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
+             cross_checks: Sequence[Callable[[ml_collections.ConfigDict], None]] = ()) -> None:
+    """Checks every field of ``config`` against its rule, then the cross-field checks.
+
+    Args:
+      config: a built config (after every override).
+      rules: dotted field path -> :class:`Rule`, one for every leaf field (groups of fields such
+        as ``model`` need none; ``variant``, set by :func:`build`, must be a string).
+      cross_checks: functions ``config -> None`` that raise ``ValueError`` (naming the fields)
+        when fields that are each valid do not fit together; run only when every field passed.
+
+    Raises:
+      ValueError: one line naming every refused field, its value and what was expected
+        (``config field 'steps' = 0: expected an integer >= 1``); a leaf field with no rule or a
+        rule for a field the config does not have (the config is not the one the rules were
+        written for); or the first failing cross-field check.
+    """
+    paths = field_paths(config)
+    problems = []
+    for path in paths:
+        value = get_field(config, path)
+        if isinstance(value, ml_collections.ConfigDict):
+            continue
+        rule = rules.get(path)
+        if rule is None and path == "variant":
+            rule = string(nonempty=True)
+        if rule is None:
+            problems.append(f"config field {path!r} is not a field of this experiment's config "
+                            "(no rule for it)")
+        elif not rule.accepts(value):
+            problems.append(f"config field {path!r} = {_shown(value)}: expected {rule.expected}")
+    missing = [p for p in rules if p not in paths]
+    if missing:
+        problems.append(f"config lacks the field(s) {', '.join(map(repr, missing))} that this "
+                        "experiment needs")
+    if problems:
+        raise ValueError("; ".join(problems))
+    for check in cross_checks:
+        check(config)
+
+
+def validate_module_config(config: ml_collections.ConfigDict, module: Any,
+                           source: str | None = None, experiment: str | None = None) -> None:
+    """:func:`validate` with the ``RULES`` and ``CROSS_CHECKS`` of an experiment's config module.
+
+    Args:
+      config: the config to run, after every override.
+      module: the experiment's config module (``experiments/configs/<name>.py``), which defines
+        ``RULES`` and optionally ``CROSS_CHECKS``.
+      source: the config file the config was loaded from, if known. A file that is another
+        experiment's config module (a different ``<other>.py`` beside ``module``'s file) is
+        refused with one line naming both experiments.
+      experiment: a name to start the error message with (``"lm: config field ..."``).
+
+    Raises:
+      ValueError: see :func:`validate`; or ``source`` is another experiment's config.
+    """
+    own = os.path.splitext(os.path.basename(module.__file__))[0]
+    lead = f"{experiment}: " if experiment else ""
+    if source:
+        stem = os.path.splitext(os.path.basename(source))[0]
+        folder = os.path.dirname(os.path.abspath(module.__file__))
+        if stem != own and os.path.isfile(os.path.join(folder, stem + ".py")):
+            raise ValueError(f"{lead}config file {source!r} is the config of experiment {stem!r}, "
+                             f"not of {own!r}; expected "
+                             f"{os.path.join(os.path.dirname(source), own + '.py')!r}")
+    try:
+        validate(config, module.RULES, getattr(module, "CROSS_CHECKS", ()))
+    except ValueError as e:
+        raise ValueError(f"{lead}{e}") from None

@@ -51,5 +51,68 @@ VARIANTS = {
 }
 
 
+# What each field accepts (checked once every override is in, before any work).
+RULES = {
+    "seed": cfg_lib.integer(lo=0),
+    "corpus": cfg_lib.path_or_empty(several=True),
+    "val_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
+    "model.d_model": cfg_lib.integer(lo=1),
+    "model.num_layers": cfg_lib.integer(lo=1),
+    "model.num_heads": cfg_lib.integer(lo=1),
+    "model.num_kv_heads": cfg_lib.integer(lo=1),
+    "model.max_len": cfg_lib.integer(lo=2),
+    "model.mlp_dim": cfg_lib.integer(lo=0),  # 0 = the default width
+    "model.dtype": cfg_lib.one_of("float32", "bfloat16", "float16"),
+    "model.attention": cfg_lib.one_of("reference", "blockwise", "cudnn"),
+    "model.attention_block": cfg_lib.integer(lo=1),
+    "model.remat": cfg_lib.one_of("none", "full", "minimal", "dots"),
+    "seq_len": cfg_lib.integer(lo=2),  # next-token loss needs two positions
+    "batch_size": cfg_lib.integer(lo=1),
+    "steps": cfg_lib.integer(lo=1),
+    "learning_rate": cfg_lib.number(lo=0, lo_open=True),
+    "warmup_steps": cfg_lib.integer(lo=0),
+    "weight_decay": cfg_lib.number(lo=0),
+    "grad_clip": cfg_lib.number(lo=0, lo_open=True),
+    "log_every": cfg_lib.integer(lo=1),
+    "checkpoint_every": cfg_lib.integer(lo=1),
+    "eval_windows": cfg_lib.integer(lo=1),
+    "sample_len": cfg_lib.integer(lo=1),
+    "model_parallelism": cfg_lib.integer(lo=1),
+    "param_sharding": cfg_lib.one_of("fsdp", "replicated"),
+}
+
+
+def check_heads(config: ml_collections.ConfigDict) -> None:
+    """Grouped-query attention needs num_kv_heads to divide num_heads, and RoPE an even head
+    dimension d_model / num_heads.
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    m = config.model
+    if m.num_heads % m.num_kv_heads:
+        raise ValueError(f"config fields model.num_heads={m.num_heads} and model.num_kv_heads="
+                         f"{m.num_kv_heads}: expected num_kv_heads to divide num_heads "
+                         "(grouped-query attention)")
+    if m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2:
+        raise ValueError(f"config fields model.d_model={m.d_model} and model.num_heads="
+                         f"{m.num_heads}: expected d_model / num_heads to be an even integer "
+                         "(the head dimension, rotated in pairs by RoPE)")
+
+
+def check_seq_len(config: ml_collections.ConfigDict) -> None:
+    """RoPE is trained only on positions below ``seq_len``, and the model holds ``model.max_len``.
+
+    Raises:
+      ValueError: ``seq_len > model.max_len``.
+    """
+    if config.seq_len > config.model.max_len:
+        raise ValueError(f"config fields seq_len={config.seq_len} and model.max_len="
+                         f"{config.model.max_len}: expected seq_len <= model.max_len")
+
+
+CROSS_CHECKS = (check_heads, check_seq_len)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)
