@@ -55,12 +55,18 @@ def parse_arg(arg: str | None, default_variant: str = "tiny") -> tuple[str, dict
 
 
 def _split_top_level(text: str) -> list[str]:
-    """Splits on commas outside brackets, so ``"tiny,ns=(2, 4),b=1"`` keeps the tuple whole."""
-    parts, depth, current = [], 0, []
+    """Splits on commas outside brackets and quotes, so ``"tiny,ns=(2, 4),b=1"`` keeps the tuple
+    whole and ``"tiny,lm_config='smoke,steps=2'"`` the string."""
+    parts, depth, current, quote = [], 0, [], ""
     for ch in text:
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if ch == "," and depth == 0:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        else:
+            depth += ch in "([{"
+            depth -= ch in ")]}"
+        if ch == "," and depth == 0 and not quote:
             parts.append("".join(current))
             current = []
         else:
@@ -185,10 +191,19 @@ class Rule:
 
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` passes ``test`` (an exception raised by the test is a refusal)."""
+        return self.refusal(value) is None
+
+    def refusal(self, value: Any) -> str | None:
+        """``None`` if ``value`` passes, else what was expected (with the first line of a
+        ``ValueError`` raised by the test, which says why, e.g. for :func:`variant_of`)."""
         try:
-            return bool(self.test(value))
-        except Exception:  # noqa: BLE001 - any failure of the test means "not accepted"
-            return False
+            ok = bool(self.test(value))
+        except ValueError as e:
+            reason = (str(e).strip().splitlines() or [""])[0]
+            return f"{self.expected} ({reason})" if reason else self.expected
+        except Exception:  # noqa: BLE001 - any other failure of the test means "not accepted"
+            ok = False
+        return None if ok else self.expected
 
 
 def _is_int(value: Any) -> bool:
@@ -319,8 +334,8 @@ def validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
         if rule is None:
             problems.append(f"config field {path!r} is not a field of this experiment's config "
                             "(no rule for it)")
-        elif not rule.accepts(value):
-            problems.append(f"config field {path!r} = {_shown(value)}: expected {rule.expected}")
+        elif (expected := rule.refusal(value)) is not None:
+            problems.append(f"config field {path!r} = {_shown(value)}: expected {expected}")
     missing = [p for p in rules if p not in paths]
     if missing:
         problems.append(f"config lacks the field(s) {', '.join(map(repr, missing))} that this "
@@ -360,3 +375,21 @@ def validate_module_config(config: ml_collections.ConfigDict, module: Any,
         validate(config, module.RULES, getattr(module, "CROSS_CHECKS", ()))
     except ValueError as e:
         raise ValueError(f"{lead}{e}") from None
+
+
+def variant_of(module: Any) -> Rule:
+    """``""`` (the default variant) or an argument of ``module.get_config`` (``"smoke"``,
+    ``"tiny,steps=10"``) whose config passes ``module``'s ``RULES`` and ``CROSS_CHECKS``: for a
+    field naming the config of another experiment whose output this one reads."""
+    name = module.__name__.rsplit(".", 1)[-1]
+    variants = ", ".join(repr(v) for v in getattr(module, "VARIANTS", VARIANTS))
+
+    def test(value: Any) -> bool:
+        if not isinstance(value, str):
+            return False
+        if value:
+            validate(module.get_config(value), module.RULES, getattr(module, "CROSS_CHECKS", ()))
+        return True
+
+    return Rule(test, f"'' or a valid variant of the {name} config ({variants}, optionally "
+                      "followed by ,field=value overrides)")

@@ -78,5 +78,88 @@ VARIANTS = {
 }
 
 
+FAMILIES = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "gidd")  # algorithms.diffusion_lm.FAMILIES
+
+# What each field accepts (checked once every override is in, before any work).
+RULES = {
+    "seed": cfg_lib.integer(lo=0),
+    "corpus": cfg_lib.path_or_empty(several=True),
+    "val_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
+    "seq_len": cfg_lib.integer(lo=2),
+    "batch_size": cfg_lib.integer(lo=1),
+    # (d_model, num_layers, num_heads); the IsoFLOP fit needs >= 3 sizes
+    "sizes": cfg_lib.tuple_of(cfg_lib.tuple_of(cfg_lib.integer(lo=1), 3, 3), min_len=3),
+    "reference_size": cfg_lib.integer(lo=0),
+    "backbone.dtype": cfg_lib.one_of("float32", "bfloat16", "float16"),
+    "backbone.attention": cfg_lib.one_of("reference", "blockwise", "cudnn"),
+    "backbone.attention_block": cfg_lib.integer(lo=1),
+    "backbone.remat": cfg_lib.one_of("none", "full", "minimal", "dots"),
+    "model_parallelism": cfg_lib.integer(lo=1),
+    "param_sharding": cfg_lib.one_of("fsdp", "replicated"),
+    "isoflop_families": cfg_lib.tuple_of(cfg_lib.one_of(*FAMILIES)),
+    "families": cfg_lib.tuple_of(cfg_lib.one_of(*FAMILIES)),
+    "budgets": cfg_lib.tuple_of(cfg_lib.number(lo=0, lo_open=True), min_len=2),
+    "learning_rate": cfg_lib.number(lo=0, lo_open=True),
+    "warmup_steps": cfg_lib.integer(lo=0),
+    "weight_decay": cfg_lib.number(lo=0),
+    "grad_clip": cfg_lib.number(lo=0, lo_open=True),
+    "ema_decay": cfg_lib.number(lo=0, hi=1, hi_open=True),  # 0 disables the EMA
+    "eps": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
+    "alpha0": cfg_lib.number(lo=0, hi=1, lo_open=True),
+    "p_uniform": cfg_lib.number(lo=0, hi=1, hi_open=True),
+    "gidd_max_weight": cfg_lib.number(lo=0, lo_open=True),
+    "eval_windows": cfg_lib.integer(lo=1),
+    "eval_reps": cfg_lib.integer(lo=1),
+    "final_eval_windows": cfg_lib.integer(lo=1),
+    "final_eval_reps": cfg_lib.integer(lo=1),
+    "sample_steps": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
+    "sample_batches": cfg_lib.integer(lo=1),
+    "log_every": cfg_lib.integer(lo=1),
+    "bootstrap_samples": cfg_lib.integer(lo=1),
+}
+
+
+def check_sizes(config: ml_collections.ConfigDict) -> None:
+    """``reference_size`` indexes ``sizes``; every size has an even head dimension
+    d_model / num_heads (RoPE rotates pairs).
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    if config.reference_size >= len(config.sizes):
+        raise ValueError(f"config fields reference_size={config.reference_size} and sizes (len "
+                         f"{len(config.sizes)}): expected reference_size < len(sizes)")
+    for i, (d, _, h) in enumerate(config.sizes):
+        if d % h or (d // h) % 2:
+            raise ValueError(f"config field sizes[{i}] = {(d, _, h)}: expected d_model / num_heads "
+                             "to be an even integer (the head dimension, rotated in pairs by RoPE)")
+
+
+def check_windows(config: ml_collections.ConfigDict) -> None:
+    """Evaluation runs whole batches: both window counts must be multiples of ``batch_size``.
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    for field in ("eval_windows", "final_eval_windows"):
+        if config[field] % config.batch_size:
+            raise ValueError(f"config fields {field}={config[field]} and batch_size="
+                             f"{config.batch_size}: expected {field} to be a multiple of batch_size")
+
+
+def check_families(config: ml_collections.ConfigDict) -> None:
+    """The AR model scores the samples of the other families, so ``families`` includes it.
+
+    Raises:
+      ValueError: ``"ar"`` not in ``families``.
+    """
+    if "ar" not in config.families:
+        raise ValueError(f"config field families = {config.families!r}: expected it to include "
+                         "'ar' (the AR model scores the samples)")
+
+
+CROSS_CHECKS = (check_sizes, check_windows, check_families)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)

@@ -4,9 +4,12 @@
     python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:paper --workdir=workdir
 """
 
+import math
+
 import ml_collections
 
 from core import config as cfg_lib
+from experiments.configs import lm as lm_config
 
 
 def base() -> ml_collections.ConfigDict:
@@ -49,6 +52,97 @@ VARIANTS = {
               "timing_reps": 10, "bandwidth_mb": 1024, "real_context": 65536,
               "real_queries": 32, "needle_context": 131072, "needle_trials": 16},
 }
+
+
+# What each field accepts (checked once every override is in, before any work).
+RULES = {
+    "seed": cfg_lib.integer(lo=0),
+    "contexts": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
+    "batch_sizes": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
+    "num_heads": cfg_lib.integer(lo=1),
+    "num_kv_heads": cfg_lib.integer(lo=1),
+    "head_dim": cfg_lib.integer(lo=16),  # a multiple of 16 (2-bit codes packed in int32 words)
+    "page_size": cfg_lib.integer(lo=1),
+    "delta": cfg_lib.number(lo=0),
+    "max_density": cfg_lib.number(lo=0, hi=1, lo_open=True),
+    "timing_reps": cfg_lib.integer(lo=1),
+    "bandwidth_mb": cfg_lib.integer(lo=1),
+    "real_context": cfg_lib.integer(lo=1),
+    "real_page_size": cfg_lib.integer(lo=1),
+    "real_queries": cfg_lib.integer(lo=1),
+    "needle_context": cfg_lib.integer(lo=1),
+    "needles": cfg_lib.integer(lo=1),
+    "needle_trials": cfg_lib.integer(lo=1),
+    "greedy_prompt": cfg_lib.integer(lo=1),
+    "greedy_new": cfg_lib.integer(lo=1),
+    "greedy_page_size": cfg_lib.integer(lo=1),
+    "lm_config": cfg_lib.variant_of(lm_config),
+}
+
+
+def check_layout(config: ml_collections.ConfigDict) -> None:
+    """Grouped heads, 16 | head_dim, and whole pages (at least two) in every synthetic context.
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    if config.num_heads % config.num_kv_heads:
+        raise ValueError(f"config fields num_heads={config.num_heads} and num_kv_heads="
+                         f"{config.num_kv_heads}: expected num_kv_heads to divide num_heads")
+    if config.head_dim % 16:
+        raise ValueError(f"config field head_dim = {config.head_dim}: expected a multiple of 16 "
+                         "(2-bit key codes are packed 16 to a 32-bit word)")
+    for field, values in (("contexts", config.contexts), ("needle_context", (config.needle_context,))):
+        for s in values:
+            if s % config.page_size or s < 2 * config.page_size:
+                raise ValueError(f"config fields {field} ({s}) and page_size={config.page_size}: "
+                                 "expected each context to be a multiple of page_size, of at "
+                                 "least two pages")
+
+
+def check_max_density(config: ml_collections.ConfigDict) -> None:
+    """The XLA path attends ``ceil(max_density * pages)`` pages, and at least 2; the report states
+    ``max_density`` as a whole percentage. Both must describe what runs: the page count may not be
+    raised to 2 behind the report's back, nor the percentage read 0%.
+
+    Raises:
+      ValueError: naming max_density, the context and its page count.
+    """
+    if round(100 * config.max_density) < 1:
+        raise ValueError(f"config field max_density = {config.max_density!r}: expected >= 0.005 "
+                         "(the report states it as a whole percentage, which would read 0%)")
+    for s in config.contexts:
+        pages = s // config.page_size
+        budget = math.ceil(config.max_density * pages)
+        if budget < 2:
+            raise ValueError(
+                f"config fields max_density={config.max_density!r}, contexts ({s}) and page_size="
+                f"{config.page_size}: {config.max_density!r} of {pages} pages is {budget} page(s), "
+                f"fewer than the 2 that the XLA path attends; expected max_density >= "
+                f"{2 / pages:.3g} or a longer context")
+
+
+def check_lm(config: ml_collections.ConfigDict) -> None:
+    """The captured and decoded model is the lm of ``lm_config``: its ``model.max_len`` holds the
+    greedy prompt and continuation, is a whole number of greedy pages and real-data pages, and fits
+    at least once in ``real_context``.
+
+    Raises:
+      ValueError: naming the fields and the lm's max_len.
+    """
+    w = lm_config.get_config(config.lm_config or "tiny").model.max_len
+    where = f"the lm's model.max_len={w} (lm_config={config.lm_config!r})"
+    if config.greedy_prompt + config.greedy_new > w:
+        raise ValueError(f"config fields greedy_prompt={config.greedy_prompt} and greedy_new="
+                         f"{config.greedy_new}: expected a sum <= {where}")
+    for field in ("greedy_page_size", "real_page_size"):
+        if w % config[field]:
+            raise ValueError(f"config field {field} = {config[field]}: expected a divisor of {where}")
+    if config.real_context < w:
+        raise ValueError(f"config field real_context = {config.real_context}: expected >= {where}")
+
+
+CROSS_CHECKS = (check_layout, check_max_density, check_lm)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
