@@ -9,6 +9,7 @@ The ``lm`` experiment's checkpoint in ``<workdir>/lm`` is used (trained first if
 import ml_collections
 
 from core import config as cfg_lib
+from experiments.configs import lm as lm_config
 
 
 def base() -> ml_collections.ConfigDict:
@@ -53,6 +54,101 @@ VARIANTS = {
     "paper": {"windows": 64, "context": 1024, "prompt_len": 768, "chunk": 256, "num_centroids": 16,
               "kmeans_iters": 20, "synth_tokens": 65536, "synth_heads": 8, "lm_config": "paper"},
 }
+
+
+_ODD = cfg_lib.Rule(lambda v: cfg_lib.integer(lo=1).accepts(v) and v % 2 == 1,
+                    "a positive odd integer")
+
+# What each field accepts (checked once every override is in, before any work).
+RULES = {
+    "seed": cfg_lib.integer(lo=0),
+    "windows": cfg_lib.integer(lo=1),
+    "context": cfg_lib.integer(lo=2),
+    "prompt_len": cfg_lib.integer(lo=1),
+    "bits": cfg_lib.one_of(2, 4, 8),
+    "chunk": cfg_lib.integer(lo=1),
+    "num_centroids": cfg_lib.integer(lo=1, hi=256),
+    "kmeans_iters": cfg_lib.integer(lo=0),
+    "qvg_block": cfg_lib.integer(lo=1),
+    "qvg_pro_block": cfg_lib.integer(lo=1),
+    "qvg_pro_stages": cfg_lib.integer(lo=0),
+    "kivi_group": cfg_lib.integer(lo=1),
+    "kivi_block": cfg_lib.integer(lo=1),
+    "budget_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True),
+    "entrokv_window": cfg_lib.integer(lo=1),
+    "entrokv_alpha": cfg_lib.number(lo=0, hi=1),
+    "entrokv_prior": cfg_lib.number(lo=0, hi=1),
+    "entrokv_pool": _ODD,
+    "synth_tokens": cfg_lib.integer(lo=1),
+    "synth_head_dim": cfg_lib.integer(lo=1),
+    "synth_heads": cfg_lib.integer(lo=1),
+    "synth_centroids": cfg_lib.integer(lo=1, hi=256),
+    "synth_clusters": cfg_lib.integer(lo=1),
+    "synth_outlier_channels": cfg_lib.integer(lo=0),
+    "synth_queries": cfg_lib.integer(lo=1),
+    "lm_config": cfg_lib.variant_of(lm_config),
+}
+
+
+def _blocks_divide(head_dim: int, blocks: dict[str, int], where: str) -> None:
+    for field, block in blocks.items():
+        if head_dim % min(block, head_dim):
+            raise ValueError(f"config field {field} = {block}: expected a divisor of {where} "
+                             f"(blocks larger than it are clamped to it)")
+
+
+def check_lm_shapes(config: ml_collections.ConfigDict) -> None:
+    """On the lm of ``lm_config``: the prompt leaves tokens to decode within its ``max_len``, the
+    quantizers' blocks divide its head dimension, and codes of ``bits`` pack into bytes; KIVI's
+    full-precision residual (``chunk`` tokens) is whole groups and QVG's chunk holds its
+    centroids.
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    lm = lm_config.get_config(config.lm_config or "tiny").model
+    d, seq = lm.d_model // lm.num_heads, min(config.context, lm.max_len)
+    if config.prompt_len >= seq:
+        raise ValueError(f"config field prompt_len = {config.prompt_len}: expected < {seq}, the "
+                         f"decoded window (min of context={config.context} and the lm's "
+                         f"model.max_len={lm.max_len})")
+    where = f"the lm's head dimension {d} (lm_config={config.lm_config!r})"
+    _blocks_divide(d, {"qvg_block": config.qvg_block, "qvg_pro_block": config.qvg_pro_block,
+                       "kivi_block": config.kivi_block}, where)
+    if d % (8 // config.bits):
+        raise ValueError(f"config field bits = {config.bits}: {where} is not a multiple of "
+                         f"{8 // config.bits}, so {config.bits}-bit codes do not pack into bytes")
+    if config.chunk % config.kivi_group:
+        raise ValueError(f"config fields chunk={config.chunk} and kivi_group={config.kivi_group}: "
+                         "expected chunk (KIVI's full-precision residual) to be a multiple of "
+                         "kivi_group")
+    if config.num_centroids > config.chunk:
+        raise ValueError(f"config fields num_centroids={config.num_centroids} and chunk="
+                         f"{config.chunk}: expected num_centroids <= chunk")
+
+
+def check_synthetic(config: ml_collections.ConfigDict) -> None:
+    """The synthetic keys: the paper's blocks (QVG 64 clamped, QVG-Pro 16, KIVI 32) divide
+    ``synth_head_dim``; one chunk of ``synth_tokens`` holds the centroids and whole KIVI groups of
+    32; the outlier channels are channels.
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    d, n = config.synth_head_dim, config.synth_tokens
+    if d % 32 or d % (8 // config.bits):
+        raise ValueError(f"config field synth_head_dim = {d}: expected a multiple of 32 (KIVI's "
+                         "and QVG-Pro's blocks of 32 and 16 channels)")
+    if n % 32 or config.synth_centroids > n:
+        raise ValueError(f"config fields synth_tokens={n} and synth_centroids="
+                         f"{config.synth_centroids}: expected synth_tokens to be a multiple of 32 "
+                         "(KIVI groups) and >= synth_centroids")
+    if config.synth_outlier_channels > d:
+        raise ValueError(f"config fields synth_outlier_channels={config.synth_outlier_channels} "
+                         f"and synth_head_dim={d}: expected synth_outlier_channels <= synth_head_dim")
+
+
+CROSS_CHECKS = (check_lm_shapes, check_synthetic)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -85,5 +85,104 @@ VARIANTS = {
 }
 
 
+_POSITIVE = cfg_lib.number(lo=0, lo_open=True)
+_FRACTION = cfg_lib.number(lo=0, hi=1)
+_TARGET = cfg_lib.number(lo=0, hi=1, lo_open=True)
+
+# What each field accepts (checked once every override is in, before any work).
+RULES = {
+    "seed": cfg_lib.integer(lo=0),
+    "easy.terms": cfg_lib.integer(lo=2),
+    "easy.digits": cfg_lib.integer(lo=1),
+    "hard.terms": cfg_lib.integer(lo=2),
+    "hard.digits": cfg_lib.integer(lo=1),
+    "num_train": cfg_lib.integer(lo=1),
+    "num_heldout": cfg_lib.integer(lo=1),
+    "model.d_model": cfg_lib.integer(lo=1),
+    "model.num_layers": cfg_lib.integer(lo=1),
+    "model.num_heads": cfg_lib.integer(lo=1),
+    "model.mlp_dim": cfg_lib.integer(lo=1),
+    "warmup.batch_size": cfg_lib.integer(lo=1),
+    "warmup.learning_rate": _POSITIVE,
+    "warmup.warmup_steps": cfg_lib.integer(lo=0),
+    "warmup.hard_fraction": _FRACTION,
+    "warmup.easy_target": _TARGET,
+    "warmup.hard_target": _TARGET,
+    "warmup.check_every": cfg_lib.integer(lo=1),
+    "warmup.probe_problems": cfg_lib.integer(lo=1),
+    "warmup.max_easy_steps": cfg_lib.integer(lo=1),
+    "warmup.max_steps": cfg_lib.integer(lo=2),
+    "advantage": cfg_lib.one_of("grpo", "drgrpo"),
+    "aggregation": cfg_lib.one_of("seq_mean", "token_mean", "constant"),
+    "clip_eps": _POSITIVE,
+    "clip_eps_high": _POSITIVE,
+    "kl_beta": cfg_lib.number(lo=0),
+    "inner_steps": cfg_lib.integer(lo=1),
+    "learning_rate": _POSITIVE,
+    "grad_clip": _POSITIVE,
+    "temperature": _POSITIVE,
+    "hard_fraction_rl": _FRACTION,
+    "smallest_budget": cfg_lib.integer(lo=1),
+    "num_budgets": cfg_lib.integer(lo=3),  # the n*(C) fit needs >= 3 budgets
+    "ns": cfg_lib.tuple_of(cfg_lib.integer(lo=1), min_len=3),  # the parabola for n* needs 3
+    "problems_per_batch": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
+    "num_seeds": cfg_lib.integer(lo=2),  # intervals need >= 2
+    "pass_k": cfg_lib.integer(lo=1),
+    "cosine_problems": cfg_lib.integer(lo=0),  # 0 = skip
+    "sampled_eval": cfg_lib.integer(lo=0),  # 0 = skip
+    "num_boot": cfg_lib.integer(lo=1),
+}
+
+
+def check_model(config: ml_collections.ConfigDict) -> None:
+    """The policy's head dimension d_model / num_heads is an even integer (RoPE rotates pairs).
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    m = config.model
+    if m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2:
+        raise ValueError(f"config fields model.d_model={m.d_model} and model.num_heads="
+                         f"{m.num_heads}: expected d_model / num_heads to be an even integer")
+
+
+def check_warm_start(config: ml_collections.ConfigDict) -> None:
+    """The first warm-start stage ends before the cap on both, and the probe draws training
+    problems.
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    w = config.warmup
+    if w.max_easy_steps >= w.max_steps:
+        raise ValueError(f"config fields warmup.max_easy_steps={w.max_easy_steps} and "
+                         f"warmup.max_steps={w.max_steps}: expected max_easy_steps < max_steps")
+    if w.probe_problems > config.num_train:
+        raise ValueError(f"config fields warmup.probe_problems={w.probe_problems} and num_train="
+                         f"{config.num_train}: expected probe_problems <= num_train")
+
+
+def check_sweep(config: ml_collections.ConfigDict) -> None:
+    """GRPO's group normalisation needs n >= 2; a batch of n x B_p rollouts draws distinct
+    training problems; the unbiased pass@k needs k <= the samples per problem.
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    if config.advantage == "grpo" and min(config.ns) < 2:
+        raise ValueError(f"config fields ns={config.ns} and advantage='grpo': expected every n "
+                         ">= 2 (group-normalised advantages)")
+    worst = max(config.ns) * max(config.problems_per_batch)
+    if worst > config.num_train:
+        raise ValueError(f"config fields ns, problems_per_batch and num_train={config.num_train}: "
+                         f"expected n * B_p <= num_train, got up to {worst}")
+    if config.sampled_eval and config.pass_k > config.sampled_eval:
+        raise ValueError(f"config fields pass_k={config.pass_k} and sampled_eval="
+                         f"{config.sampled_eval}: expected pass_k <= sampled_eval (k <= n)")
+
+
+CROSS_CHECKS = (check_model, check_warm_start, check_sweep)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)
