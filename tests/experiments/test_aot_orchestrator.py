@@ -1,0 +1,234 @@
+"""The pod compile orchestrator without libtpu: roofline arithmetic, topology names, the table.
+
+The compiles themselves run in ``make aot`` (.venv-aot); here a tiny step is compiled for the CPU
+in place of a pod so that the whole write path runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from core import aot, aot_steps
+from experiments import aot as orchestrator
+
+
+def test_roofline_compute_bound_hand_computed():
+    # v5e: 197 TFLOP/s and 819 GB/s. 197e12 FLOPs -> 1 s; 409.5e9 bytes -> 0.5 s. The pod's useful
+    # FLOPs are half of what 16 chips could do in 1 s -> MFU 0.5.
+    r = aot_steps.roofline("tpu-v5e", flops_per_chip=197e12, bytes_per_chip=409.5e9,
+                           model_flops=0.5 * 197e12 * 16, num_chips=16)
+    assert r.compute_seconds == pytest.approx(1.0, rel=1e-12)
+    assert r.memory_seconds == pytest.approx(0.5, rel=1e-12)
+    assert r.step_seconds == pytest.approx(1.0, rel=1e-12)
+    assert r.bound == "compute"
+    assert r.mfu == pytest.approx(0.5, rel=1e-12)
+
+
+def test_roofline_memory_bound_hand_computed():
+    # H200: 4.8 TB/s; 9.6e12 bytes -> 2 s against 989e12 FLOPs -> 1 s. 8 chips, model FLOPs
+    # 8 * 989e12 -> MFU = 8 * 989e12 / (2 * 989e12 * 8) = 0.5.
+    r = aot_steps.roofline("h200", flops_per_chip=989e12, bytes_per_chip=9.6e12,
+                           model_flops=8 * 989e12, num_chips=8)
+    assert (r.step_seconds, r.bound) == (pytest.approx(2.0, rel=1e-12), "memory")
+    assert r.mfu == pytest.approx(0.5, rel=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"chip": "tpu-v4"}, "unknown chip 'tpu-v4'"),
+    ({"flops_per_chip": -1.0}, "flops_per_chip=-1.0"),
+    ({"bytes_per_chip": float("nan")}, "bytes_per_chip=nan"),
+    ({"num_chips": 0}, "num_chips=0"),
+    ({"flops_per_chip": 0.0, "bytes_per_chip": 0.0}, "both 0"),
+])
+def test_roofline_rejects_bad_input(kwargs, match):
+    args = {"chip": "tpu-v6e", "flops_per_chip": 1e12, "bytes_per_chip": 1e9,
+            "model_flops": 1e12, "num_chips": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        aot_steps.roofline(args.pop("chip"), **args)
+
+
+def test_chip_table_matches_published_peaks():
+    c = aot_steps.CHIPS
+    assert (c["tpu-v5e"].peak_flops, c["tpu-v5e"].hbm_bandwidth) == (197e12, 819e9)
+    assert (c["tpu-v6e"].peak_flops, c["tpu-v6e"].hbm_bandwidth) == (918e12, 1640e9)
+    assert (c["h100"].peak_flops, c["h100"].hbm_bandwidth) == (989e12, 3.35e12)
+    assert (c["h200"].peak_flops, c["h200"].hbm_bandwidth) == (989e12, 4.8e12)
+    assert [c[k].hbm_bytes / 2 ** 30 for k in ("tpu-v5e", "tpu-v6e", "h100", "h200")] == [
+        16, 32, 80, 141]
+    # every pod's chip is a core.aot target (same device description)
+    assert {t.chip for t in aot_steps.POD_TOPOLOGIES.values()} <= set(aot.TARGETS)
+
+
+@pytest.mark.parametrize("name", ["v5e:3x3", "tpu-v5e", "h100:1x1x8", "", "V5E:4x4"])
+def test_unknown_topology_lists_valid_names(name):
+    with pytest.raises(ValueError, match=r"unknown pod topology .*expected one of .*'v5e:4x4'"):
+        aot_steps.pod_topology(name)
+    with pytest.raises(ValueError, match="unknown pod topology"):
+        aot_steps.pod_devices(name)
+
+
+def test_topology_sizes():
+    assert aot_steps.pod_topology("v5e:16x16").num_devices == 256
+    assert aot_steps.pod_topology("h100:1x2x8").num_devices == 16
+    assert aot_steps.pod_topology("h200:1x8x8").num_devices == 64
+
+
+@pytest.mark.skipif(aot.extras_available("tpu-v5e"), reason="libtpu is installed here")
+def test_missing_libtpu_is_one_line_naming_the_install():
+    with pytest.raises(aot.CompileExtrasMissing) as e:
+        aot_steps.pod_devices("v6e:4x4")
+    msg = str(e.value)
+    assert "\n" not in msg and "pip install" in msg and "jax[tpu]" in msg and "v6e:4x4" in msg
+
+
+def test_compile_step_reports_cpu_bytes_and_flops():
+    n = 64
+    sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    x = jax.ShapeDtypeStruct((n, n), jnp.float32, sharding=sh)
+    r = aot_steps.compile_step(lambda a, b: a @ b, (x, x))
+    assert r.memory["argument"] == 2 * n * n * 4
+    assert r.memory["output"] == n * n * 4
+    assert r.flops == pytest.approx(2 * n ** 3, rel=1e-6)
+    assert r.needed_bytes >= 3 * n * n * 4
+
+
+def test_compile_step_rejects_leaves_without_sharding():
+    with pytest.raises(ValueError, match="argument 0 has a leaf of shape \\(2,\\) without a sharding"):
+        aot_steps.compile_step(lambda a: a, (jax.ShapeDtypeStruct((2,), jnp.float32),))
+    with pytest.raises(ValueError, match="args must be a tuple"):
+        aot_steps.compile_step(lambda a: a, [1])
+
+
+def _row(step, topo, need_gib, **extra):
+    g = 2 ** 30
+    usable = aot_steps.CHIPS[aot_steps.pod_topology(topo).chip].usable_bytes
+    mem = {"argument": int(need_gib * g), "output": 0, "alias": 0, "temp": 0, "generated_code": 0,
+           "peak": 0}
+    return {"step": step, "topology": topo, "status": "ok", "memory": mem,
+            "needed_bytes": int(need_gib * g), "usable_bytes": usable, "flops": None,
+            "bytes_accessed": None, "seconds": 3.0, "shape": "B 2", **extra}
+
+
+def test_fit_cells():
+    # v5e usable = 0.95 * 16 GiB = 15.2 GiB
+    assert orchestrator.fit_cell(_row("s", "v5e:4x4", 6.0)) == "fits 6.0/15.2 GiB"
+    over = orchestrator.fit_cell(_row("s", "v5e:4x4", 20.0))
+    assert "over by 4.80 GiB" in over and "20.0/15.2" in over
+    assert orchestrator.fit_cell(None) == "not run"
+    assert orchestrator.fit_cell({"status": "error", "reason": "x"}) == "error"
+
+
+def test_needed_bytes_counts_aliased_outputs_once():
+    r = aot_steps.StepCompile({"argument": 100, "output": 60, "alias": 50, "temp": 7,
+                               "generated_code": 3, "peak": 0}, None, None, 0.0)
+    assert r.needed_bytes == 100 + 60 - 50 + 7 + 3
+
+
+def test_render_table_failures_and_missing():
+    rows = [_row("a", "v5e:4x4", 1.0), _row("a", "h100:1x2x8", 100.0),
+            {"step": "b", "topology": "v5e:4x4", "status": "error", "seconds": 1.0,
+             "reason": "XlaRuntimeError: RESOURCE_EXHAUSTED | too big"}]
+    text = orchestrator.render(rows, ["a", "b"], ["v5e:4x4", "h100:1x2x8"], "notes")
+    lines = text.splitlines()
+    assert "| step | v5e:4x4 | h100:1x2x8 |" in lines
+    assert "| a | fits 1.0/15.2 GiB | **over by 40.00 GiB** (100.0/60.0 GiB) |" in lines
+    assert "| b | error | not run |" in lines
+    assert "| b | v5e:4x4 | XlaRuntimeError: RESOURCE_EXHAUSTED / too big |" in lines
+    assert "- b on h100:1x2x8" in lines
+
+
+def test_one_line():
+    e = RuntimeError("\n  first line\nsecond line")
+    assert orchestrator.one_line(e) == "RuntimeError: first line"
+    assert len(orchestrator.one_line(ValueError("x" * 1000), limit=50)) == 50
+
+
+def test_parse_list():
+    assert orchestrator.parse_list("v5e:4x4, h100:1x2x8", aot_steps.topology_names(),
+                                   "topologies") == ["v5e:4x4", "h100:1x2x8"]
+    with pytest.raises(ValueError, match=r"--topologies: \['v7:2x2'\] not in"):
+        orchestrator.parse_list("v5e:4x4,v7:2x2", aot_steps.topology_names(), "topologies")
+
+
+def test_run_writes_table_atomically_and_keeps_failures(tmp_path, monkeypatch):
+    """A tiny step compiled for the CPU standing in for a v5e pod, and a step whose build fails:
+    both end up in the table; the JSON store is merged on the next run."""
+    mesh_devices = tuple(jax.devices()[:1])
+    monkeypatch.setattr(aot_steps, "pod_devices", lambda name: mesh_devices)
+    n = 128
+
+    def tiny(devices):
+        sh = jax.sharding.NamedSharding(jax.sharding.Mesh(np.asarray(devices), ("data",)),
+                                        jax.sharding.PartitionSpec())
+        x = jax.ShapeDtypeStruct((n, n), jnp.float32, sharding=sh)
+        return orchestrator.StepSpec(lambda a, b: a @ b, (x, x), (), 2.0 * n ** 3, n * n, "tiny")
+
+    def broken(devices):
+        raise ValueError("paper config: seq_len=7\nmore detail")
+
+    monkeypatch.setattr(orchestrator, "STEPS", {"t/tiny": (tiny, ""), "t/broken": (broken, "")})
+    out = str(tmp_path / "AOT.md")
+    rows = orchestrator.run(out, ["t/tiny", "t/broken"], ["v5e:4x4"], log=lambda s: None)
+    ok, bad = rows
+    assert ok["status"] == "ok" and bad["status"] == "error"
+    assert bad["reason"] == "ValueError: paper config: seq_len=7"
+    # roofline on the hand-checkable CPU numbers: the matmul's 2 n^3 FLOPs, v5e peaks
+    assert ok["flops"] == pytest.approx(2 * n ** 3, rel=1e-6)
+    rf = ok["roofline"]
+    expect = max(2 * n ** 3 / 197e12, ok["bytes_accessed"] / 819e9)
+    assert rf["step_seconds"] == pytest.approx(expect, rel=1e-12)
+    assert rf["mfu"] == pytest.approx(2 * n ** 3 / (expect * 197e12 * 16), rel=1e-12)
+    text = open(out).read()
+    assert "| t/tiny | fits 0.00/15.2 GiB | " not in text  # one decimal in the cell
+    assert "| t/tiny | fits 0.0/15.2 GiB |" in text
+    assert "| t/broken | v5e:4x4 | ValueError: paper config: seq_len=7 |" in text
+    assert sorted(os.listdir(tmp_path)) == ["AOT.md", "AOT.md.json"]  # no temp file left
+    # a second run for another topology keeps the first run's rows
+    rows2 = orchestrator.run(out, ["t/tiny"], ["v6e:4x4"], log=lambda s: None)
+    assert {(r["step"], r["topology"]) for r in rows2} == {
+        ("t/tiny", "v5e:4x4"), ("t/broken", "v5e:4x4"), ("t/tiny", "v6e:4x4")}
+    assert len(json.load(open(out + ".json"))) == 3
+    assert "- t/broken on v6e:4x4" in open(out).read()
+
+
+def test_damaged_store_is_a_clear_error(tmp_path):
+    p = tmp_path / "AOT.md.json"
+    p.write_text("{not json")
+    with pytest.raises(ValueError, match="AOT.md.json: not a JSON list"):
+        orchestrator.load_rows(str(p))
+
+
+def test_registered_steps_build_from_paper_configs():
+    """Every registered step builds its abstract arguments on the local devices (nothing
+    allocated, no compile) and its model FLOPs are 3 x forward FLOPs x tokens."""
+    from core.data import ByteTokenizer
+    from experiments import lm
+    from experiments.configs import lm as lm_config
+    from models.transformer import forward_flops_per_token
+
+    spec = orchestrator.STEPS["lm/train"][0](jax.devices()[:1])
+    c = lm_config.get_config("paper")
+    v = ByteTokenizer().vocab_size
+    mcfg = lm.model_config(c, v)
+    assert spec.model_flops == pytest.approx(
+        3 * forward_flops_per_token(mcfg, c.seq_len) * c.batch_size * c.seq_len, rel=1e-12)
+    # 6 N T lower bound: the analytic count adds attention on top of 2 N per token (N less the
+    # embedding table, which a lookup does not multiply)
+    assert spec.model_flops > 6 * (spec.params - v * c.model.d_model) * c.batch_size * c.seq_len
+    for leaf in jax.tree.leaves(spec.args):
+        assert isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is not None
+
+
+@pytest.mark.parametrize("name", [s for s in orchestrator.STEPS if s != "lm/train"])
+def test_every_registered_step_builds(name):
+    spec = orchestrator.STEPS[name][0](jax.devices()[:1])
+    assert spec.params > 0 and spec.model_flops > 0
+    assert spec.donate_argnums == (0,)
+    for leaf in jax.tree.leaves(spec.args):
+        assert isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is not None
