@@ -67,5 +67,41 @@ VARIANTS = {
 }
 
 
+_POSITIVE = cfg_lib.number(lo=0, lo_open=True)
+_GRID = cfg_lib.integer(lo=2)  # a grid's number of points: linspace(0, max, n) needs n >= 2
+_REWARDS = cfg_lib.one_of("winner_take_all", "linear")
+_QUALITIES = cfg_lib.tuple_of(cfg_lib.number(), min_len=2)  # a contest needs two providers
+
+# What each field accepts (checked once every override is in, before any work).
+RULES = {
+    "amplitude": _POSITIVE,
+    "rate": _POSITIVE,
+    "logit_slope": _POSITIVE,
+    "cost_scale": _POSITIVE,
+    "cost_power": _POSITIVE,
+    "max_effort": _POSITIVE,
+    "theta": _QUALITIES,
+    "levels": _GRID,
+    "rewards": _REWARDS,
+    "max_delta": _POSITIVE,
+    "num_deltas": _GRID,
+    "logit_max_delta": _POSITIVE,
+    "theta5": _QUALITIES,
+    "levels5": _GRID,
+    "rewards5": _REWARDS,
+    "max_delta5": _POSITIVE,
+    "num_deltas5": _GRID,
+    "gaps": cfg_lib.tuple_of(_POSITIVE),
+    "logit_gaps": cfg_lib.tuple_of(_POSITIVE),
+    "gap_levels": _GRID,
+    "gap_deltas": _GRID,
+    "bisection_steps": cfg_lib.integer(lo=0),
+    "cost_per_delta": cfg_lib.number(lo=0),
+    "mixed_levels": _GRID,
+    "timing_repeats": cfg_lib.integer(lo=1),
+    "max_rounds": cfg_lib.integer(lo=1),
+}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)

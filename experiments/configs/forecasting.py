@@ -86,5 +86,58 @@ VARIANTS = {
 }
 
 
+_POSITIVE = cfg_lib.number(lo=0, lo_open=True)
+
+# What each field accepts (checked once every override is in, before any work).
+RULES = {
+    "seed": cfg_lib.integer(lo=0),
+    "data_path": cfg_lib.path_or_empty(several=True),
+    "columns": cfg_lib.string(),
+    "split": cfg_lib.one_of("auto", "ett_hour", "ett_minute", "ratio"),
+    "fill_gaps": cfg_lib.one_of("none", "linear"),
+    "qice_out_of_range": cfg_lib.one_of("ppm", "card"),
+    "input_len": cfg_lib.integer(lo=1),
+    "horizons": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
+    "d_model": cfg_lib.integer(lo=1),
+    "d_ff": cfg_lib.integer(lo=1),
+    "train_samples": cfg_lib.integer(lo=1),
+    "eval_samples": cfg_lib.integer(lo=2),
+    "tau": _POSITIVE,
+    "bandwidth": _POSITIVE,
+    "batch_size": cfg_lib.integer(lo=1),
+    "eval_batch_size": cfg_lib.integer(lo=1),
+    "learning_rate": _POSITIVE,
+    "max_epochs": cfg_lib.integer(lo=1),
+    "patience": cfg_lib.integer(lo=1),
+    "max_steps_per_epoch": cfg_lib.integer(lo=0),  # 0 = one pass
+    "val_stride": cfg_lib.integer(lo=1),
+    "test_stride": cfg_lib.integer(lo=1),
+    "baselines": cfg_lib.tuple_of(
+        cfg_lib.one_of("gaussian_prior", "linear", "seasonal_naive", "arima")),
+    "gaussian_learning_rate": _POSITIVE,
+    "linear_ridge": cfg_lib.number(lo=0),
+    "seasonal_period": cfg_lib.integer(lo=0),  # 0 = from the timestamps
+    "arima_order": cfg_lib.tuple_of(cfg_lib.integer(lo=0), 3, 3),  # (p, d, q)
+    "arima_seasonal_order": cfg_lib.tuple_of(cfg_lib.integer(lo=0), 4, 4),  # (P, D, Q, s)
+    "arima_fit_steps": cfg_lib.integer(lo=1),
+    "fan_windows": cfg_lib.integer(lo=0),
+}
+
+
+def check_seasonal_order(config: ml_collections.ConfigDict) -> None:
+    """A seasonal ARIMA term needs a season of at least two steps.
+
+    Raises:
+      ValueError: P, D or Q > 0 with s < 2.
+    """
+    *pdq, season = config.arima_seasonal_order
+    if any(pdq) and season < 2:
+        raise ValueError(f"config field arima_seasonal_order = {config.arima_seasonal_order}: "
+                         "expected a season s >= 2 when P, D or Q is positive")
+
+
+CROSS_CHECKS = (check_seasonal_order,)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)

@@ -69,5 +69,68 @@ VARIANTS = {
 }
 
 
+_COUNT = cfg_lib.integer(lo=1)
+_MODELS = cfg_lib.integer(lo=2)  # a ranking needs two models
+_NAME = cfg_lib.string(nonempty=True)
+
+# What each field accepts (checked once every override is in, before any work).
+RULES = {
+    "seed": cfg_lib.integer(lo=0),
+    "level": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
+    "rank_draws": _COUNT,
+    "data_path": cfg_lib.path_or_empty(),
+    "data_name": cfg_lib.string(),
+    "drop_unknown_outcomes": cfg_lib.boolean(),
+    "columns.left": _NAME,
+    "columns.right": _NAME,
+    "columns.judge": _NAME,
+    "columns.outcome": _NAME,
+    "columns.left_value": _NAME,
+    "columns.right_value": _NAME,
+    "columns.tie_value": _NAME,
+    # both parts must hold comparisons: a fraction strictly inside (0, 1)
+    "heldout_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
+    "num_splits": _COUNT,
+    "cv_folds": cfg_lib.integer(lo=2),  # each fold is held out once, the rest fit
+    "ridge_grid": cfg_lib.tuple_of(cfg_lib.number(lo=0)),  # 0 = no prior (MLE)
+    "bootstrap_samples": cfg_lib.integer(lo=0),  # 0 = no bootstrap
+    "sim.num_models": _MODELS,
+    "sim.num_reliable": cfg_lib.integer(lo=0),
+    "sim.num_noisy": cfg_lib.integer(lo=0),
+    "sim.reliable_gamma": cfg_lib.number(lo=0, lo_open=True),
+    "sim.noisy_gamma": cfg_lib.number(lo=0, lo_open=True),
+    "sim.adversarial_gamma": cfg_lib.number(),  # any sign: an adversarial judge may invert
+    "sim.score_spread": cfg_lib.number(lo=0, lo_open=True),
+    "sim.num_comparisons": _COUNT,
+    "coverage.num_datasets": _COUNT,
+    "coverage.num_models": _MODELS,
+    "coverage.num_judges": _COUNT,
+    "coverage.per_cell": _COUNT,
+    "choix.num_models": _MODELS,
+    "choix.num_comparisons": _COUNT,
+    "timing.num_models": _MODELS,
+    "timing.num_judges": _COUNT,
+    "timing.num_comparisons": _COUNT,
+    "timing.choix_estimators": cfg_lib.tuple_of(cfg_lib.one_of("ilsr", "mm", "opt"), min_len=0),
+}
+
+
+def check_outcome_values(config: ml_collections.ConfigDict) -> None:
+    """The three outcome values of the comparisons file must differ, or a row would be ambiguous.
+
+    Raises:
+      ValueError: two of columns.left_value, right_value and tie_value are equal.
+    """
+    c = config.columns
+    values = (c.left_value, c.right_value, c.tie_value)
+    if len(set(values)) < 3:
+        raise ValueError(f"config fields columns.left_value={c.left_value!r}, right_value="
+                         f"{c.right_value!r} and tie_value={c.tie_value!r}: expected three "
+                         "different values")
+
+
+CROSS_CHECKS = (check_outcome_values,)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)

@@ -66,5 +66,60 @@ VARIANTS = {
 }
 
 
+# "<kind>_<drift>" (algorithms.spf.problems KINDS x DRIFTS)
+PROBLEMS = tuple(f"{k}_{d}" for k in ("lsq", "logistic") for d in ("rotation", "sinusoid", "ou"))
+_POSITIVE = cfg_lib.number(lo=0, lo_open=True)
+
+# What each field accepts (checked once every override is in, before any work).
+RULES = {
+    "seed": cfg_lib.integer(lo=0),
+    "problems": cfg_lib.tuple_of(cfg_lib.one_of(*PROBLEMS)),
+    "dim": cfg_lib.integer(lo=1),
+    "batch": cfg_lib.integer(lo=1),
+    "steps": cfg_lib.integer(lo=1),
+    "dt": _POSITIVE,
+    "noise": cfg_lib.number(lo=0),
+    "omega_min": cfg_lib.number(lo=0),
+    "omega_max": cfg_lib.number(lo=0),
+    "ou_kappa": _POSITIVE,
+    "ou_sigma": cfg_lib.number(lo=0),
+    "burn_in": cfg_lib.number(lo=0, hi=1, hi_open=True),
+    "test_episodes": cfg_lib.integer(lo=1),
+    "tune_episodes": cfg_lib.integer(lo=1),
+    "step_grid": cfg_lib.tuple_of(_POSITIVE),
+    "adam_grid": cfg_lib.tuple_of(_POSITIVE),
+    "pc_pred_weights": cfg_lib.tuple_of(cfg_lib.number(lo=0)),
+    "pc_pred_iters": cfg_lib.integer(lo=0),
+    "decay_power": cfg_lib.number(lo=0),
+    "forgetting_grid": cfg_lib.tuple_of(cfg_lib.number(lo=0, hi=1, lo_open=True)),
+    "hidden": cfg_lib.integer(lo=1),
+    "depth": cfg_lib.integer(lo=1),
+    "residual_weight": cfg_lib.number(lo=0),
+    "train_steps": cfg_lib.integer(lo=1),
+    "train_episodes": cfg_lib.integer(lo=1),
+    "train_episode_steps": cfg_lib.integer(lo=1),
+    "learning_rate": _POSITIVE,
+    "grad_clip": _POSITIVE,
+    "scaling_dims": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
+    "scaling_steps": cfg_lib.integer(lo=1),
+    "rls_max_dim": cfg_lib.integer(lo=0),  # RLS runs for d <= rls_max_dim
+    "progress": cfg_lib.boolean(),
+}
+
+
+def check_omega(config: ml_collections.ConfigDict) -> None:
+    """Rotation speeds are drawn from [omega_min, omega_max].
+
+    Raises:
+      ValueError: ``omega_min > omega_max``.
+    """
+    if config.omega_min > config.omega_max:
+        raise ValueError(f"config fields omega_min={config.omega_min} and omega_max="
+                         f"{config.omega_max}: expected omega_min <= omega_max")
+
+
+CROSS_CHECKS = (check_omega,)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)
