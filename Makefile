@@ -18,7 +18,7 @@ AOT_VENV  := .venv-aot
 AOT_PY    := $(AOT_VENV)/bin/python
 AOT_STAMP := $(AOT_VENV)/.installed
 
-.PHONY: run test test-multidevice test-aot aot-env bench lint install clean
+.PHONY: run test test-multidevice test-aot aot-env aot bench lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,21 @@ $(AOT_STAMP): pyproject.toml
 	touch $(AOT_STAMP)
 
 aot-env: $(AOT_STAMP)
+
+# `make aot` also imports the experiments (flax, optax, ml_collections, ...): the project with its
+# dependencies, on top of the aot extra (already-satisfied pins, jax among them, are kept).
+AOT_FULL_STAMP := $(AOT_VENV)/.installed-full
+$(AOT_FULL_STAMP): $(AOT_STAMP) pyproject.toml
+	$(AOT_PY) -m pip install --quiet -e .
+	touch $(AOT_FULL_STAMP)
+
+# Every experiment's `paper` step compiled for TPU and GPU pods from abstract values -> AOT.md (not
+# part of `make test`). Results are kept in AOT.md.json and merged: AOT_STEPS / AOT_TOPOLOGIES
+# (comma lists) compile a subset; AOT_FRESH=1 starts over.
+aot: $(AOT_FULL_STAMP)
+	JAX_PLATFORMS=cpu $(AOT_PY) -m experiments.aot --out=AOT.md \
+	  $(if $(AOT_STEPS),--steps=$(AOT_STEPS),) $(if $(AOT_TOPOLOGIES),--topologies=$(AOT_TOPOLOGIES),) \
+	  $(if $(AOT_FRESH),--fresh,)
 
 run: $(STAMP)
 	$(PY) -m experiments.main --variant=$(VARIANT) --workdir=$(WORKDIR) \
