@@ -354,7 +354,8 @@ def validate_module_config(config: ml_collections.ConfigDict, module: Any,
       config: the config to run, after every override.
       module: the experiment's config module (``experiments/configs/<name>.py``), which defines
         ``RULES`` and optionally ``CROSS_CHECKS``.
-      source: the config file the config was loaded from, if known. A file that is another
+      source: the config file the config was loaded from (``path.py`` or ``path.py:arg``), if
+        known. A file that is another
         experiment's config module (a different ``<other>.py`` beside ``module``'s file) is
         refused with one line naming both experiments.
       experiment: a name to start the error message with (``"lm: config field ..."``).
@@ -365,6 +366,7 @@ def validate_module_config(config: ml_collections.ConfigDict, module: Any,
     own = os.path.splitext(os.path.basename(module.__file__))[0]
     lead = f"{experiment}: " if experiment else ""
     if source:
+        source = source.split(":", 1)[0]  # "path.py:variant" -> "path.py"
         stem = os.path.splitext(os.path.basename(source))[0]
         folder = os.path.dirname(os.path.abspath(module.__file__))
         if stem != own and os.path.isfile(os.path.join(folder, stem + ".py")):

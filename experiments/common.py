@@ -436,6 +436,9 @@ def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.
         if len(argv) > 1:
             usage_error(name, f"unexpected arguments: {argv[1:]} (flags are --name=value)")
         try:
+            cfg_lib.validate_module_config(  # every field, after all overrides, before any work
+                config_flag.value, importlib.import_module(f"experiments.configs.{name}"),
+                config_flags.get_config_filename(flags.FLAGS["config"]))
             workdir = check_workdir(workdir_flag.value, [name])
         except ValueError as e:
             usage_error(name, str(e))

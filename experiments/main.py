@@ -280,8 +280,9 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     try:
         names = registry.resolve(_EXPERIMENTS.value)
-        for name in names:  # an unknown variant fails here, before anything runs
-            _config_module(name).get_config(_VARIANT.value)
+        for name in names:  # an unknown variant or a bad field fails here, before anything runs
+            cfg_lib.validate_module_config(_config_module(name).get_config(_VARIANT.value),
+                                           _config_module(name), experiment=name)
         workdir = common.check_workdir(_WORKDIR.value, names)
     except ValueError as e:
         common.usage_error("main", str(e))
