@@ -8,9 +8,11 @@ torn log line and a damaged newest checkpoint, links of a report written to a re
 and progress output into a pipe.
 """
 
+import atexit
 import concurrent.futures
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from experiments import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRATCH = tempfile.mkdtemp(prefix="bad-inputs-")
+atexit.register(shutil.rmtree, SCRATCH, ignore_errors=True)
 A_FILE = os.path.join(SCRATCH, "a_file")
 LOCKED = os.path.join(SCRATCH, "locked")
 SUB_IS_FILE = os.path.join(SCRATCH, "sub_is_file")
