@@ -108,9 +108,10 @@ def check_max_density(config: ml_collections.ConfigDict) -> None:
     Raises:
       ValueError: naming max_density, the context and its page count.
     """
-    if round(100 * config.max_density) < 1:
-        raise ValueError(f"config field max_density = {config.max_density!r}: expected >= 0.005 "
-                         "(the report states it as a whole percentage, which would read 0%)")
+    if f"{config.max_density:.0%}" == "0%":  # the report's own formatting
+        raise ValueError(f"config field max_density = {config.max_density!r}: expected a "
+                         "density that the report, which states it as a whole percentage, does "
+                         "not show as 0% (e.g. 0.01)")
     for s in config.contexts:
         pages = s // config.page_size
         budget = math.ceil(config.max_density * pages)

@@ -1,0 +1,297 @@
+"""Config field rules: every field of every experiment config has a rule, every variant passes, and
+bad values are refused with one ValueError naming the field (core.config.validate)."""
+
+import importlib
+import math
+import os
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core import config as cfg_lib
+from experiments import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODULES = {name: importlib.import_module(f"experiments.configs.{name}")
+           for name in registry.EXPERIMENTS}
+VARIANT_CASES = [(name, v) for name, m in MODULES.items() for v in m.VARIANTS]
+
+
+def _leaves(config):
+    return [p for p in cfg_lib.field_paths(config)
+            if not isinstance(cfg_lib.get_field(config, p), ml_collections.ConfigDict)]
+
+
+def _with(config, path, value):
+    """A copy of ``config`` with ``path`` set to ``value`` (of any type, as absl or a user's
+    code could leave it)."""
+    c = config.copy_and_resolve_references()
+    *parents, leaf = path.split(".")
+    node = c
+    for p in parents:
+        node = node[p]
+    with node.ignore_type():
+        node[leaf] = value
+    return c
+
+
+def _refused(name, config, path):
+    """Validates; returns the message, which must name ``path``."""
+    with pytest.raises(ValueError) as info:
+        cfg_lib.validate_module_config(config, MODULES[name])
+    message = str(info.value)
+    assert "\n" not in message
+    assert path in message, message
+    return message
+
+
+# -- every field has a rule; every shipped variant is valid -------------------------------------
+
+@pytest.mark.parametrize("name, variant", VARIANT_CASES)
+def test_every_field_has_a_rule_and_every_variant_passes(name, variant):
+    module = MODULES[name]
+    config = module.get_config(variant)
+    leaves = [p for p in _leaves(config) if p != "variant"]
+    assert sorted(leaves) == sorted(module.RULES), (
+        f"{name}: fields without a rule {set(leaves) - set(module.RULES)}, rules without a field "
+        f"{set(module.RULES) - set(leaves)}")
+    assert all(isinstance(r, cfg_lib.Rule) for r in module.RULES.values())
+    cfg_lib.validate_module_config(config, module)  # no error
+
+
+# -- the bad inputs that used to fail deep in a run or with the wrong cause ----------------------
+
+@pytest.mark.parametrize("name, path, value", [
+    ("lm", "eval_windows", 0), ("lm", "batch_size", 0), ("lm", "seq_len", 0),
+    ("lm", "steps", 0), ("lm", "learning_rate", -1.0), ("lm", "steps", "abc"),
+    ("lm", "steps", True), ("lm", "steps", 2.5), ("lm", "model.d_model", -1),
+    ("lm", "model.dtype", "float33"), ("lm", "model.attention", None),
+    ("lm", "learning_rate", math.nan), ("lm", "grad_clip", math.inf),
+    ("lm", "val_fraction", 1.0), ("diffusion_lm", "eval_windows", 0),
+    ("diffusion_lm", "sizes", ()), ("diffusion_lm", "sizes", ((8, 1, 1), (12, 1), (16, 1, 1))),
+    ("diffusion_lm", "families", ("ar", "bert")), ("diffusion_lm", "eps", 0.0),
+    ("sparse_decode", "page_size", 0), ("sparse_decode", "max_density", 0.0),
+    ("sparse_decode", "contexts", ()), ("sparse_decode", "lm_config", "huge"),
+    ("sparse_decode", "lm_config", "smoke,steps=0"), ("kv_quant", "windows", 0),
+    ("kv_quant", "bits", 3), ("kv_quant", "entrokv_pool", 4), ("kv_quant", "bits", 2.0),
+    ("benchmark_game", "num_deltas", 0), ("benchmark_game", "theta", ()),
+    ("benchmark_game", "rewards", "winner_takes_all"), ("spf", "step_grid", ()),
+    ("spf", "problems", ("lsq_drift",)), ("spf", "progress", 1), ("spf", "dt", math.nan),
+    ("forecasting", "horizons", (-5,)), ("forecasting", "horizons", ()),
+    ("forecasting", "arima_order", (2, 0)), ("forecasting", "split", "random"),
+    ("judge_btl", "cv_folds", 1), ("judge_btl", "heldout_fraction", 1.0),
+    ("judge_btl", "heldout_fraction", 0.0), ("judge_btl", "level", 95.0),
+    ("judge_btl", "columns.judge", ""), ("judge_btl", "drop_unknown_outcomes", "yes"),
+    ("rl_scaling", "ns", (2, 4)), ("rl_scaling", "temperature", 0.0),
+    ("rl_scaling", "warmup.easy_target", 0.0), ("rl_scaling", "aggregation", "sum"),
+])
+def test_bad_value_is_refused_naming_the_field(name, path, value):
+    config = MODULES[name].get_config("smoke")
+    message = _refused(name, _with(config, path, value), path)
+    assert "expected" in message
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_every_field_refuses_values_of_no_kind_it_takes(name):
+    """A sweep over every field: None, a value of another kind, nan and bool are refused."""
+    config = MODULES[name].get_config("smoke")
+    for path in MODULES[name].RULES:
+        value = cfg_lib.get_field(config, path)
+        bad = [None, object()]
+        if isinstance(value, bool):
+            bad += [0, 1, "True"]
+        elif isinstance(value, int | float):
+            bad += [math.nan, -math.inf, str(value), (value,)]
+            if isinstance(value, int):  # (a float field stores True as 1.0: ml_collections casts)
+                bad.append(True)
+        elif isinstance(value, str):
+            bad += [1, ("x",)]
+        elif isinstance(value, tuple):
+            bad += [value[0] if value else 1, "x", (None,), (math.nan,)]
+        for b in bad:
+            _refused(name, _with(config, path, b), path)
+
+
+def test_all_refused_fields_are_named_in_one_line():
+    config = _with(_with(MODULES["lm"].get_config("smoke"), "steps", 0), "batch_size", -1)
+    message = _refused("lm", config, "steps")
+    assert "'batch_size' = -1" in message and "'steps' = 0" in message
+
+
+@pytest.mark.parametrize("name, overrides, names", [
+    ("lm", {"model.num_heads": 4, "model.num_kv_heads": 3}, ("num_heads", "num_kv_heads")),
+    ("lm", {"seq_len": 128}, ("seq_len", "model.max_len")),
+    ("lm", {"model.d_model": 30}, ("d_model", "num_heads")),  # head dim 15: odd
+    ("diffusion_lm", {"reference_size": 3}, ("reference_size", "sizes")),
+    ("diffusion_lm", {"eval_windows": 9}, ("eval_windows", "batch_size")),
+    ("diffusion_lm", {"families": ("mdlm", "duo")}, ("families",)),
+    ("sparse_decode", {"num_heads": 12}, ("num_heads", "num_kv_heads")),
+    ("sparse_decode", {"contexts": (2000,)}, ("contexts", "page_size")),
+    ("sparse_decode", {"head_dim": 24}, ("head_dim",)),
+    ("sparse_decode", {"greedy_new": 60}, ("greedy_prompt", "greedy_new")),
+    ("kv_quant", {"prompt_len": 64}, ("prompt_len",)),
+    ("kv_quant", {"chunk": 24}, ("chunk", "kivi_group")),
+    ("kv_quant", {"qvg_block": 12}, ("qvg_block",)),
+    ("rl_scaling", {"warmup.max_easy_steps": 8}, ("max_easy_steps", "max_steps")),
+    ("rl_scaling", {"pass_k": 3}, ("pass_k", "sampled_eval")),
+    ("rl_scaling", {"ns": (1, 2, 4)}, ("ns", "advantage")),
+    ("forecasting", {"arima_seasonal_order": (1, 0, 0, 1)}, ("arima_seasonal_order",)),
+    ("spf", {"omega_min": 2.0}, ("omega_min", "omega_max")),
+    ("judge_btl", {"columns.tie_value": "left"}, ("left_value", "tie_value")),
+])
+def test_cross_field_checks(name, overrides, names):
+    config = MODULES[name].get_config("smoke")
+    for path, value in overrides.items():
+        config = _with(config, path, value)
+        cfg_lib.validate(config, MODULES[name].RULES)  # every field alone is valid
+    with pytest.raises(ValueError) as info:
+        cfg_lib.validate_module_config(config, MODULES[name])
+    assert all(n in str(info.value) for n in names), str(info.value)
+
+
+def test_sparse_decode_page_budget_is_what_the_report_states():
+    """ceil(max_density * pages) must reach the XLA path's 2 pages in every context; the smallest
+    accepted density for the smoke context (2048 / 128 = 16 pages) is exactly 2 / 16."""
+    config = MODULES["sparse_decode"].get_config("smoke")
+    pages = config.contexts[0] // config.page_size
+    assert pages == 16
+    cfg_lib.validate_module_config(_with(config, "max_density", 2 / pages), MODULES["sparse_decode"])
+    below = np.nextafter(1 / pages, 0.0)  # ceil(below * 16) = 1 page: raised to 2 behind the report
+    _refused("sparse_decode", _with(config, "max_density", float(below)), "max_density")
+    # a density the report would print as 0%
+    long = _with(_with(config, "contexts", (1 << 20,)), "max_density", 0.005)  # f"{0.005:.0%}": 0%
+    assert "0%" in _refused("sparse_decode", long, "max_density")
+    cfg_lib.validate_module_config(_with(long, "max_density", 0.006), MODULES["sparse_decode"])
+
+
+# -- the rule vocabulary --------------------------------------------------------------------------
+
+def test_integer_and_number_bounds():
+    r = cfg_lib.integer(lo=1, hi=3)
+    assert [r.accepts(v) for v in (0, 1, 3, 4, 2.0, True, np.int32(2))] == [
+        False, True, True, False, False, False, True]
+    assert r.expected == "an integer in [1, 3]"
+    n = cfg_lib.number(lo=0, hi=1, lo_open=True)
+    assert [n.accepts(v) for v in (0, 0.0, 1e-300, 1, 1.0 + 1e-15, math.nan, True)] == [
+        False, False, True, True, False, False, False]
+    assert n.expected == "a finite number in (0, 1]"
+    assert cfg_lib.number(lo=0).expected == "a finite number >= 0"
+    assert not cfg_lib.number().accepts(math.inf) and cfg_lib.number().accepts(-1e300)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(-50, 50), st.integers(-1000, 1000))
+def test_integer_rule_accepts_exactly_the_integers_in_range(lo, value):
+    rule = cfg_lib.integer(lo=lo)
+    assert rule.accepts(value) == (value >= lo)
+    assert not rule.accepts(float(value))  # 3.0 is not an integer field's value
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.booleans())
+def test_number_rule_open_and_closed_bounds(x, lo_open, hi_open):
+    rule = cfg_lib.number(lo=-1.0, hi=1.0, lo_open=lo_open, hi_open=hi_open)
+    inside = math.isfinite(x) and (-1 < x if lo_open else -1 <= x) and (x < 1 if hi_open else x <= 1)
+    assert rule.accepts(x) == inside
+
+
+def test_one_of_tuple_of_and_the_rest():
+    r = cfg_lib.one_of(2, 4, "x")
+    assert r.accepts(2) and r.accepts("x") and not r.accepts(2.0) and not r.accepts(True)
+    t = cfg_lib.tuple_of(cfg_lib.integer(lo=1), min_len=2, max_len=3)
+    assert t.accepts((1, 2)) and t.accepts([1, 2, 3]) and not t.accepts((1,))
+    assert not t.accepts((1, 2, 3, 4)) and not t.accepts((1, 0)) and not t.accepts("12")
+    assert t.expected == "a tuple of 2 to 3 items, each an integer >= 1"
+    assert cfg_lib.tuple_of(cfg_lib.boolean(), 0).accepts(())
+    assert cfg_lib.boolean().accepts(False) and not cfg_lib.boolean().accepts(0)
+    assert cfg_lib.string().accepts("") and not cfg_lib.string(nonempty=True).accepts("  ")
+    p = cfg_lib.path_or_empty()
+    assert p.accepts("") and p.accepts("a/b.csv") and not p.accepts(" a.csv") and not p.accepts(3)
+    either = cfg_lib.any_of(cfg_lib.integer(lo=5), cfg_lib.one_of("auto"))
+    assert either.accepts(5) and either.accepts("auto") and not either.accepts(4)
+    boom = cfg_lib.Rule(lambda v: 1 / v > 0, "a positive number")
+    assert not boom.accepts(0)  # an exception inside the test is a refusal
+    with pytest.raises(ValueError, match="at least one choice"):
+        cfg_lib.one_of()
+
+
+def test_validate_field_coverage_and_cross_check_order():
+    config = ml_collections.ConfigDict({"a": 1, "g": {"b": 2.0}})
+    rules = {"a": cfg_lib.integer(lo=1), "g.b": cfg_lib.number(lo=0)}
+    calls = []
+    cfg_lib.validate(config, rules, [calls.append])
+    assert calls == [config]
+    with pytest.raises(ValueError, match="'g.b' is not a field of this experiment"):
+        cfg_lib.validate(config, {"a": rules["a"]})
+    with pytest.raises(ValueError, match="lacks the field.*'c'"):
+        cfg_lib.validate(config, {**rules, "c": cfg_lib.integer()})
+    # cross checks assume valid fields: they do not run when a field is refused
+    with pytest.raises(ValueError, match=r"config field 'a' = 0: expected an integer >= 1$"):
+        cfg_lib.validate(_with(config, "a", 0), rules, [calls.append])
+    assert len(calls) == 1
+
+
+def test_variant_override_of_the_wrong_type_names_the_field():
+    with pytest.raises(ValueError, match=r"config field 'steps' = 'abc': expected an integer$"):
+        MODULES["lm"].get_config("smoke,steps=abc")
+    assert cfg_lib.parse_arg("tiny,lm_config='smoke,steps=2',ns=(1, 2)") == (
+        "tiny", {"lm_config": "smoke,steps=2", "ns": (1, 2)})
+
+
+def test_another_experiments_config_file_names_both():
+    spf = MODULES["spf"].get_config("tiny")
+    with pytest.raises(ValueError, match=r"'experiments/configs/spf.py' is the config of experiment "
+                                         r"'spf', not of 'lm'"):
+        cfg_lib.validate_module_config(spf, MODULES["lm"], "experiments/configs/spf.py:tiny")
+    # a config file of another name that is no experiment's is checked field by field
+    with pytest.raises(ValueError, match="'problems' is not a field"):
+        cfg_lib.validate_module_config(spf, MODULES["lm"], "/tmp/my_config.py")
+
+
+def test_config_choices_match_the_library_constants():
+    """The configs name their choices without importing JAX; they must match the code's."""
+    from algorithms.diffusion_lm.families import FAMILIES
+    from algorithms.forecasting.data import FILL_GAPS, SPLITS
+    from algorithms.forecasting.metrics import OUT_OF_RANGE
+    from algorithms.rl_scaling.grpo import ADVANTAGE_MODES, AGGREGATIONS
+    from algorithms.spf.problems import DRIFTS, KINDS
+    from models.attention import IMPLEMENTATIONS
+    from models.transformer import REMAT_POLICIES
+
+    def choices(name, path, probe):
+        rule = MODULES[name].RULES[path]
+        return {c for c in probe if rule.accepts(c)}
+
+    many = ("reference", "blockwise", "cudnn", "flash", "none", "full", "minimal", "dots", "all")
+    assert choices("lm", "model.attention", many) == set(IMPLEMENTATIONS)
+    assert choices("lm", "model.remat", many) == set(REMAT_POLICIES)
+    assert set(MODULES["diffusion_lm"].FAMILIES) == set(FAMILIES)
+    assert choices("rl_scaling", "advantage", ADVANTAGE_MODES + ("ppo",)) == set(ADVANTAGE_MODES)
+    assert choices("rl_scaling", "aggregation", AGGREGATIONS + ("sum",)) == set(AGGREGATIONS)
+    assert choices("forecasting", "split", SPLITS + ("x",)) == set(SPLITS)
+    assert choices("forecasting", "fill_gaps", FILL_GAPS + ("x",)) == set(FILL_GAPS)
+    assert choices("forecasting", "qice_out_of_range", OUT_OF_RANGE + ("x",)) == set(OUT_OF_RANGE)
+    assert set(MODULES["spf"].PROBLEMS) == {f"{k}_{d}" for k in KINDS for d in DRIFTS}
+
+
+# -- the entry points: one line, exit status 2, before any work ------------------------------------
+
+@pytest.mark.parametrize("args, expected", [
+    (["experiments.lm", "--config=experiments/configs/lm.py:smoke,steps=abc"],
+     "error: lm: --config=experiments/configs/lm.py:smoke,steps=abc: config field 'steps' = "
+     "'abc': expected an integer"),
+    (["experiments.main", "--experiments=judge_btl", "--variant=smoke,heldout_fraction=1.0"],
+     "error: main: judge_btl: config field 'heldout_fraction' = 1.0: expected a finite number "
+     "in (0, 1)"),
+])
+def test_entry_points_refuse_bad_fields_in_one_line(args, expected, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", *args, f"--workdir={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == expected
+    assert not any(tmp_path.iterdir())  # nothing written
