@@ -162,9 +162,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     val_bpb = heldout_bpb(graphdef, params, windows)
     unigram, bigram = ngram_bpb(corpus.train, windows)
 
-    # Throughput over the steps run in this process (includes compilation of the first step).
+    # Throughput over the steps run in this process (includes compilation of the first step); a
+    # run restored from its final checkpoint trained nothing here and has no throughput.
     tokens = result.steps_run * config.batch_size * config.seq_len
-    tokens_per_s = tokens / result.seconds if result.seconds > 0 else float("nan")
+    tokens_per_s = tokens / result.seconds if result.steps_run > 0 and result.seconds > 0 else None
     prompt = tokenizer.encode("ROMEO.\n")[None, :]
     sample_ids, _ = generate(graphdef, params, jnp.asarray(prompt), jax.random.key(1),
                              max_new_tokens=min(config.sample_len,
@@ -197,8 +198,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
             [["unigram (add-one)", unigram], ["bigram (add-one)", bigram],
              [f"transformer ({metrics['params']:,} params, {config.steps} steps)", val_bpb]]),
         "",
-        f"Held-out plays: {', '.join(corpus.val_docs)}. Training throughput "
-        f"{tokens_per_s:,.0f} tokens/s (including compilation).",
+        f"Held-out plays: {', '.join(corpus.val_docs)}. "
+        + (f"Training throughput {tokens_per_s:,.0f} tokens/s (including compilation)."
+           if tokens_per_s is not None else
+           f"Restored from the finished run's checkpoint at step {result.resumed_from}: nothing was "
+           "trained in this process, so no throughput is reported."),
         "", "Sample (temperature 0.8):", "", "```", sample, "```",
     ])
     return report.Section(

@@ -49,6 +49,12 @@ def test_lm_run_end_to_end(tmp_path):
     assert metrics["bigram_bpb"] < metrics["unigram_bpb"] < 8.0
     assert (tmp_path / "lm" / "loss.png").stat().st_size > 1000
     assert section.headline["method"].startswith("Transformer LM")
+    assert metrics["train_tokens_per_s"] > 0
+    # a rerun restores the finished run: no training here, so no throughput (not 0 or negative)
+    again = lm.run(config, str(tmp_path))
+    metrics = json.loads((tmp_path / "lm" / "metrics.json").read_text())
+    assert metrics["train_tokens_per_s"] is None and metrics["resumed_from"] == 6
+    assert "Restored from the finished run's checkpoint at step 6" in again.body
 
 
 def test_lm_missing_corpus_names_the_path(tmp_path):
