@@ -12,7 +12,7 @@ conditioning vector c (a sinusoidal embedding of a per-example scalar, e.g. the 
 gives shift, scale and gate for each sub-layer through a zero-initialised linear map, so every
 block is the identity at initialisation.
 
-Use it functionally (DESIGN.md): ``graphdef, params = nnx.split(Transformer(cfg, rngs=...))`` once,
+Use it functionally (Flax NNX's functional API): ``graphdef, params = nnx.split(Transformer(cfg, rngs=...))`` once,
 then inside jitted functions ``model = nnx.merge(graphdef, params)``.
 
 Decoding goes through a KV-cache backend (see :mod:`models.kv_cache`): :meth:`Transformer.decode`

@@ -1,4 +1,4 @@
-"""Shared pytest setup: float32 defaults and a tiny transformer config."""
+"""Shared pytest setup: quiet XLA logging. (Fixtures live beside the tests that use them.)"""
 
 import os
 
