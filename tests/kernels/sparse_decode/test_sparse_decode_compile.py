@@ -1,4 +1,5 @@
-"""FFD decode compiled for TPU and GPU targets on compile-only devices (core.aot).
+"""FFD decode (Pallas TPU and GPU kernels, through the public ``ffd_decode``) compiled for TPU
+v5e / v6e and H100 / H200 on compile-only devices (core.aot).
 
 Runs in .venv-aot (``make test-aot``, marker ``aot``). Compiling runs Mosaic's tiling rules and
 Triton/ptxas, which lowering alone does not: the head dims cover the power-of-two chunking of the GPU
@@ -22,8 +23,14 @@ def _args(d, b=2, kh=2, g=4, p=16, n=4):
             jax.ShapeDtypeStruct((b,), jnp.int32))
 
 
-@pytest.mark.parametrize("d", [64, 96, 128, 256])
-@pytest.mark.parametrize("target,impl", [("h100", "pallas_gpu"), ("tpu-v5e", "pallas_tpu")])
+# every target at D = 128; the other head dims (GPU: 96 = 64 + 32 chunks) on one TPU and one GPU
+CASES = ([(t, i, 128) for t, i in (("tpu-v5e", "pallas_tpu"), ("tpu-v6e", "pallas_tpu"),
+                                   ("h100", "pallas_gpu"), ("h200", "pallas_gpu"))]
+         + [(t, i, d) for t, i in (("tpu-v5e", "pallas_tpu"), ("h100", "pallas_gpu"))
+            for d in (64, 96, 256)])
+
+
+@pytest.mark.parametrize("target,impl,d", CASES)
 def test_ffd_decode_compiles(target, impl, d):
     if not aot.extras_available(target):
         pytest.skip(f"compile extras for {target} are not installed here (make aot-env)")
