@@ -22,7 +22,8 @@ def test_default_is_tiny():
     ("tiy", r"unknown config variant 'tiy' \(did you mean 'tiny'\?\)"),
     ("tiny,stepz=3", r"no field 'stepz' \(did you mean 'steps'\?\)"),
     ("tiny,steps", "expected key=value"),
-    ("tiny,model.width=3", "no field 'model.width'; fields of 'model': d_model, "),
+    ("tiny,model.qqqq=3", "no field 'model.qqqq'; fields of 'model': attention, attention_block, "
+                          "d_model, "),
     ("tiny,model.num_layer=3", r"no field 'model.num_layer' \(did you mean 'model.num_layers'"),
     ("tiny,steps.x=3", "no field 'steps.x'; 'steps' is a single value"),
 ])
