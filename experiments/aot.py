@@ -149,6 +149,88 @@ def diffusion_train(family: str, size_index: int | None = None) -> Callable:
     return build
 
 
+DECODE_CONTEXT = 65536  # cache slots: a sparse_decode paper context
+DECODE_BATCH = 16  # sequences per decode step: one per data shard on a 16-chip pod
+
+
+def lm_decode(backend_name: str, context: int = DECODE_CONTEXT, batch: int = DECODE_BATCH
+              ) -> Callable:
+    """One-token decode of the ``lm`` paper model over a ``context``-slot KV cache of backend
+    ``backend_name`` (``"dense"``, ``"ffd"``: sparse_decode's FFD at its paper page size and delta,
+    ``"qvg"``: kv_quant's paper QVG preset). Caches and rows are split over ``data`` when it
+    divides ``batch`` (else replicated); parameters by the lm config's rules. The FFD and QVG
+    caches use their XLA paths: a Pallas kernel is partitioned only inside ``shard_map``, and the
+    kernels' own compiles are the single-device compile tests."""
+
+    def build(devices) -> StepSpec:
+        import dataclasses as dc
+
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from core import sharding
+        from core.data import ByteTokenizer
+        from experiments import lm
+        from experiments.configs import lm as lm_config
+        from models import kv_cache as kvc
+        from models.transformer import PARAM_AXES, Transformer, forward_flops_per_token, param_count
+
+        config = lm_config.get_config("paper")
+        mcfg = dc.replace(lm.model_config(config, ByteTokenizer().vocab_size), max_len=context)
+        d = mcfg.dim_per_head
+        if backend_name == "dense":
+            backend, what = kvc.DenseKVCache(), "dense"
+        elif backend_name == "ffd":
+            from experiments.configs import sparse_decode as sd_config
+            from kernels.sparse_decode import api as sd_api
+
+            sd = sd_config.get_config("paper")
+            backend = sd_api.FFDCache(page_size=sd.page_size, delta=sd.delta, implementation="xla",
+                                      scan_copy=False)
+            what = f"FFD (page {sd.page_size}, delta {sd.delta} nats, XLA path)"
+        elif backend_name == "qvg":
+            from experiments import kv_quant
+            from experiments.configs import kv_quant as kq_config
+            from kernels.kv_quant import api as kq_api
+
+            kq = kq_config.get_config("paper")
+            qcfg = kv_quant._configs(kq, d)["qvg"]
+            backend = kq_api.QVGCache(config=qcfg, rope_base=mcfg.rope_base,
+                                      implementation="reference")
+            what = (f"QVG ({qcfg.bits}-bit, block {qcfg.block}, {qcfg.num_centroids} centroids, "
+                    f"chunk {qcfg.chunk}, XLA path)")
+        else:
+            raise ValueError(f"lm_decode: backend {backend_name!r} is not dense, ffd or qvg")
+        model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+        graphdef, params = nnx.split(model)
+        cache = jax.eval_shape(lambda: model.init_cache(batch, context, backend))
+        mesh = sharding.make_mesh(config.model_parallelism, devices=devices)
+        p_sh = sharding.param_shardings(params, PARAM_AXES, mesh,
+                                        sharding.rules_named(config.param_sharding),
+                                        logical_sizes=mcfg.logical_sizes)
+        n_data = mesh.shape[sharding.DATA]
+
+        def rows(x):  # batch-leading leaves on `data` when it divides the batch
+            ok = len(x.shape) > 0 and x.shape[0] == batch and batch % n_data == 0
+            return sharding.batch_sharding(mesh, len(x.shape)) if ok else sharding.replicated(mesh)
+
+        def step(params, cache, tokens, start):
+            return nnx.merge(graphdef, params).decode(tokens, cache, start, backend)
+
+        args = (aot_steps.abstract(params, p_sh),
+                jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows(x)),
+                             cache),
+                jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=rows(jnp.zeros((batch, 1)))),
+                jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows(jnp.zeros((batch,)))))
+        n = param_count(params)
+        return StepSpec(step, args, (1,), forward_flops_per_token(mcfg, context) * batch, n,
+                        f"{what} cache, B {batch} x 1 new token over {context} slots, lm paper "
+                        f"model ({n / 1e6:.0f}M params, {mcfg.kv_heads} kv heads x D {d})")
+
+    return build
+
+
 # name -> (builder, what it is). Order is the table's order.
 STEPS: dict[str, tuple[Callable[[Sequence[Any]], StepSpec], str]] = {
     "lm/train": (lm_train, "byte LM train step"),
@@ -158,11 +240,13 @@ STEPS: dict[str, tuple[Callable[[Sequence[Any]], StepSpec], str]] = {
     "diffusion_lm/gidd": (diffusion_train("gidd"), "GIDD train step, reference size"),
     "diffusion_lm/esolm": (diffusion_train("esolm"), "Eso-LM train step, reference size"),
     "diffusion_lm/mdlm@largest": (diffusion_train("mdlm", -1), "MDLM train step, largest grid size"),
+    "lm/decode-dense": (lm_decode("dense"), "lm decode step, dense KV cache"),
+    "lm/decode-ffd": (lm_decode("ffd"), "lm decode step, FFD KV cache"),
+    "lm/decode-qvg": (lm_decode("qvg"), "lm decode step, QVG KV cache"),
 }
 
 # Steps of the paper variants not yet registered here (listed in AOT.md so that the gap is visible).
 NOT_REGISTERED = (
-    "lm decode at long context with the dense, FFD (sparse_decode) and QVG (kv_quant) KV caches",
     "forecasting, spf and rl_scaling train steps",
     "judge_btl fit and benchmark_game equilibrium search at paper sizes",
 )
