@@ -228,8 +228,21 @@ def test_registered_steps_build_from_paper_configs():
 @pytest.mark.parametrize("name", [s for s in orchestrator.STEPS if s != "lm/train"])
 def test_every_registered_step_builds(name):
     spec = orchestrator.STEPS[name][0](jax.devices()[:1])
-    assert spec.params > 0 and spec.model_flops > 0
+    assert spec.params > 0 and (spec.model_flops is None or spec.model_flops > 0)
     # the train state (argument 0) or the decode cache (argument 1) is donated
     assert spec.donate_argnums == ((1,) if "decode" in name else (0,))
     for leaf in jax.tree.leaves(spec.args):
         assert isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is not None
+
+
+def test_roofline_row_without_model_flops_uses_xla_count_and_has_no_mfu():
+    row = {"status": "ok", "chip": "tpu-v6e", "chips": 16, "model_flops": None,
+           "flops": 918e12 * 0.25, "bytes_accessed": 1640e9 * 0.5}
+    rf = orchestrator.add_roofline(row)["roofline"]
+    assert rf["step_seconds"] == pytest.approx(0.5, rel=1e-12) and rf["bound"] == "memory"
+    assert rf["mfu"] is None and rf["flops_source"] == "xla"
+    # with a model count above XLA's (a loop counted once) the model's share is used
+    row = {**row, "model_flops": 16 * 918e12}
+    rf = orchestrator.add_roofline(row)["roofline"]
+    assert rf["flops_source"] == "model" and rf["step_seconds"] == pytest.approx(1.0, rel=1e-12)
+    assert rf["mfu"] == pytest.approx(1.0, rel=1e-12)
