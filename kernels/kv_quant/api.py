@@ -110,6 +110,17 @@ class _ChunkedQuantCache(abc.ABC):
     def _pre_rope(self) -> bool:
         return False
 
+    def _chunked_values(self) -> bool:
+        """Whether values are quantized in chunks together with the keys (QVG); otherwise the
+        subclass stores them its own way (:meth:`_init_values`, :meth:`_update_values`)."""
+        return True
+
+    def _init_values(self, batch_size, max_len, num_kv_heads, head_dim, dtype) -> dict:
+        raise NotImplementedError  # only called when _chunked_values() is False
+
+    def _update_values(self, layer_cache, v, start) -> dict:
+        raise NotImplementedError  # only called when _chunked_values() is False
+
     def _quantize_pair(self, quant, xk, xv, keys):
         return quant(xk, keys, True), quant(xv, keys, False)
 
@@ -123,14 +134,20 @@ class _ChunkedQuantCache(abc.ABC):
         n = self._chunk()
         nc = -(-max_len // n)
         proto = jnp.zeros((n, head_dim), jnp.float32)
-        empty = {}
-        for name, is_key in (("k", True), ("v", False)):
+        chunked_v = self._chunked_values()
+        cache = {}
+        for name, is_key in (("k", True), ("v", False))[:2 if chunked_v else 1]:
             shapes = jax.eval_shape(lambda x, ik=is_key: self._quantize(x, jax.random.key(0), ik),
                                     proto)
-            empty[name] = jax.tree.map(
+            cache[name] = jax.tree.map(
                 lambda s: jnp.zeros((batch_size, num_kv_heads, nc) + s.shape, s.dtype), shapes)
         window = jnp.zeros((batch_size, num_kv_heads, n, head_dim), dtype)
-        return {"k": empty["k"], "v": empty["v"], "wk": window, "wv": window}
+        cache["wk"] = window
+        if chunked_v:
+            cache["wv"] = window
+        else:
+            cache.update(self._init_values(batch_size, max_len, num_kv_heads, head_dim, dtype))
+        return cache
 
     def update(self, layer_cache, k, v, start):
         b, kh, t, d = k.shape
@@ -145,8 +162,9 @@ class _ChunkedQuantCache(abc.ABC):
             buf = jnp.zeros((kh, (nj + 1) * n, d), w.dtype).at[:, :n].set(w)
             return jax.lax.dynamic_update_slice(buf, new.astype(w.dtype), (0, o, 0))
 
+        chunked_v = self._chunked_values()
         bufk = jax.vmap(buffer)(layer_cache["wk"], k, off)
-        bufv = jax.vmap(buffer)(layer_cache["wv"], v, off)
+        bufv = jax.vmap(buffer)(layer_cache["wv"], v, off) if chunked_v else None
 
         def quantize_completed(stores):
             sk, sv = stores
@@ -154,7 +172,6 @@ class _ChunkedQuantCache(abc.ABC):
             if self._pre_rope():
                 xk = ref.rope_slots(xk, self._rope_base(), first * n, sign=-1)
             xk = xk.reshape(b, kh, nj, n, d)
-            xv = bufv[:, :, :nj * n].astype(jnp.float32).reshape(b, kh, nj, n, d)
             base = jax.random.key(getattr(self, "seed", 0))
             chunk_id = first[:, None, None] + jnp.arange(nj)[None, None, :]  # [B, 1, nj]
             head_id = jnp.arange(kh)[None, :, None]
@@ -163,21 +180,30 @@ class _ChunkedQuantCache(abc.ABC):
                 jnp.broadcast_to(chunk_id, (b, kh, nj)), jnp.broadcast_to(head_id, (b, kh, nj)))
             quant = jax.vmap(jax.vmap(jax.vmap(self._quantize, (0, 0, None)), (0, 0, None)),
                              (0, 0, None))
-            ck, cv = self._quantize_pair(quant, xk, xv, keys)
+            if chunked_v:
+                xv = bufv[:, :, :nj * n].astype(jnp.float32).reshape(b, kh, nj, n, d)
+                ck, cv = self._quantize_pair(quant, xk, xv, keys)
+            else:
+                ck, cv = quant(xk, keys, True), None
             for j in range(nj):
                 ok = j < n_full  # [B]
                 sk = _masked_chunk_write(sk, ck, j, first + j, ok)
-                sv = _masked_chunk_write(sv, cv, j, first + j, ok)
+                if chunked_v:
+                    sv = _masked_chunk_write(sv, cv, j, first + j, ok)
             return sk, sv
 
         sk, sv = jax.lax.cond(jnp.any(n_full > 0), quantize_completed, lambda s: s,
-                              (layer_cache["k"], layer_cache["v"]))
+                              (layer_cache["k"], layer_cache["v"] if chunked_v else None))
 
         def new_window(buf, m):
             return jax.lax.dynamic_slice_in_dim(buf, m * n, n, axis=1)
 
-        return {"k": sk, "v": sv, "wk": jax.vmap(new_window)(bufk, n_full),
-                "wv": jax.vmap(new_window)(bufv, n_full)}
+        out = {"k": sk, "wk": jax.vmap(new_window)(bufk, n_full)}
+        if chunked_v:
+            out.update(v=sv, wv=jax.vmap(new_window)(bufv, n_full))
+        else:
+            out.update(self._update_values(layer_cache, v, start))
+        return out
 
     def attend(self, layer_cache, q, start):
         b, h, t, d = q.shape
@@ -261,9 +287,24 @@ class QVGCache(_ChunkedQuantCache):
 
 @dataclasses.dataclass(frozen=True)
 class KIVICache(_ChunkedQuantCache):
-    """KIVI KV cache backend (``get_backend("kivi", config=KIVIConfig(...))``): keys per channel,
-    values per token, asymmetric INTn, the last ``residual`` (up to) tokens in full precision.
-    Attention over the quantized part is dequantize-then-dense (jnp)."""
+    """KIVI KV cache backend (``get_backend("kivi", config=KIVIConfig(...))``), after Liu et al.
+    (2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache", Sec. 3.3 and Alg. 1).
+
+    Keys are quantized per channel, ``residual`` tokens at a time (statistics over groups of
+    ``group`` tokens); until a chunk of keys is complete it stays in full precision. Values are
+    quantized per token (blocks of ``block`` channels) and the most recent ``residual`` values are
+    always exact: a sliding full-precision window, the oldest value leaving it at each new token.
+    Because per-token quantization does not depend on other tokens, each value is quantized once on
+    arrival (into a per-token store) and its exact copy kept in a ring buffer of ``residual`` slots;
+    attention reads the exact copy for the last ``residual`` positions of each row and the
+    dequantized one before them: the same numbers as quantizing a value when it leaves the window.
+    (The store also holds codes for the window's tokens: ``residual * D * bits`` bits per head more
+    than the paper's layout.) Attention over the quantized part is dequantize-then-dense (jnp).
+
+    Cache fields: ``k`` (key chunks), ``wk`` [B, K, N, D] (the incomplete key chunk), ``v``
+    (per-token value codes over SP slots), ``wv`` [B, K, R, D] (ring of exact values, position p at
+    slot p mod R), with N = R = ``residual``.
+    """
 
     config: KIVIConfig = KIVIConfig()
 
@@ -277,17 +318,73 @@ class KIVICache(_ChunkedQuantCache):
         del key
         return ref.kivi_quantize_chunk(x, self.config, per_channel=is_key)
 
-    def _attend_quantized(self, qr, layer_cache, start, nq, t):
-        def deq(code, per_channel):
-            b, kh, nc = code.codes.shape[:3]
-            flat = jax.tree.map(lambda a: a.reshape(b * kh * nc, *a.shape[3:]), code)
-            x = jax.vmap(lambda c: ref.kivi_dequantize_chunk(c, self.config, per_channel))(flat)
-            return x.reshape(b, kh, nc * x.shape[1], x.shape[2])
+    def _chunked_values(self):
+        return False
 
-        k = deq(layer_cache["k"], True)
-        v = deq(layer_cache["v"], False)
-        valid = _quantized_mask(start, nq, qr.shape[2], t, k.shape[2])
-        return ref.partial_attention(qr, k, v, valid)
+    def _init_values(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
+        n = self._chunk()
+        slots = -(-max_len // n) * n  # SP: the same padded slots as the key chunks
+        shapes = jax.eval_shape(lambda x: self._quantize(x, None, False),
+                                jnp.zeros((1, head_dim), jnp.float32))
+        store = jax.tree.map(
+            lambda s: jnp.zeros((batch_size, num_kv_heads, slots) + s.shape[1:], s.dtype), shapes)
+        ring = jnp.zeros((batch_size, num_kv_heads, self.config.residual, head_dim), dtype)
+        return {"v": store, "wv": ring}
+
+    def _update_values(self, layer_cache, v, start):
+        b, kh, t, d = v.shape
+        r = self.config.residual
+        quant = jax.vmap(jax.vmap(lambda x: self._quantize(x.astype(jnp.float32), None, False)))
+        codes = quant(v)  # fields [B, K, T, ...]: one token per row
+
+        def write_row(store, code, s):
+            return jax.tree.map(lambda a, c: jax.lax.dynamic_update_slice_in_dim(a, c, s, axis=1),
+                                store, code)
+
+        store = jax.vmap(write_row)(layer_cache["v"], codes, start)
+        # Only the last min(T, R) new values can still be in the window; their ring slots differ.
+        keep = min(t, r)
+        tail = v[:, :, t - keep:].astype(layer_cache["wv"].dtype)
+        slot = (start[:, None] + (t - keep) + jnp.arange(keep)[None, :]) % r  # [B, keep]
+        ring = jax.vmap(lambda w, x, i: w.at[:, i].set(x))(layer_cache["wv"], tail, slot)
+        return {"v": store, "wv": ring}
+
+    def _dequantize(self, code, per_channel):
+        """float32 [B, K, SP, D] from key chunks (fields [B, K, NC, ...], ``per_channel``) or from
+        the per-token value store (fields [B, K, SP, ...]: one chunk of SP tokens per head)."""
+        lead = 3 if per_channel else 2
+        shape = code.codes.shape[:lead]
+        flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[lead:]), code)
+        x = jax.vmap(lambda c: ref.kivi_dequantize_chunk(c, self.config, per_channel))(flat)
+        return x.reshape(shape[0], shape[1], -1, x.shape[-1])
+
+    def attend(self, layer_cache, q, start):
+        b, h, t, d = q.shape
+        kh = layer_cache["wk"].shape[1]
+        n = r = self.config.residual
+        start = start.astype(jnp.int32)
+        length = start + t
+        nq = (length // n) * n  # [B] slots with quantized keys
+        qr = q.reshape(b, kh, (h // kh) * t, d)
+        rows = qr.shape[2]
+        ring = layer_cache["wv"].astype(jnp.float32)
+
+        def ring_values(slots):  # slots [B, M] -> [B, K, M, D] exact values at those positions
+            return jax.vmap(lambda w, i: w[:, i % r])(ring, slots)
+
+        k_q = self._dequantize(layer_cache["k"], True)
+        sp = k_q.shape[2]
+        all_slots = jnp.broadcast_to(jnp.arange(sp), (b, sp))
+        exact = (all_slots >= (length - r)[:, None])[:, None, :, None]  # the sliding window
+        v_q = jnp.where(exact, ring_values(all_slots),
+                        self._dequantize(layer_cache["v"], False).astype(jnp.float32))
+        o1, l1 = ref.partial_attention(qr, k_q, v_q, _quantized_mask(start, nq, rows, t, sp))
+        pos = start[:, None] + jnp.arange(rows) % t  # [B, R]
+        slot = nq[:, None] + jnp.arange(n)  # [B, N]: the incomplete key chunk (all in the window)
+        valid = (slot[:, None, :] <= pos[:, :, None])[:, None]
+        o2, l2 = ref.partial_attention(qr, layer_cache["wk"], ring_values(slot), valid)
+        out = ref.merge_partials(o1, l1, o2, l2)
+        return out.reshape(b, h, t, d).astype(q.dtype)
 
 
 def cache_bytes(layer_caches: list[Any]) -> int:

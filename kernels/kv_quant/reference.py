@@ -489,8 +489,9 @@ def effective_bits(cfg: QVGConfig | KIVIConfig, head_dim: int, context_len: int 
     QVG, per chunk of N tokens: ``N D n`` code bits + ``N (D / block) 16`` (bf16 scales)
     + ``S N 8`` (uint8 assignments) + ``S C D 16`` (bf16 centroids). KIVI, per ``residual`` tokens:
     ``N D n`` + keys ``(N / group) D 2 16`` + values ``N (D / block) 2 16`` (bf16 scale and zero),
-    averaged over K and V. With ``context_len`` the cache's full-precision tail
-    (``context_len mod chunk`` tokens at ``baseline_bits``) is included.
+    averaged over K and V. With ``context_len`` the cache's full-precision parts at
+    ``baseline_bits`` are included: QVG's and KIVI's incomplete key chunk (``context_len mod chunk``
+    tokens) and KIVI's sliding window of the last ``residual`` values (beside their codes).
 
     Returns:
       {"nominal": n, "effective": bits per element, "compression": baseline_bits / effective}.
@@ -514,7 +515,15 @@ def effective_bits(cfg: QVGConfig | KIVIConfig, head_dim: int, context_len: int 
         if context_len < 1:
             raise ValueError(f"effective_bits: context_len={context_len} must be >= 1")
         nq = (context_len // n) * n
-        per_elem = (nq * per_elem + (context_len - nq) * baseline_bits) / context_len
+        if isinstance(cfg, KIVIConfig):
+            # keys: whole quantized chunks + the incomplete one exact; values: every token's codes
+            # (quantized on arrival) + exact copies of the last min(L, residual) (the window)
+            k_elem, v_elem = k_bits / (n * d), v_bits / (n * d)
+            k_total = nq * k_elem + (context_len - nq) * baseline_bits
+            v_total = context_len * v_elem + min(context_len, cfg.residual) * baseline_bits
+            per_elem = (k_total + v_total) / (2 * context_len)
+        else:
+            per_elem = (nq * per_elem + (context_len - nq) * baseline_bits) / context_len
     return {"nominal": float(cfg.bits), "effective": float(per_elem),
             "compression": float(baseline_bits / per_elem)}
 

@@ -90,9 +90,10 @@ def test_effective_bits_by_hand():
     kivi = ref.KIVIConfig(bits=2, group=4, block=8, residual=8)
     # keys 256 + 2 groups*16 ch*2*16 = 1280; values 256 + 8 tok*2 blocks*2*16 = 768; mean 1024
     assert ref.effective_bits(kivi, 16)["effective"] == 8.0
-    # 12 cached tokens: 8 quantized + 4 in bf16
+    # 12 cached tokens. Keys: 8 quantized at 1280 / 128 = 10 bits + 4 in bf16; values: codes of all
+    # 12 at 768 / 128 = 6 bits + the 8 most recent (the window) in bf16.
     np.testing.assert_allclose(ref.effective_bits(kivi, 16, context_len=12)["effective"],
-                               (8 * 8 + 4 * 16) / 12)
+                               ((8 * 10 + 4 * 16) + (12 * 6 + 8 * 16)) / 24)
 
 
 def test_bad_input_raises():
@@ -167,3 +168,46 @@ def test_kivi_cache_streaming_equals_prefill_and_int8_is_close_to_dense():
     ref_layer = dense.update(dense.init(b, 16, kh, d, jnp.float32), k, v,
                              jnp.zeros((b,), jnp.int32))
     chex.assert_trees_all_close(att(one, q, start), dense.attend(ref_layer, q, start), atol=2e-2)
+
+
+@pytest.mark.parametrize("length", [10, 19, 24])
+def test_kivi_values_keep_a_sliding_exact_window(length):
+    """KIVI (Liu et al. 2024, Alg. 1): the last ``residual`` values are exact at every length, the
+    older ones quantized per token; keys are quantized per channel in whole chunks. At length 10
+    with residual 8: keys 0-7 quantized and 8-9 exact, values 0-1 quantized and 2-9 exact (the
+    chunked scheme had values 8-9 exact only)."""
+    b, kh, h, d, r = 2, 2, 4, 16, 8
+    cfg = ref.KIVIConfig(bits=2, group=4, block=8, residual=r)
+    be = api.KIVICache(config=cfg)
+    ks = jax.random.split(jax.random.key(length), 3)
+    k = jax.random.normal(ks[0], (b, kh, length, d))
+    v = jax.random.normal(ks[1], (b, kh, length, d))
+    q = jax.random.normal(ks[2], (b, h, 1, d))
+    upd = jax.jit(be.update)
+    prefill = upd(be.init(b, 32, kh, d, jnp.float32), k, v, jnp.zeros((b,), jnp.int32))
+    stream = upd(be.init(b, 32, kh, d, jnp.float32), k[:, :, :3], v[:, :, :3],
+                 jnp.zeros((b,), jnp.int32))
+    for i in range(3, length):
+        stream = upd(stream, k[:, :, i:i + 1], v[:, :, i:i + 1], jnp.full((b,), i, jnp.int32))
+    chex.assert_trees_all_equal(prefill, stream)
+    # The expected cache, built from the chunk quantizer directly.
+    nq = (length // r) * r
+    k_want, v_want = np.asarray(k).copy(), np.asarray(v).copy()
+    for bi in range(b):
+        for hi in range(kh):
+            for c in range(nq // r):
+                chunk = jnp.asarray(k_want[bi, hi, c * r:(c + 1) * r])
+                k_want[bi, hi, c * r:(c + 1) * r] = ref.kivi_dequantize_chunk(
+                    ref.kivi_quantize_chunk(chunk, cfg, True), cfg, True)
+            old = jnp.asarray(v_want[bi, hi, :length - r])
+            v_want[bi, hi, :length - r] = ref.kivi_dequantize_chunk(
+                ref.kivi_quantize_chunk(old, cfg, False), cfg, False)
+    start = jnp.full((b,), length - 1, jnp.int32)
+    mask = kvc.causal_cache_mask(start, 1, length)
+    want = kvc.grouped_attention(q, jnp.asarray(k_want), jnp.asarray(v_want), mask)
+    chex.assert_trees_all_close(jax.jit(be.attend)(prefill, q, start), want, atol=2e-5, rtol=2e-5)
+    # and it is not the chunked-values answer (values quantized in whole chunks only)
+    v_chunked = np.asarray(v).copy()
+    v_chunked[:, :, :nq] = np.asarray(ref.kivi_roundtrip(k[:, :, :nq], v[:, :, :nq], cfg)[1])
+    other = kvc.grouped_attention(q, jnp.asarray(k_want), jnp.asarray(v_chunked), mask)
+    assert float(jnp.max(jnp.abs(other - want))) > 1e-2
