@@ -507,6 +507,9 @@ def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool =
         for t in topologies:
             if (s, t) in done:
                 continue
+            with lock:  # another run sharing the table may have compiled it meanwhile
+                if any((r["step"], r["topology"]) == (s, t) for r in load_rows(store)):
+                    continue
             log(f"compiling {s} for {t} ...")
             row = add_roofline(compile_row(s, t))
             mine[(s, t)] = row
