@@ -20,7 +20,6 @@ implementation; :func:`ffd_select` returns that same mask.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax

@@ -6,13 +6,13 @@ slots per (row, kv head) and NS splits of the slots (split-K; M = NS * MPS).
 The selection (packed 2-bit scan and the top-delta or top-k rule, capped at ``max_pages`` by score:
 :func:`kernels.sparse_decode.reference.ffd_keep`, the mask every implementation uses) runs first and
 yields, per (row, kv head), the kept page indices packed to the front of ``idx [B, K, M]`` and their
-number ``count [B, K] <= M`` (:func:`kernels.sparse_decode.reference.page_list`). Both are prefetched into SMEM (``PrefetchScalarGridSpec``); the block index maps
-read them, so each grid step's DMA fetches exactly one kept page of codes, scale, residual and values
-from HBM. Slots beyond ``count`` map to the last kept page (an unchanged block index issues no new
-DMA) and are skipped by ``pl.when``: skipped pages load neither residual nor values. Each split keeps
-an online-softmax partial (acc, m, l) in its output block; the splits and the exact tail page are
-merged with a log-sum-exp in :func:`kernels.sparse_decode.reference.merge_partials`.
-"""
+number ``count [B, K] <= M`` (:func:`kernels.sparse_decode.reference.page_list`). Both are
+prefetched into SMEM (``PrefetchScalarGridSpec``); the block index maps read them, so each grid
+step's DMA fetches exactly one kept page of codes, scale, residual and values from HBM. Slots beyond
+``count`` map to the last kept page (an unchanged block index issues no new DMA) and are skipped by
+``pl.when``: skipped pages load neither residual nor values. Each split keeps an online-softmax
+partial (acc, m, l) in its output block; the splits and the exact tail page are merged with a log-
+sum-exp in :func:`kernels.sparse_decode.reference.merge_partials`."""
 
 from __future__ import annotations
 
