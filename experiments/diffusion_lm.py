@@ -49,6 +49,7 @@ from core.checkpoint import Checkpointer
 from core.data import ByteTokenizer, TextBatcher, load_corpus
 from core.data.text import sequential_windows
 from experiments import common
+from models.attention import check_platform as check_attention_platform
 from models.transformer import PARAM_AXES, Transformer, forward_flops_per_token, param_count
 
 NAME = "diffusion_lm"
@@ -105,6 +106,7 @@ class _Run:
         self.cfg = transformer_config(spec, config.seq_len, d_model=d, num_layers=layers,
                                       num_heads=heads, **backbone)
         self.cfg.check_model_parallelism(config.model_parallelism)
+        check_attention_platform(self.cfg.attention)
         self.graphdef, params = nnx.split(Transformer(self.cfg, rngs=nnx.Rngs(config.seed)))
         self.params_count = param_count(params)
         self.state, self.state_sharding = sharding.shard_train_state(

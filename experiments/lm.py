@@ -32,6 +32,7 @@ from core.training import (
     train_loop,
 )
 from experiments import common
+from models.attention import check_platform as check_attention_platform
 from models.losses import next_token_nll
 from models.sampling import generate
 from models.transformer import (
@@ -115,6 +116,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
                          f"{config.model.max_len}")
     graphdef, state, tx, mcfg = build(config, tokenizer)
     mcfg.check_model_parallelism(config.model_parallelism)
+    check_attention_platform(mcfg.attention)
     mesh = sharding.make_mesh(config.model_parallelism)
     state, state_sharding = sharding.shard_train_state(
         state, PARAM_AXES, mesh, tx, rules=config.param_sharding, logical_sizes=mcfg.logical_sizes)

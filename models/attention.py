@@ -40,6 +40,16 @@ def check_implementation(implementation: str) -> None:
                          f"{IMPLEMENTATIONS}")
 
 
+def check_platform(implementation: str, platform: str | None = None) -> None:
+    """Raises ValueError when ``implementation`` cannot run on ``platform`` (default: JAX's default
+    backend): ``"cudnn"`` needs an NVIDIA GPU. Call it before compiling (a config check)."""
+    check_implementation(implementation)
+    platform = platform or jax.default_backend()
+    if implementation == "cudnn" and platform not in ("gpu", "cuda"):
+        raise ValueError(f"attention='cudnn' needs an NVIDIA GPU, but JAX runs on {platform!r}; use "
+                         "attention='blockwise' (every platform) or 'reference'")
+
+
 def _block_mask(mask_kind: str, mask, q_pos, k_pos, k_valid):
     """bool [B or 1, 1, 1, L, T]: which (query, key) pairs of one key block may attend.
 
@@ -238,4 +248,4 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str, 
 
 
 __all__ = ["IMPLEMENTATIONS", "MASK_KINDS", "attention", "blockwise_attention",
-           "check_implementation"]
+           "check_implementation", "check_platform"]

@@ -92,6 +92,10 @@ def test_blockwise_bad_input():
         attn.blockwise_attention(q[:, :1], jnp.concatenate([kk, kk], 1), jnp.concatenate([v, v], 1))
     with pytest.raises(ValueError, match="not one of"):
         TransformerConfig(vocab_size=8, max_len=8, attention="flash3")
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
+        attn.check_platform("cudnn", "cpu")
+    attn.check_platform("cudnn", "gpu")
+    attn.check_platform("blockwise", "tpu")
     with pytest.raises(ValueError, match="custom masks"):
         attn.attention(q, kk, v, implementation="cudnn", mask_kind="custom", mask=custom)
     with pytest.raises(ValueError, match="remat"):
