@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from algorithms.diffusion_lm import esolm, losses
 from algorithms.diffusion_lm.families import FamilySpec, train_loss, transformer_config
@@ -167,3 +169,34 @@ def test_bad_family_specs_raise():
     with pytest.raises(ValueError, match="ce_mix"):
         train_loss(FamilySpec("duo", vocab_size=V, num_classes=N, mask_id=MASK, bos_id=8),
                    None, jnp.zeros((2, 3), jnp.int32), jax.random.key(0), ce_mix=1.0)
+
+
+_masked_proc = Process("masked", V, N, mask_id=MASK)
+_uniform_proc = Process("uniform", V, N)
+
+
+@jax.jit
+def _nelbos(x, logits, t, key):
+    """Per-token NELBOs of the masked (MDLM) and uniform-state (Duo) processes at times t."""
+    zm = _masked_proc.sample(key, x, t)
+    zu = _uniform_proc.sample(key, x, t)
+    return (losses.masked_nelbo(_masked_proc, denoiser_log_probs(_masked_proc, logits, zm), x, zm,
+                                t),
+            losses.duo_nelbo(_uniform_proc, denoiser_log_probs(_uniform_proc, logits, zu), x, zu, t))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2 ** 31 - 1), scale=st.sampled_from([1e-3, 1.0, 30.0, 1e3]),
+       t=st.floats(1e-3, 1.0 - 1e-3))
+def test_nelbo_is_nonnegative_and_finite_for_any_denoiser(seed, scale, t):
+    """A NELBO is a sum of KL divergences (MDLM Eq. 10; Duo's closed form): >= 0 for every
+    denoiser, every time in the sampled range [t_min, 1) and any logit magnitude; zero only on
+    positions the process left clean. (Round-off allowance: a few float32 ulps of the term size.)"""
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.randint(k1, (B, L), 0, N)
+    logits = scale * jax.random.normal(k2, (B, L, V))
+    masked, duo = _nelbos(x, logits, jnp.full((B,), t, jnp.float32), k3)
+    for nelbo in (masked, duo):
+        nelbo = np.asarray(nelbo)
+        assert np.all(np.isfinite(nelbo))
+        assert nelbo.min() >= -1e-5 * max(1.0, np.abs(nelbo).max())
