@@ -1,18 +1,24 @@
 """Experiment ``kv_quant``: quantized KV caches (QVG, QVG-Pro, KIVI) and EntroKV budgets.
 
-On the trained byte-level LM and held-out Shakespeare windows: true compression (every scale,
+On the trained byte-level LM and held-out Shakespeare windows (or, with ``checkpoint=DIR``, a local
+Hugging Face Llama / Qwen2 / Mistral checkpoint on text read with its own tokenizer, see
+:mod:`experiments.measured_model`): true compression (every scale,
 zero point, assignment and centroid counted, vs bf16), attention-output relative error on the
-model's real keys/values/queries, held-out bits per byte when decoding through each cache
+model's real keys/values/queries, held-out bits per token (per byte for the byte LM) when decoding through each cache
 (teacher-forced, prompt prefilled then one token at a time), EntroKV vs uniform (SnapKV) budgets at
 30%, and the decode-time ratio quantized / full. The same error comparison on synthetic long-context
 keys with outlier channels (where the paper's 256 centroids amortise).
 
     python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:tiny --workdir=workdir
+    python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:tiny --workdir=workdir \
+        --config.checkpoint=DIR
+
+The metric keys ``bpb_*`` hold bits per token of the measured model's tokenizer (``nll_unit`` says
+which): bits per byte for the byte LM.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import time
@@ -22,16 +28,16 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
-from flax import nnx
 from tqdm import tqdm
 
 from algorithms.kv_budget import cache as budget_cache
 from algorithms.kv_budget import entrokv
 from core import report
-from core.data.text import sequential_windows
-from experiments import common, lm
+from experiments import common, measured_model
+from experiments.configs import kv_quant as kv_quant_config
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
+from models import capture
 from models import kv_cache as kvc
 
 NAME = "kv_quant"
@@ -71,42 +77,6 @@ def _roundtrip(name, cfg, k, v, key, pre_rope_base=None):
     return k_hat, ref.qvg_roundtrip(v, cfg, jax.random.fold_in(key, 1))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _activations(graphdef, params, tokens):
-    model = nnx.merge(graphdef, params)
-    cache = model.init_cache(tokens.shape[0], tokens.shape[1])
-    _, cache = model.decode(tokens, cache, jnp.zeros((tokens.shape[0],), jnp.int32))
-    qk = budget_cache.prompt_queries_keys(model, tokens)
-    return [(q, c["k"], c["v"]) for (q, _), c in zip(qk, cache, strict=True)]
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "backend", "prompt_len"))
-def _teacher_forced_nll(graphdef, params, tokens, backend, prompt_len, keep=None):
-    """Sum of next-token NLL (nats) over positions prompt_len.. of ``tokens`` [B, L], decoding
-    through ``backend``: prefill tokens[:, :P], then one token per step (``lax.scan``)."""
-    model = nnx.merge(graphdef, params)
-    b, l = tokens.shape
-    cache = model.init_cache(b, l, backend)
-    logits, cache = model.decode(tokens[:, :prompt_len], cache, jnp.zeros((b,), jnp.int32),
-                                 backend)
-    if keep is not None:
-        cache = budget_cache.with_keep(cache, keep)
-
-    def nll(lg, tgt):
-        return -jnp.take_along_axis(jax.nn.log_softmax(lg), tgt[:, None], axis=-1)[:, 0]
-
-    def body(carry, i):
-        cache, last = carry
-        tok = jax.lax.dynamic_index_in_dim(tokens, i, axis=1, keepdims=False)
-        loss = nll(last, tok)
-        lg, cache = model.decode(tok[:, None], cache, jnp.full((b,), i, jnp.int32), backend)
-        return (cache, lg[:, 0]), loss
-
-    steps = jnp.arange(prompt_len, l)
-    _, losses = jax.lax.scan(body, (cache, logits[:, -1]), steps)
-    return jnp.sum(losses), losses.size
-
-
 def _synthetic(config, key):
     """Keys with cluster structure and a few large outlier channels, values with clusters,
     random queries: [1, K, N, D] each (queries [1, K, Q, D])."""
@@ -127,18 +97,24 @@ def _synthetic(config, key):
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     out = common.experiment_dir(workdir, NAME)
-    graphdef, params, mcfg, corpus = lm.load_trained(workdir, config.lm_config or None)
+    model = measured_model.load(config, workdir)
+    mcfg = model.config
     d, seq = mcfg.dim_per_head, min(config.context, mcfg.max_len)
+    if model.is_checkpoint:
+        kv_quant_config.check_model_shapes(config, d, mcfg.max_len,
+                                           f"the checkpoint {config.checkpoint}")
     if not 0 < config.prompt_len < seq:
         raise ValueError(f"kv_quant: prompt_len={config.prompt_len} must be in (0, {seq})")
+    graphdef, params, rope = model.graphdef, model.params, model.rope
+    unit = "bits per token" if model.is_checkpoint else "bits per byte"
     cfgs = _configs(config, d)
-    windows = jnp.asarray(sequential_windows(corpus.val, seq, config.windows))
+    windows = jnp.asarray(model.windows(seq, config.windows))
     key = jax.random.key(config.seed)
     bar = tqdm(total=10, desc=NAME)
-    metrics: dict = {}
+    metrics: dict = {"model": model.info, "nll_unit": unit}
 
     # 1. True compression and attention error on the model's real activations.
-    acts = _activations(graphdef, params, windows)
+    acts = capture.capture_attention_inputs(graphdef, params, windows)
     bits = {m: ref.effective_bits(c, d) for m, c in cfgs.items()}
     for m, c in cfgs.items():
         metrics[f"{m}_compression"] = bits[m]["compression"]
@@ -146,7 +122,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         num = den = 0.0
         for li, (q, k, v) in enumerate(acts):
             k_hat, v_hat = _roundtrip(m, c, k, v, jax.random.fold_in(key, li),
-                                      mcfg.rope_base if m != "kivi" else None)
+                                      rope if m != "kivi" else None)
             exact = _attention(q, k, v)
             num += float(jnp.sum((_attention(q, k_hat, v_hat) - exact) ** 2))
             den += float(jnp.sum(exact ** 2))
@@ -156,15 +132,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     # 2. Held-out bits per byte decoding through each cache.
     backends = {
         "full": kvc.DENSE,
-        "qvg": api.QVGCache(config=cfgs["qvg"], rope_base=mcfg.rope_base, seed=config.seed),
+        "qvg": api.QVGCache(config=cfgs["qvg"], rope_base=rope, seed=config.seed),
         "kivi": api.KIVICache(config=cfgs["kivi"]),
     }
     seconds = {}
     for m, be in backends.items():
-        s, n = _teacher_forced_nll(graphdef, params, windows, be, config.prompt_len)
+        s, n = budget_cache.teacher_forced_nll(graphdef, params, windows, be, config.prompt_len)
         jax.block_until_ready(s)
         t0 = time.perf_counter()  # second, timed run (compiled)
-        s, n = _teacher_forced_nll(graphdef, params, windows, be, config.prompt_len)
+        s, n = budget_cache.teacher_forced_nll(graphdef, params, windows, be, config.prompt_len)
         s = float(s)
         seconds[m] = time.perf_counter() - t0
         metrics[f"bpb_{m}"] = s / int(n) / math.log(2.0)
@@ -181,7 +157,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     budgeted = budget_cache.BudgetedKVCache()
     for m in ("entrokv", "uniform"):
         budgets, keep = budget_cache.budgets_and_keep(prompt_qk, ecfg, config.budget_fraction, m)
-        s, n = _teacher_forced_nll(graphdef, params, windows, budgeted, config.prompt_len, keep)
+        s, n = budget_cache.teacher_forced_nll(graphdef, params, windows, budgeted,
+                                               config.prompt_len, keep)
         bpb = float(s) / int(n) / math.log(2.0)
         metrics[f"bpb_{m}_{int(round(100 * config.budget_fraction))}pct"] = bpb
         budget_rows[m] = np.asarray(budgets)
@@ -243,7 +220,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
             metrics[f"bpb_entrokv_{pct}pct"], metrics[f"bpb_uniform_{pct}pct"]]
     axes[1].bar(names, vals, color=["C0", "C1", "C2", "C3", "C4"])
     axes[1].set_ylim(min(vals) * 0.97, max(vals) * 1.02)
-    axes[1].set(ylabel="held-out bits per byte", title="Decoding through each cache")
+    axes[1].set(ylabel=f"held-out {unit}", title="Decoding through each cache")
     axes[1].tick_params(axis="x", labelsize=7)
     fig_path = report.save_figure(fig, os.path.join(out, "kv_quant.png"))
 
@@ -253,19 +230,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
             for m in ("qvg", "qvg_pro", "kivi")]
     rows.append(["full (bf16)", 16, 16.0, 1.0, 0.0, metrics["bpb_full"], 16.0, 1.0, 0.0])
     body = "\n".join([
+        model.describe(),
+        "",
         report.markdown_table(
             ["cache", "nominal bits", "true bits (LM)", "compression (LM)", "attn rel. err (LM)",
-             "held-out bpb", "true bits (synth)", "compression (synth)", "attn rel. err (synth)"],
+             f"held-out {unit}", "true bits (synth)", "compression (synth)", "attn rel. err (synth)"],
             rows),
         "",
         report.markdown_table(
-            ["budget", f"held-out bpb at {pct}%", "quality (bpb_full / bpb)"],
+            ["budget", f"held-out {unit} at {pct}%", "quality (full / budgeted)"],
             [["full cache", metrics["bpb_full"], 1.0],
              ["EntroKV", metrics[f"bpb_entrokv_{pct}pct"], metrics[f"entrokv_quality_{pct}pct"]],
              ["uniform (SnapKV)", metrics[f"bpb_uniform_{pct}pct"],
               metrics[f"uniform_quality_{pct}pct"]]]),
         "",
-        f"LM: head dim {d}, {int(windows.shape[0])} held-out windows of {seq} bytes, prompt "
+        f"{'Checkpoint' if model.is_checkpoint else 'LM'}: head dim {d}, "
+        f"{int(windows.shape[0])} held-out windows of {seq} "
+        f"{'tokens' if model.is_checkpoint else 'bytes'}, prompt "
         f"{config.prompt_len} then teacher-forced decoding; chunk {config.chunk} tokens, "
         f"{config.num_centroids} centroids per chunk (the paper's 256 cannot amortise over a "
         f"{config.chunk}-token chunk). Synthetic: {n_syn} tokens per head, D="

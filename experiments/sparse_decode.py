@@ -4,9 +4,13 @@ Measures, on this machine's XLA path: wall-clock decode attention time of dense,
 growing contexts (32 query / 8 kv heads, D = 128), analytic bytes read, and, on keys/values/queries
 captured from the trained ``lm`` model on held-out text, the fraction of pages FFD keeps, the true
 softmax mass on them and the output error; planted-needle recall; and greedy decoding of the trained
-model with the FFD cache at a large delta against the dense cache.
+model with the FFD cache at a large delta against the dense cache. With ``checkpoint=DIR`` the
+captures and the greedy decoding use that Hugging Face checkpoint and its tokenizer instead
+(:mod:`experiments.measured_model`), on one window of ``min(real_context, max_len)`` tokens.
 
     python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:tiny --workdir=workdir
+    python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:tiny --workdir=workdir \
+        --config.checkpoint=DIR
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ import numpy as np
 from tqdm import tqdm
 
 from core import report
-from core.data.text import sequential_windows
-from experiments import common
+from experiments import common, measured_model
 from kernels.sparse_decode import api
 from kernels.sparse_decode import reference as ref
+from models import capture
 from models import kv_cache as kvc
 from models.rope import apply_rope
 from models.sampling import generate
@@ -119,29 +123,25 @@ def speed(config, bandwidth: float) -> list[dict]:
     return rows
 
 
-def capture_lm(graphdef, params, windows: np.ndarray):
-    """Pre-RoPE q [L, N, H, D], k, v [L, N, K, D] of every layer over ``windows`` [n, W] of text,
-    concatenated to N = n * W positions."""
-    from flax import nnx
-
-    @jax.jit
-    def run(params, tokens):
-        model = nnx.merge(graphdef, params)
-        b, w = tokens.shape
-        pos = jnp.broadcast_to(jnp.arange(w), (b, w))
-        mask = jnp.tril(jnp.ones((1, w, w), bool))
-        x = model.embed(tokens)
-        out = []
-        for block in model.blocks:
-            q, k, v = block.attn.qkv(block.norm1(x), pos)  # [B, H|K, W, D], RoPE applied
-            q = apply_rope(q.transpose(0, 2, 1, 3), -pos)  # undo RoPE: [B, W, H, D]
-            k = apply_rope(k.transpose(0, 2, 1, 3), -pos)
-            out.append((q, k, v.transpose(0, 2, 1, 3)))
-            x = block(x, pos, mask)
-        return out
-
-    per_layer = run(params, jnp.asarray(windows))
-    return [tuple(a.reshape(-1, *a.shape[2:]) for a in t) for t in per_layer]
+def one_sequence(per_layer, rope):
+    """Per layer q [S, H, D], k, v [K, S, D] of one sequence of S = n * W positions, from the
+    captures (:func:`models.capture.attention_inputs`, RoPE at 0..W-1) of ``n`` windows of W
+    tokens: with n > 1 the windows are stitched end to end, each query and key rotated from its
+    position in its window to its position in the sequence (``rope``: the model's RoPE), so that
+    a short-context model's activations stand in for a long context."""
+    out = []
+    for q, k, v in per_layer:  # q [n, H, W, D], k, v [n, K, W, D]
+        n, _, w, _ = q.shape
+        q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))  # [n, W, heads, D]
+        if n > 1:
+            local = jnp.broadcast_to(jnp.arange(w), (n, w))
+            glob = jnp.arange(n * w)[None]
+            q, k = (apply_rope(apply_rope(a, -local, rope).reshape(1, n * w, *a.shape[2:]),
+                               glob, rope)[0] for a in (q, k))
+        else:
+            q, k = q[0], k[0]
+        out.append((q, k.transpose(1, 0, 2), v.reshape(n * w, *v.shape[2:]).transpose(1, 0, 2)))
+    return out
 
 
 def kept_mass(q, k, keep, lengths, p):
@@ -159,11 +159,30 @@ def kept_mass(q, k, keep, lengths, p):
     return float(jnp.mean(jnp.sum(probs * on[:, :, None], -1)))
 
 
-def real_quality(config, graphdef, params, corpus, mcfg) -> dict:
-    w = mcfg.max_len
-    n_win = config.real_context // w
-    windows = sequential_windows(corpus.val, w, n_win)
-    s = n_win * w
+def real_context_windows(config, model: measured_model.MeasuredModel) -> np.ndarray:
+    """Token windows [n, W] whose captures make the measured context: for the byte LM, n =
+    real_context // max_len windows of its max_len (stitched by :func:`one_sequence`); for a
+    checkpoint, one window of min(real_context, max_len) tokens rounded down to whole pages.
+
+    Raises:
+      ValueError: a checkpoint context of fewer than two pages, or a text too short for it.
+    """
+    if not model.is_checkpoint:
+        w = model.config.max_len
+        return model.windows(w, config.real_context // w)
+    p = config.real_page_size
+    s = min(config.real_context, model.config.max_len) // p * p
+    if s < 2 * p:
+        raise ValueError(f"config fields real_context={config.real_context} and real_page_size="
+                         f"{p}: the checkpoint's max_len={model.config.max_len} allows a context "
+                         f"of {min(config.real_context, model.config.max_len)} tokens, fewer than "
+                         "two pages; expected a smaller real_page_size")
+    return model.windows(s, 1)
+
+
+def real_quality(config, model: measured_model.MeasuredModel) -> dict:
+    windows = real_context_windows(config, model)
+    s = windows.size
     p = config.real_page_size
     nq = config.real_queries
     rng = np.random.default_rng(config.seed)
@@ -171,12 +190,12 @@ def real_quality(config, graphdef, params, corpus, mcfg) -> dict:
     lengths = jnp.asarray(qpos + 1, jnp.int32)
     stats = {k: [] for k in ("density", "kept_mass", "rel_err", "quest_density",
                              "quest_kept_mass", "quest_rel_err")}
-    pos = jnp.arange(s)[None]
     update = jax.jit(ref.update_ffd_cache)
-    for q_all, k_all, v_all in capture_lm(graphdef, params, windows):
-        k = apply_rope(k_all[None], pos)[0].transpose(1, 0, 2)  # [K, S, D] with RoPE at 0..S-1
-        v = v_all.transpose(1, 0, 2)
-        q = apply_rope(q_all[None], pos)[0][qpos]  # [nq, H, D] queries at their own positions
+    captured = capture.capture_attention_inputs(model.graphdef, model.params,
+                                                jnp.asarray(windows))
+    for q_all, k, v in one_sequence(captured, model.rope):
+        q = q_all[qpos].astype(jnp.float32)  # [nq, H, D] queries at their own positions
+        k, v = k.astype(jnp.float32), v.astype(jnp.float32)
         kb = jnp.broadcast_to(k[None], (nq, *k.shape))
         vb = jnp.broadcast_to(v[None], (nq, *v.shape))
         # row i of the batch holds exactly lengths[i] tokens
@@ -246,11 +265,19 @@ def needles(config) -> dict:
             "needle_density": float(np.mean(dens)), "needle_context": s}
 
 
-def greedy_match(config, graphdef, params, corpus) -> dict:
-    prompt = jnp.asarray(sequential_windows(corpus.val, config.greedy_prompt, 2))
+def greedy_match(config, model: measured_model.MeasuredModel) -> dict:
+    n, page, limit = config.greedy_prompt + config.greedy_new, config.greedy_page_size, \
+        model.config.max_len
+    if n > limit or n % page:
+        raise ValueError(f"config fields greedy_prompt={config.greedy_prompt}, greedy_new="
+                         f"{config.greedy_new} and greedy_page_size={page}: expected a sum <= the "
+                         f"model's max_len={limit} and a multiple of greedy_page_size (the FFD "
+                         "cache holds whole pages)")
+    prompt = jnp.asarray(model.windows(config.greedy_prompt, 2))
     kw = dict(max_new_tokens=config.greedy_new, temperature=0.0)
+    graphdef, params = model.graphdef, model.params
     dense, _ = generate(graphdef, params, prompt, jax.random.key(0), backend=kvc.DENSE, **kw)
-    ffd_backend = api.FFDCache(page_size=config.greedy_page_size, delta=50.0)
+    ffd_backend = api.FFDCache(page_size=page, delta=50.0)
     ffd, _ = generate(graphdef, params, prompt, jax.random.key(0), backend=ffd_backend, **kw)
     return {"greedy_token_match": float(jnp.mean(dense == ffd)),
             "greedy_tokens": int(dense.size)}
@@ -260,18 +287,20 @@ def greedy_match(config, graphdef, params, corpus) -> dict:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
-    from experiments.lm import load_trained
-
     out = common.experiment_dir(workdir, NAME)
     t0 = time.perf_counter()
-    graphdef, params, mcfg, corpus = load_trained(workdir, config.lm_config or None)
+    model = measured_model.load(config, workdir)
+    if model.config.dim_per_head % 16:
+        raise ValueError(f"sparse_decode: the model's head dimension {model.config.dim_per_head} "
+                         "is not a multiple of 16 (FFD packs 2-bit key codes 16 to a 32-bit word)")
     bandwidth = read_bandwidth_gbs(config.bandwidth_mb)
     rows = speed(config, bandwidth)
-    real = real_quality(config, graphdef, params, corpus, mcfg)
+    real = real_quality(config, model)
     needle = needles(config)
-    greedy = greedy_match(config, graphdef, params, corpus)
+    greedy = greedy_match(config, model)
     top = max(rows, key=lambda r: (r["context"], -r["batch"]))
     metrics = {
+        "model": model.info,
         "speedup_vs_dense": top["speedup_vs_dense"], "bytes_ratio": top["bytes_ratio"],
         "dense_bw_fraction": top["dense_bw_fraction"], "ffd_bw_fraction": top["ffd_bw_fraction"],
         "density": real["density"], "kept_mass": real["kept_mass"], "rel_err": real["rel_err"],
@@ -297,7 +326,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     ax2.bar(np.arange(2) - 0.2, [real["kept_mass"], real["quest_kept_mass"]], 0.4, label="kept mass")
     ax2.bar(np.arange(2) + 0.2, [real["density"], real["quest_density"]], 0.4, label="density")
     ax2.set_xticks(range(2), names)
-    ax2.set(ylim=(0, 1.05), title=f"lm captures, {real['context']} tokens")
+    ax2.set(ylim=(0, 1.05), title=f"{'checkpoint' if model.is_checkpoint else 'lm'} captures, "
+                                  f"{real['context']} tokens")
     ax2.legend()
     fig_path = report.save_figure(fig, os.path.join(out, "sparse_decode.png"))
 
@@ -316,13 +346,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
           needle["needle_recall"]],
          ["Quest (matched density)", real["quest_density"], real["quest_kept_mass"],
           real["quest_rel_err"], needle["quest_needle_recall"]]], fmt=".4g")
+    who = "the checkpoint" if model.is_checkpoint else "the trained lm"
     body = "\n".join([
+        model.describe(), "",
         f"Read bandwidth measured in the same run: {bandwidth:.1f} GB/s "
         f"({jax.devices()[0].device_kind}). FFD runs its XLA path with a gather budget of "
         f"{config.max_density:.0%} of the pages.", "", table, "",
-        f"Quality on q/k/v captured from the trained lm ({real['layers']} layers, "
+        f"Quality on q/k/v captured from {who} ({real['layers']} layers, "
         f"{real['context']} tokens of held-out text, pages of {real['page_size']}):", "", quality,
-        "", f"Greedy decoding of the trained lm with the FFD cache at delta=50 matches the dense "
+        "", f"Greedy decoding of {who} with the FFD cache at delta=50 matches the dense "
         f"cache on {greedy['greedy_token_match']:.1%} of {greedy['greedy_tokens']} tokens.",
     ])
     return report.Section(

@@ -453,6 +453,18 @@ class Tokenizer:
         """Text of ``ids`` (a sequence of ints)."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def prefix_ids(self) -> tuple[int, ...]:
+        """The special ids the tokenizer's post-processing puts before a text (e.g. Llama's BOS;
+        ``()`` for Qwen2): what :meth:`encode` with special tokens adds in front of the plain ids
+        of a one-letter text. Windows cut from a long tokenized text start with these so the model
+        sees the start of a sequence as it was trained to."""
+        plain = self.encode("a", add_special_tokens=False)
+        full = self.encode("a", add_special_tokens=True)
+        for i in range(len(full) - len(plain) + 1):
+            if full[i:i + len(plain)] == plain:
+                return tuple(full[:i])
+        return ()
+
 
 def load_tokenizer(path: str) -> Tokenizer:
     """The tokenizer of checkpoint directory ``path`` (``tokenizer.json``).

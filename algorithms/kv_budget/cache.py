@@ -1,7 +1,7 @@
 """A budgeted KV cache for :meth:`models.transformer.Transformer.decode`, and prompt statistics.
 
 Dimensions: B batch, K kv heads, H query heads, P prompt tokens, S cache slots, D head dim,
-L layers.
+L layers (in :func:`teacher_forced_nll`, L is the window length).
 
 :class:`BudgetedKVCache` is the dense cache plus a keep mask ``[B, K, S]``: evicted prompt slots
 are masked out of attention, new tokens are always kept. It measures the quality of a budget
@@ -15,6 +15,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from algorithms.kv_budget import entrokv
 from models import kv_cache as kvc
@@ -99,3 +100,72 @@ def budgets_and_keep(qk: list[tuple[jax.Array, jax.Array]], cfg: entrokv.EntroKV
         bud = budgets[:, i * kh:(i + 1) * kh]
         keep.append(jax.vmap(entrokv.select_tokens)(votes, bud))
     return budgets, keep
+
+
+def _teacher_forced_nll(graphdef, params, tokens, backend, prompt_len, keep):
+    model = nnx.merge(graphdef, params)
+    b, l = tokens.shape
+    cache = model.init_cache(b, l, backend)
+    logits, cache = model.decode(tokens[:, :prompt_len], cache, jnp.zeros((b,), jnp.int32),
+                                 backend)
+    if keep is not None:
+        cache = with_keep(cache, keep)
+
+    def body(carry, i):
+        cache, last = carry
+        tok = jax.lax.dynamic_index_in_dim(tokens, i, axis=1, keepdims=False)
+        nll = -jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
+        lg, cache = model.decode(tok[:, None], cache, jnp.full((b,), i, jnp.int32), backend)
+        return (cache, lg[:, 0]), nll
+
+    _, losses = jax.lax.scan(body, (cache, logits[:, -1]), jnp.arange(prompt_len, l))
+    return jnp.sum(losses)
+
+
+_teacher_forced_nll_jit = jax.jit(_teacher_forced_nll,
+                                  static_argnames=("graphdef", "backend", "prompt_len"))
+
+
+def teacher_forced_nll(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array,
+                       backend, prompt_len: int, keep: list[jax.Array] | None = None
+                       ) -> tuple[jax.Array, int]:
+    """Held-out negative log-likelihood of ``tokens`` decoded through a KV-cache backend.
+
+    Prefills ``tokens[:, :P]`` (P = ``prompt_len``) into a cache of ``L`` slots, optionally
+    restricts each head to the prompt slots ``keep`` marks (a :class:`BudgetedKVCache`), then
+    decodes one token per step (``lax.scan``), teacher-forced: the logits after token i-1 score
+    token i for i = P .. L-1. With the dense backend this equals the forward pass's next-token
+    NLL on the same positions; a lossy cache (quantized, sparse, budgeted) shows its cost here.
+    Jitted inside (one compile per graphdef, backend, P and token shape).
+
+    Args:
+      graphdef, params: ``nnx.split`` of a causal decoder with ``init_cache`` / ``decode``
+        (:class:`models.transformer.Transformer`, :class:`models.llama.Llama`).
+      tokens: int [B, L], L <= the model's ``max_len``.
+      backend: a hashable KV-cache backend (:mod:`models.kv_cache` protocol).
+      prompt_len: P, 0 < P < L.
+      keep: per layer bool [B, K, P] keep masks (from :func:`budgets_and_keep`); needs a backend
+        whose cache has a ``keep`` entry (:class:`BudgetedKVCache`).
+
+    Returns:
+      (sum of the B * (L - P) next-token NLLs in nats, float32 scalar; B * (L - P)). Divide
+      by the count, and by ln 2, for bits per token.
+
+    Raises:
+      ValueError: tokens not [B, L]; P outside (0, L); ``keep`` with a backend that has no keep
+        mask; as the model's ``init_cache`` (L > max_len, a
+        backend that cannot honour a sliding window).
+    """
+    if getattr(tokens, "ndim", None) != 2:
+        raise ValueError(f"teacher_forced_nll: tokens must be [B, L] integers, got shape "
+                         f"{getattr(tokens, 'shape', None)}")
+    b, l = tokens.shape
+    if not (isinstance(prompt_len, int) and 0 < prompt_len < l):
+        raise ValueError(f"teacher_forced_nll: prompt_len={prompt_len!r}, expected an integer in "
+                         f"(0, {l}) for windows of {l} tokens")
+    if keep is not None and not isinstance(backend, BudgetedKVCache):
+        raise ValueError(f"teacher_forced_nll: keep masks need a BudgetedKVCache backend, got "
+                         f"{type(backend).__name__}")
+    total = _teacher_forced_nll_jit(graphdef, params, jnp.asarray(tokens), backend, prompt_len,
+                                    keep)
+    return total, b * (l - prompt_len)

@@ -3,7 +3,12 @@
     python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:tiny --workdir=workdir
     python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:paper --workdir=DIR  # accelerator
 
-The ``lm`` experiment's checkpoint in ``<workdir>/lm`` is used (trained first if absent).
+The ``lm`` experiment's checkpoint in ``<workdir>/lm`` is used (trained first if absent), or, with
+``--config.checkpoint=DIR``, a local Hugging Face Llama / Qwen2 / Mistral directory read with its own
+tokenizer (``lm_config`` is then unused):
+
+    python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:tiny --workdir=workdir \
+        --config.checkpoint=DIR
 """
 
 import ml_collections
@@ -41,6 +46,10 @@ def base() -> ml_collections.ConfigDict:
     c.synth_outlier_channels = 4
     c.synth_queries = 64
     c.lm_config = ""  # "" = the lm experiment's tiny config
+    # "" = the byte-level lm above; else a Hugging Face model directory (config.json,
+    # *.safetensors, tokenizer.json) measured instead, with context capped at its max_len
+    c.checkpoint = ""
+    c.text = ""  # UTF-8 text file of held-out windows; "" = the held-out Shakespeare plays
     return c
 
 
@@ -87,6 +96,8 @@ RULES = {
     "synth_outlier_channels": cfg_lib.integer(lo=0),
     "synth_queries": cfg_lib.integer(lo=1),
     "lm_config": cfg_lib.variant_of(lm_config),
+    "checkpoint": cfg_lib.path_or_empty(),
+    "text": cfg_lib.path_or_empty(),
 }
 
 
@@ -97,26 +108,27 @@ def _blocks_divide(head_dim: int, blocks: dict[str, int], where: str) -> None:
                              f"(blocks larger than it are clamped to it)")
 
 
-def check_lm_shapes(config: ml_collections.ConfigDict) -> None:
-    """On the lm of ``lm_config``: the prompt leaves tokens to decode within its ``max_len``, the
-    quantizers' blocks divide its head dimension, and codes of ``bits`` pack into bytes; KIVI's
-    full-precision residual (``chunk`` tokens) is whole groups and QVG's chunk holds its
-    centroids.
+def check_model_shapes(config: ml_collections.ConfigDict, head_dim: int, max_len: int,
+                       where: str) -> None:
+    """On a model of head dimension ``head_dim`` accepting ``max_len`` tokens (described by
+    ``where`` in messages): the prompt leaves tokens to decode within the decoded window
+    ``min(context, max_len)``, the quantizers' blocks divide the head dimension, and codes of
+    ``bits`` pack into bytes; KIVI's full-precision residual (``chunk`` tokens) is whole groups and
+    QVG's chunk holds its centroids; the window is whole chunks.
 
     Raises:
       ValueError: naming the fields.
     """
-    lm = lm_config.get_config(config.lm_config or "tiny").model
-    d, seq = lm.d_model // lm.num_heads, min(config.context, lm.max_len)
+    d, seq = head_dim, min(config.context, max_len)
     if config.prompt_len >= seq:
         raise ValueError(f"config field prompt_len = {config.prompt_len}: expected < {seq}, the "
-                         f"decoded window (min of context={config.context} and the lm's "
-                         f"model.max_len={lm.max_len})")
-    where = f"the lm's head dimension {d} (lm_config={config.lm_config!r})"
+                         f"decoded window (min of context={config.context} and the max_len="
+                         f"{max_len} of {where})")
+    head = f"the head dimension {d} of {where}"
     _blocks_divide(d, {"qvg_block": config.qvg_block, "qvg_pro_block": config.qvg_pro_block,
-                       "kivi_block": config.kivi_block}, where)
+                       "kivi_block": config.kivi_block}, head)
     if d % (8 // config.bits):
-        raise ValueError(f"config field bits = {config.bits}: {where} is not a multiple of "
+        raise ValueError(f"config field bits = {config.bits}: {head} is not a multiple of "
                          f"{8 // config.bits}, so {config.bits}-bit codes do not pack into bytes")
     if config.chunk % config.kivi_group:
         raise ValueError(f"config fields chunk={config.chunk} and kivi_group={config.kivi_group}: "
@@ -125,6 +137,25 @@ def check_lm_shapes(config: ml_collections.ConfigDict) -> None:
     if config.num_centroids > config.chunk:
         raise ValueError(f"config fields num_centroids={config.num_centroids} and chunk="
                          f"{config.chunk}: expected num_centroids <= chunk")
+    if seq % config.chunk:
+        raise ValueError(f"config field chunk = {config.chunk}: expected a divisor of the decoded "
+                         f"window of {seq} tokens (min of context={config.context} and the "
+                         f"max_len={max_len} of {where})")
+
+
+def check_lm_shapes(config: ml_collections.ConfigDict) -> None:
+    """:func:`check_model_shapes` on the lm of ``lm_config`` (its ``model.max_len`` and head
+    dimension). With ``checkpoint`` set the lm is not used; the experiment runs the same check on
+    the checkpoint once it has read its config.json.
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    if config.checkpoint:
+        return
+    lm = lm_config.get_config(config.lm_config or "tiny").model
+    check_model_shapes(config, lm.d_model // lm.num_heads, lm.max_len,
+                       f"the lm (lm_config={config.lm_config!r})")
 
 
 def check_synthetic(config: ml_collections.ConfigDict) -> None:

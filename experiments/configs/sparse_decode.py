@@ -2,6 +2,11 @@
 
     python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:tiny --workdir=workdir
     python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:paper --workdir=workdir
+    python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:tiny --workdir=workdir \
+        --config.checkpoint=DIR  # a local Hugging Face Llama / Qwen2 / Mistral directory
+
+With ``checkpoint`` set, the quality measurements (kept mass, error, greedy match) use that model
+and its tokenizer on ``text`` instead of the trained byte-level lm; ``lm_config`` is then unused.
 """
 
 import math
@@ -39,6 +44,10 @@ def base() -> ml_collections.ConfigDict:
     c.greedy_new = 64
     c.greedy_page_size = 16
     c.lm_config = ""  # variant of the lm experiment whose checkpoint is decoded; "" = tiny
+    # "" = the byte-level lm above; else a Hugging Face model directory (config.json,
+    # *.safetensors, tokenizer.json) measured instead, with the context capped at its max_len
+    c.checkpoint = ""
+    c.text = ""  # UTF-8 text file to capture on; "" = the held-out Shakespeare plays
     return c
 
 
@@ -77,6 +86,8 @@ RULES = {
     "greedy_new": cfg_lib.integer(lo=1),
     "greedy_page_size": cfg_lib.integer(lo=1),
     "lm_config": cfg_lib.variant_of(lm_config),
+    "checkpoint": cfg_lib.path_or_empty(),
+    "text": cfg_lib.path_or_empty(),
 }
 
 
@@ -126,11 +137,14 @@ def check_max_density(config: ml_collections.ConfigDict) -> None:
 def check_lm(config: ml_collections.ConfigDict) -> None:
     """The captured and decoded model is the lm of ``lm_config``: its ``model.max_len`` holds the
     greedy prompt and continuation, is a whole number of greedy pages and real-data pages, and fits
-    at least once in ``real_context``.
+    at least once in ``real_context``. With ``checkpoint`` set the lm is not used; the experiment
+    checks the checkpoint's own limits when it has read its config.json.
 
     Raises:
       ValueError: naming the fields and the lm's max_len.
     """
+    if config.checkpoint:
+        return
     w = lm_config.get_config(config.lm_config or "tiny").model.max_len
     where = f"the lm's model.max_len={w} (lm_config={config.lm_config!r})"
     if config.greedy_prompt + config.greedy_new > w:

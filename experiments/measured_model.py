@@ -1,0 +1,166 @@
+"""The model and held-out text that a KV-cache quality experiment measures.
+
+``sparse_decode`` and ``kv_quant`` measure kept softmax mass, attention-output error, needle recall
+and held-out NLL on the queries, keys and values of a real model. By default that model is the
+project's byte-level LM (trained by the ``lm`` experiment into ``<workdir>/lm``); with the config
+field ``checkpoint=DIR`` it is a local Hugging Face Llama / Qwen2 / Mistral directory
+(``config.json``, ``*.safetensors``, ``tokenizer.json``; :mod:`models.hf_checkpoint`), read with
+its own tokenizer. The text is the config field ``text`` (a UTF-8 file) or, when empty, the
+held-out Shakespeare plays of :mod:`core.data.text` (for the byte LM: its own held-out split).
+
+Nothing is downloaded: the numbers describe whatever weights the directory holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from core.data.text import ByteTokenizer, load_corpus, sequential_windows
+from models import capture
+
+CHECKPOINT_NOTE = ("No pretrained weights can be downloaded on these machines: the checkpoint is "
+                   "whatever local directory was given, and a random tiny checkpoint only proves "
+                   "the plumbing (its numbers say nothing about the method).")
+DEFAULT_TEXT = "held-out Shakespeare plays (core.data.text)"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredModel:
+    """A decoder in functional form, its held-out token ids and a description.
+
+    Attributes:
+      graphdef, params: ``nnx.split`` of a :class:`models.transformer.Transformer` (byte LM) or a
+        :class:`models.llama.Llama` (checkpoint).
+      config: its ``TransformerConfig`` / ``LlamaConfig``.
+      text: int32 [N] token ids of the held-out text (no special tokens).
+      prefix: special ids each window starts with (the tokenizer's BOS, if it adds one).
+      info: what was measured, written to metrics.json under ``model``: ``kind``
+        (``"byte_lm"`` or ``"checkpoint"``), ``checkpoint`` (its path), ``architecture``, sizes,
+        ``text``, ``text_tokens``, and for a checkpoint ``note`` (:data:`CHECKPOINT_NOTE`).
+    """
+
+    graphdef: Any
+    params: Any
+    config: Any
+    text: np.ndarray
+    prefix: tuple[int, ...]
+    info: dict
+
+    @property
+    def is_checkpoint(self) -> bool:
+        return self.info["kind"] == "checkpoint"
+
+    @property
+    def rope(self):
+        """The model's RoPE (:func:`models.capture.model_rope`)."""
+        return capture.model_rope(self.config)
+
+    def windows(self, length: int, count: int) -> np.ndarray:
+        """int32 [n, length], n = min(count, what the text holds): each window is :attr:`prefix`
+        then the next ``length - len(prefix)`` text tokens (non-overlapping, evenly spread over
+        the text as :func:`core.data.text.sequential_windows`).
+
+        Raises:
+          ValueError: ``length`` does not exceed the prefix, or the text is shorter than one
+            window (naming the text).
+        """
+        body = length - len(self.prefix)
+        if body < 1:
+            raise ValueError(f"window length {length}: expected more than the tokenizer's "
+                             f"{len(self.prefix)} prefix token(s)")
+        if self.text.size < body:
+            raise ValueError(f"text {self.info['text']}: {self.text.size} tokens are fewer than one "
+                             f"window of {body} (plus {len(self.prefix)} prefix token(s)); give a "
+                             "longer text or a shorter context")
+        w = sequential_windows(self.text, body, count)
+        if self.prefix:
+            pre = np.broadcast_to(np.asarray(self.prefix, np.int32), (w.shape[0], len(self.prefix)))
+            w = np.concatenate([pre, w], axis=1)
+        return w
+
+    def describe(self) -> str:
+        """One paragraph for a report: which model and text were measured (and, for a checkpoint,
+        :data:`CHECKPOINT_NOTE`)."""
+        i = self.info
+        sizes = (f"{i['layers']} layers, {i['heads']} query / {i['kv_heads']} kv heads, head dim "
+                 f"{i['head_dim']}, max_len {i['max_len']}, {i['params']:,} parameters")
+        if self.is_checkpoint:
+            return (f"Model measured: Hugging Face checkpoint `{i['checkpoint']}` "
+                    f"({i['architecture']}; {sizes}) on {i['text']} ({i['text_tokens']:,} tokens of "
+                    f"its own tokenizer). {i['note']}")
+        return (f"Model measured: {i['architecture']} (`{i['checkpoint']}`, lm_config "
+                f"{i['lm_config']!r}; {sizes}) on {i['text']} ({i['text_tokens']:,} bytes).")
+
+
+def _sizes(cfg) -> dict:
+    return {"layers": cfg.num_layers, "heads": cfg.num_heads, "kv_heads": cfg.kv_heads,
+            "head_dim": cfg.dim_per_head, "d_model": cfg.d_model, "vocab_size": cfg.vocab_size,
+            "max_len": cfg.max_len}
+
+
+def _read_text(path: str) -> str:
+    if not os.path.isfile(path):
+        raise ValueError(f"config field text = {path!r}: no such file (expected a UTF-8 text "
+                         "file, or '' for the held-out Shakespeare plays)")
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"config field text = {path!r}: not UTF-8 text ({e})") from None
+
+
+def load(config: ml_collections.ConfigDict, workdir: str) -> MeasuredModel:
+    """The model ``config`` names (fields ``checkpoint``, ``text``, ``lm_config``).
+
+    Raises:
+      ValueError: an unreadable or unsupported checkpoint or tokenizer (naming the file, see
+        :mod:`models.hf_checkpoint`), a missing or non-UTF-8 text file, a text that encodes to
+        no tokens, or token ids outside the model's vocabulary.
+    """
+    if config.checkpoint:
+        return _load_checkpoint(config.checkpoint, config.text)
+    from experiments import lm
+
+    graphdef, params, mcfg, corpus = lm.load_trained(workdir, config.lm_config or None)
+    if config.text:
+        text = ByteTokenizer().encode(_read_text(config.text))
+    else:
+        text = corpus.val
+    info = {"kind": "byte_lm", "checkpoint": os.path.join(workdir, "lm"),
+            "architecture": "byte-level transformer LM (lm experiment)",
+            "lm_config": config.lm_config or "tiny", **_sizes(mcfg),
+            "params": int(sum(x.size for x in jax.tree.leaves(params))),
+            "text": config.text or "the lm's held-out text", "text_tokens": int(text.size)}
+    return MeasuredModel(graphdef, params, mcfg, np.asarray(text, np.int32), (), info)
+
+
+def _load_checkpoint(path: str, text_path: str) -> MeasuredModel:
+    from models import hf_checkpoint as hfc
+
+    tokenizer = hfc.load_tokenizer(path)
+    ck = hfc.load_checkpoint(path)
+    if text_path:
+        text = _read_text(text_path)
+    else:  # the byte LM's held-out plays, as text
+        text = load_corpus(None).val.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+    ids = np.asarray(tokenizer.encode(text, add_special_tokens=False), np.int32)
+    if ids.size == 0:
+        raise ValueError(f"text {text_path or DEFAULT_TEXT}: encodes to no tokens")
+    prefix = tokenizer.prefix_ids()
+    top = max(int(ids.max()), *prefix) if prefix else int(ids.max())
+    if top >= ck.config.vocab_size:
+        raise ValueError(f"{os.path.join(path, 'tokenizer.json')}: token id {top} is outside the "
+                         f"model's vocabulary of {ck.config.vocab_size} (config.json)")
+    info = {"kind": "checkpoint", "checkpoint": os.path.abspath(path),
+            "architecture": ck.config.model_type, **_sizes(ck.config),
+            "params": int(sum(x.size for x in jax.tree.leaves(ck.params))),
+            "text": text_path or DEFAULT_TEXT, "text_tokens": int(ids.size),
+            "prefix_tokens": list(prefix), "note": CHECKPOINT_NOTE}
+    return MeasuredModel(ck.graphdef, ck.params, ck.config, ids, prefix, info)
