@@ -24,6 +24,8 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
+from kernels import checks
+
 
 class KVCacheBackend(Protocol):
     def init(self, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int,
@@ -45,9 +47,20 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
 
     Returns:
       [B, H, T, D] in ``q``'s dtype.
+
+    Raises:
+      ValueError: ``q`` not float [B, H, T, D]; ``k`` not [B, K, S, D] with H a multiple of K;
+        ``v`` not of ``k``'s shape.
     """
+    where = "grouped_attention"
+    checks.array(q, "q", where, ndim=4, kind="float")
     b, h, t, d = q.shape
+    checks.array(k, "k", where, ndim=4, shape=(b, None, None, d))
+    checks.array(v, "v", where, shape=k.shape)
     kh = k.shape[1]
+    if h % kh:
+        raise checks.error(where, "q", f"a number of query heads that is a multiple of the {kh} "
+                           "kv heads", f"{h} query heads")
     qg = q.reshape(b, kh, h // kh, t, d).astype(jnp.float32)
     scores = jnp.einsum("bkgtd,bksd->bkgts", qg, k.astype(jnp.float32)) / jnp.sqrt(d).astype(
         jnp.float32)
@@ -69,10 +82,15 @@ class DenseKVCache:
     layout for decode on CPU), with dense attention over the valid prefix."""
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
+        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "DenseKVCache.init")
         shape = (batch_size, num_kv_heads, max_len, head_dim)
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
     def update(self, layer_cache, k, v, start):
+        b, kh, s, d = layer_cache["k"].shape
+        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
+                            where="DenseKVCache.update")
+
         def write(buf, new, s):  # buf [K, S, D], new [K, T, D]
             return jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (0, s, 0))
 
@@ -80,6 +98,9 @@ class DenseKVCache:
                 "v": jax.vmap(write)(layer_cache["v"], v, start)}
 
     def attend(self, layer_cache, q, start):
+        b, kh, s, d = layer_cache["k"].shape
+        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
+                            where="DenseKVCache.attend")
         mask = causal_cache_mask(start, q.shape[2], layer_cache["k"].shape[2])
         return grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
 
@@ -99,8 +120,8 @@ def get_backend(name: str, **kwargs) -> KVCacheBackend:
     """Instantiates the KV-cache backend registered as ``name`` with ``kwargs``.
 
     Raises:
-      ValueError: unknown name (the message lists the known ones) or a backend whose module is
-        not available.
+      ValueError: unknown name (the message lists the known ones), a backend whose module is
+        not available, or ``kwargs`` the backend does not take.
     """
     if name not in _BACKENDS:
         raise ValueError(f"unknown KV-cache backend {name!r}; known: {sorted(_BACKENDS)}")
@@ -109,4 +130,9 @@ def get_backend(name: str, **kwargs) -> KVCacheBackend:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"KV-cache backend {name!r} ({_BACKENDS[name]}) is unavailable: {e}") from e
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None
+    unknown = sorted(set(kwargs) - names) if names is not None else []
+    if unknown:
+        raise ValueError(f"get_backend: {name!r} backend has no option {', '.join(unknown)}; its "
+                         f"options are {sorted(names)}")
     return cls(**kwargs)

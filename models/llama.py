@@ -36,7 +36,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+from kernels import checks
 
 from models import kv_cache as kvc
 from models.rope import RotaryEmbedding, apply_rope
@@ -90,6 +93,13 @@ class LlamaConfig:
     model_type: str = "llama"
 
     def __post_init__(self):
+        for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads",
+                     "num_kv_heads", "mlp_dim"):
+            checks.integer(getattr(self, name), name, "LlamaConfig", minimum=1)
+        checks.integer(self.head_dim, "head_dim", "LlamaConfig", minimum=2, allow_none=True)
+        checks.number(self.norm_eps, "norm_eps", "LlamaConfig", minimum=0.0, open_min=True)
+        for name in ("dtype", "param_dtype"):
+            checks.float_dtype(getattr(self, name), name, "LlamaConfig")
         for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads",
                      "num_kv_heads", "mlp_dim"):
             if getattr(self, name) < 1:
@@ -255,8 +265,12 @@ class Llama(nnx.Module):
         self.head = None if cfg.tie_embeddings else _linear(rngs, cfg.d_model, cfg.vocab_size, cfg)
 
     def _check_tokens(self, tokens: jax.Array, where: str) -> None:
-        if tokens.ndim != 2:
-            raise ValueError(f"{where}: tokens must be [B, L] integers, got shape {tokens.shape}")
+        checks.array(tokens, "tokens", where, ndim=2, kind="int", nonempty=True)
+        if not checks.is_traced(tokens):
+            ids = np.asarray(tokens)
+            if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+                raise checks.error(where, "tokens", f"ids in [0, {self.cfg.vocab_size})",
+                                   f"min {ids.min()}, max {ids.max()}")
         if tokens.shape[1] > self.cfg.max_len:
             raise ValueError(f"{where}: sequence length {tokens.shape[1]} exceeds the model's "
                              f"max_len={self.cfg.max_len}")
@@ -279,10 +293,18 @@ class Llama(nnx.Module):
           float32 logits [B, L, V].
 
         Raises:
-          ValueError: wrong rank or L > max_len.
+          ValueError: ``tokens`` not a non-empty int [B, L] (or, when concrete, ids outside
+            [0, V)), L > max_len, ``positions`` not int [B, L], ``mask`` not bool [B or 1, L, L].
         """
         self._check_tokens(tokens, "Llama.__call__")
         b, l = tokens.shape
+        if positions is not None:
+            checks.array(positions, "positions", "Llama.__call__", kind="int", shape=(b, l))
+        if mask is not None:
+            checks.array(mask, "mask", "Llama.__call__", kind="bool", ndim=3)
+            if mask.shape[0] not in (1, b) or mask.shape[1:] != (l, l):
+                raise checks.error("Llama.__call__", "mask", f"of shape [{b} or 1, {l}, {l}]",
+                                   f"shape {tuple(mask.shape)}")
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
         if mask is None:
@@ -308,9 +330,11 @@ class Llama(nnx.Module):
         """An empty cache: one backend-specific pytree per layer.
 
         Raises:
-          ValueError: ``max_len`` exceeds the model's, or the backend cannot honour a sliding
-            window (:meth:`check_backend`).
+          ValueError: ``batch_size`` not an int >= 1, ``max_len`` not None or an int in
+            1..the model's, or the backend cannot honour a sliding window (:meth:`check_backend`).
         """
+        checks.integer(batch_size, "batch_size", "Llama.init_cache", minimum=1)
+        checks.integer(max_len, "max_len", "Llama.init_cache", minimum=1, allow_none=True)
         backend = backend or kvc.DenseKVCache()
         max_len = max_len or self.cfg.max_len
         if max_len > self.cfg.max_len:
@@ -336,7 +360,9 @@ class Llama(nnx.Module):
           (float32 logits [B, T, V], the updated cache).
 
         Raises:
-          ValueError: as :meth:`__call__`; a cache with the wrong number of layers.
+          ValueError: as :meth:`__call__`; a cache with the wrong number of layers; ``start`` not
+            an int scalar or [B]; a concrete ``start`` that leaves no room for T tokens in the
+            cache (raised by the backend's ``update``).
         """
         backend = backend or kvc.DenseKVCache()
         self._check_tokens(tokens, "Llama.decode")
@@ -344,6 +370,12 @@ class Llama(nnx.Module):
             raise ValueError(f"Llama.decode: cache has {len(cache)} layers, the model "
                              f"{self.cfg.num_layers}")
         b, t = tokens.shape
+        if not hasattr(start, "shape"):
+            start = np.asarray(start)
+        checks.array(start, "start", "Llama.decode", kind="int")
+        if tuple(start.shape) not in ((), (b,)):
+            raise checks.error("Llama.decode", "start", f"an int scalar or of shape [{b}]",
+                               f"shape {tuple(start.shape)}")
         start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (b,))
         positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
         x = self.embed(tokens)

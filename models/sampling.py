@@ -9,20 +9,29 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from kernels import checks
 from models import kv_cache as kvc
 
 
 def sample_logits(key: jax.Array, logits: jax.Array, temperature: float) -> jax.Array:
-    """Samples ids from ``logits`` [..., V] at ``temperature`` (0 = greedy argmax). int32 [...]."""
+    """Samples ids from ``logits`` [..., V] at ``temperature`` (0 = greedy argmax). int32 [...].
+
+    Raises:
+      ValueError: ``logits`` not a float array of rank >= 1; a concrete ``temperature`` that is
+        not a finite number >= 0.
+    """
+    checks.array(logits, "logits", "sample_logits", kind="float")
+    if logits.ndim < 1:
+        raise checks.error("sample_logits", "logits", "an array [..., V]", "a scalar")
+    checks.number(temperature, "temperature", "sample_logits", minimum=0.0)
     if temperature == 0.0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature",
-                                              "backend", "banned_ids"))
 def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, key: jax.Array, *,
              max_new_tokens: int, temperature: float = 1.0,
              backend: kvc.KVCacheBackend = kvc.DENSE,
@@ -44,9 +53,33 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, key: 
       temperature-1 model restricted to the allowed ids).
 
     Raises:
-      ValueError: P + N exceeds ``max_len``, N < 1, or a banned id outside [0, vocab_size) or
-        every id banned (at trace time).
+      ValueError: ``prompt`` not a non-empty int [B, P] or, when concrete, holding ids outside
+        [0, vocab_size); ``max_new_tokens`` not an int >= 1; P + N exceeds ``max_len``;
+        ``temperature`` not a finite number >= 0; ``backend`` not a KV-cache backend; a banned
+        id outside [0, vocab_size) or every id banned. All before compiling.
     """
+    where = "generate"
+    checks.array(prompt, "prompt", where, ndim=2, kind="int", nonempty=True)
+    checks.integer(max_new_tokens, "max_new_tokens", where, minimum=1)
+    checks.number(temperature, "temperature", where, minimum=0.0, allow_traced=False)
+    if not all(hasattr(backend, m) for m in ("init", "update", "attend")):
+        raise checks.error(where, "backend", "a KV-cache backend (models.kv_cache.get_backend)",
+                           repr(backend))
+    vocab = getattr(getattr(graphdef, "cfg", None), "vocab_size", None)
+    if vocab is None:  # the config lives on the module; merging is cheap next to sampling
+        vocab = nnx.merge(graphdef, params).cfg.vocab_size
+    if not checks.is_traced(prompt):
+        ids = np.asarray(prompt)
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise checks.error(where, "prompt", f"token ids in [0, {vocab})",
+                               f"min {ids.min()}, max {ids.max()}")
+    return _generate(graphdef, params, prompt, key, max_new_tokens=int(max_new_tokens),
+                     temperature=temperature, backend=backend, banned_ids=tuple(banned_ids))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature",
+                                              "backend", "banned_ids"))
+def _generate(graphdef, params, prompt, key, *, max_new_tokens, temperature, backend, banned_ids):
     model = nnx.merge(graphdef, params)
     b, p = prompt.shape
     if max_new_tokens < 1:

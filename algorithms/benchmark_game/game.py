@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels import checks
+
 # ----------------------------------------------------------------------------------------------
 # Score families (observed score as a function of latent quality and total training).
 
@@ -83,6 +85,7 @@ class AdditiveSaturating:
     def __post_init__(self):
         for name in ("amplitude", "rate"):
             value = getattr(self, name)
+            checks.number(value, name, "AdditiveSaturating", minimum=0.0, open_min=True)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"AdditiveSaturating.{name} must be positive and finite, got {value}")
 
@@ -419,6 +422,10 @@ def payoff_tensor(scores: jax.Array, costs: jax.Array, rewards: jax.Array) -> ja
         not [M] (shapes are static, so this is raised while tracing).
     """
     _check_game_shapes(scores, costs, rewards)
+    n, m = scores.shape
+    # the stacked output plus one player's float32 payoffs and comparisons while it is built
+    checks.fits_in_memory((n + 2) * 4.0 * float(m) ** n, "payoff_tensor",
+                          f"the payoff tensor of {n} players x {m} effort levels")
     return jnp.stack([_player_payoff(scores, costs, rewards, i) for i in range(scores.shape[0])])
 
 
@@ -499,7 +506,8 @@ def _first_true(mask: jax.Array, k: int) -> jax.Array:
     return jnp.where(ok[:, None], coords, -1).astype(jnp.int32)
 
 
-def pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria: int = 16) -> Equilibria:
+def pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria: int = 16, *,
+                    max_bytes: float | None = None) -> Equilibria:
     """All pure Nash equilibria at tune-before-test level ``delta`` (a scalar, training units).
 
     Builds the payoff tensor (:func:`payoff_tensor`) and intersects the players' best-response
@@ -514,6 +522,9 @@ def pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria:
       contest: from :func:`make_contest`.
       delta: () tune-before-test training, finite and >= 0.
       max_equilibria: K >= 1, how many equilibria to list (static); ``count`` is exact regardless.
+      max_bytes: refuse a contest whose working set (about ``10 * M**N`` bytes: one player's
+        float32 payoffs, their maximum and the boolean masks) exceeds this; default half of the
+        device's memory (:func:`kernels.checks.memory_limit`).
 
     Returns:
       :class:`Equilibria`. Costs ``O(N**2 M**N)`` time and ``O(M**N)`` memory per player. When
@@ -522,9 +533,14 @@ def pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria:
       ``count = -1``, profiles and ranks -1, taus NaN and ``zero_effort_unique = False``.
 
     Raises:
-      ValueError: a concrete ``delta`` that is not a finite scalar >= 0; ``max_equilibria < 1``.
+      ValueError: a concrete ``delta`` that is not a finite scalar >= 0; ``max_equilibria < 1``;
+        a contest too large for ``max_bytes`` (the message gives the estimate and the limit).
     """
     _check_delta(delta)
+    n, m = contest.num_players, contest.num_levels
+    checks.fits_in_memory(10.0 * float(m) ** n, "pure_equilibria",
+                          f"{n} players x {m} effort levels ({float(m) ** n:.3g} profiles)",
+                          max_bytes)
     if not isinstance(max_equilibria, (int, np.integer)) or max_equilibria < 1:
         raise ValueError(f"max_equilibria must be an integer >= 1, got {max_equilibria!r}")
     return _pure_equilibria(score, contest, delta, int(max_equilibria))
@@ -575,6 +591,13 @@ def best_response(scores: jax.Array, costs: jax.Array, rewards: jax.Array, profi
     if profile.shape != (n,):
         raise ValueError(f"profile must have one effort index per player, shape ({n},), got "
                          f"{profile.shape}")
+    checks.array(profile, "profile", "best_response", kind="int")
+    if not checks.is_traced(profile):
+        p = np.asarray(profile)
+        if p.min() < 0 or p.max() >= m:
+            raise checks.error("best_response", "profile", f"effort indices in [0, {m})", p)
+    if not checks.is_traced(i):
+        checks.integer(i, "i (the player)", "best_response", minimum=0, maximum=n - 1)
     idx = jnp.arange(n)
     others = jnp.take_along_axis(scores, profile[:, None], axis=1)[:, 0]  # [N]
     mine = scores[i]  # [M]

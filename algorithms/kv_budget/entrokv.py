@@ -23,6 +23,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from kernels import checks
+
 
 @dataclasses.dataclass(frozen=True)
 class EntroKVConfig:
@@ -43,6 +45,10 @@ class EntroKVConfig:
     min_budget: int = 1
 
     def __post_init__(self):
+        for name in ("window", "pool", "min_budget"):
+            checks.integer(getattr(self, name), name, "EntroKVConfig", minimum=1)
+        for name in ("alpha", "prior"):
+            checks.number(getattr(self, name), name, "EntroKVConfig", minimum=0.0, maximum=1.0)
         if self.window < 1:
             raise ValueError(f"EntroKVConfig: window={self.window} must be >= 1")
         if not 0.0 <= self.alpha <= 1.0 or not 0.0 <= self.prior <= 1.0:
@@ -138,8 +144,10 @@ def allocate_budgets(scores: jax.Array, total: int, min_budget: int = 1,
       int32 [N] with ``sum == total`` and ``min_budget <= b <= capacity``.
 
     Raises:
-      ValueError: ``total < N * min_budget`` or ``total > N * capacity``.
+      ValueError: ``scores`` not a float vector [N] with N >= 1; ``total < N * min_budget`` or
+        ``total > N * capacity``.
     """
+    checks.array(scores, "scores", "allocate_budgets", ndim=1, kind="real", nonempty=True)
     n = scores.shape[0]
     capacity = total if capacity is None else capacity
     _check_total(total, n, min_budget, capacity)
@@ -147,7 +155,12 @@ def allocate_budgets(scores: jax.Array, total: int, min_budget: int = 1,
 
 
 def uniform_budgets(num_heads: int, total: int, capacity: int | None = None) -> jax.Array:
-    """The SnapKV baseline: ``total`` split as evenly as possible (int32 [N], exact sum)."""
+    """The SnapKV baseline: ``total`` split as evenly as possible (int32 [N], exact sum).
+
+    Raises:
+      ValueError: ``num_heads`` not an int >= 1, or as :func:`allocate_budgets`.
+    """
+    checks.integer(num_heads, "num_heads", "uniform_budgets", minimum=1)
     return allocate_budgets(jnp.ones((num_heads,), jnp.float32), total, 1, capacity)
 
 

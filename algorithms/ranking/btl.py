@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from algorithms.ranking.data import ComparisonTable
+from kernels import checks
 
 TIE_MODELS = ("half", "davidson", "rao_kupper")
 
@@ -113,10 +114,13 @@ class FitConfig:
             raise ValueError(f"FitConfig.tie_model={self.tie_model!r}; expected one of {TIE_MODELS}")
         for name in ("ridge_scores", "ridge_alpha"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)):
+            if checks.is_traced(v) or getattr(v, "ndim", 0) > 0:
                 continue  # a traced or array leaf (inside jit/vmap): validated where it was built
-            if not (v >= 0 and v < float("inf")):
-                raise ValueError(f"FitConfig.{name}={v!r}; expected a finite value >= 0")
+            # NumPy scalars (np.float32(-1)) are checked exactly like Python floats
+            checks.number(v, name, "FitConfig", minimum=0.0)
+        checks.integer(self.max_iter, "max_iter", "FitConfig", minimum=1)
+        checks.integer(self.max_halvings, "max_halvings", "FitConfig", minimum=1)
+        checks.number(self.tol, "tol", "FitConfig", minimum=0.0, open_min=True)
         if self.max_iter < 1 or self.max_halvings < 1:
             raise ValueError("FitConfig.max_iter and max_halvings must be >= 1")
         if not self.tol > 0:

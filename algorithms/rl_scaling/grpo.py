@@ -31,6 +31,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from kernels import checks
+
 ADVANTAGE_MODES = ("grpo", "drgrpo")
 AGGREGATIONS = ("seq_mean", "token_mean", "constant")
 # A group whose reward spread is within this many float32 ulps of its largest |reward| is constant.
@@ -66,6 +68,13 @@ class GRPOConfig:
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"GRPOConfig.aggregation={self.aggregation!r}: expected one of "
                              f"{AGGREGATIONS}")
+        checks.number(self.clip_eps, "clip_eps", "GRPOConfig", minimum=0.0, open_min=True)
+        if self.clip_eps_high is not None:
+            checks.number(self.clip_eps_high, "clip_eps_high", "GRPOConfig", minimum=0.0,
+                          open_min=True)
+        checks.number(self.kl_beta, "kl_beta", "GRPOConfig", minimum=0.0)
+        checks.number(self.adv_eps, "adv_eps", "GRPOConfig", minimum=0.0)
+        checks.integer(self.inner_steps, "inner_steps", "GRPOConfig", minimum=1)
         if not self.clip_eps > 0 or (self.clip_eps_high is not None and not self.clip_eps_high > 0):
             raise ValueError(f"GRPOConfig: clip epsilons must be > 0, got clip_eps={self.clip_eps}, "
                              f"clip_eps_high={self.clip_eps_high}")
@@ -124,7 +133,12 @@ def group_advantages(rewards: jax.Array, group_size: jax.Array | int, *, mode: s
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"advantage mode {mode!r}: expected one of {ADVANTAGE_MODES}")
     rewards = jnp.asarray(rewards, jnp.float32)
+    checks.array(rewards, "rewards", "group_advantages", ndim=1)
     r = rewards.shape[0]
+    if not checks.is_traced(group_size) and getattr(group_size, "ndim", 0) == 0:
+        checks.integer(int(group_size) if hasattr(group_size, "dtype") and jnp.issubdtype(
+            group_size.dtype, jnp.integer) else group_size, "group_size", "group_advantages",
+            minimum=1)
     if isinstance(group_size, int) and (group_size < 1 or r % group_size):
         raise ValueError(f"group_advantages: {r} rewards are not a whole number of groups of "
                          f"size {group_size}")

@@ -36,6 +36,9 @@ def pass_at_k(num_samples: jax.Array, num_correct: jax.Array, k: int) -> jax.Arr
     k = int(k)
     n = jnp.asarray(num_samples)
     c = jnp.asarray(num_correct)
+    if n.ndim and c.ndim and n.shape != c.shape:
+        raise ValueError(f"pass_at_k: num_correct must have the shape of num_samples "
+                         f"{tuple(n.shape)}, got shape {tuple(c.shape)}")
     if not isinstance(n, jax.core.Tracer) and bool(jnp.any(n < k)):
         raise ValueError(f"pass_at_k: k={k} exceeds the number of samples n={n} (need k <= n)")
     if not isinstance(c, jax.core.Tracer) and not isinstance(n, jax.core.Tracer) and bool(

@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kernels import checks
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
 
@@ -36,8 +37,7 @@ def resolve_implementation(implementation: str) -> str:
     Raises:
       ValueError: unknown name.
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown implementation {implementation!r}; expected {IMPLEMENTATIONS}")
+    checks.one_of(implementation, "implementation", "kv_quant", IMPLEMENTATIONS)
     if implementation != "auto":
         return implementation
     platform = jax.default_backend()
@@ -63,7 +63,17 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
 
     Returns:
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
+
+    Raises:
+      ValueError: ``q`` not float [B, K, R, D] matching the codes' B and K; ``start`` or
+        ``num_quantized`` not int [B]; an unknown implementation.
     """
+    where = "qvg_chunk_attention"
+    b, kh = k_code.codes.shape[:2]
+    checks.array(q, "q", where, ndim=4, kind="float", shape=(b, kh, None, None), nonempty=True)
+    checks.array(start, "start", where, kind="int", shape=(b,))
+    checks.array(num_quantized, "num_quantized", where, kind="int", shape=(b,))
+    checks.integer(num_new, "num_new", where, minimum=1)
     impl = resolve_implementation(implementation)
     nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
     if impl == "pallas_gpu" and implementation == "auto" and not _pow2(n, q.shape[-1]):
@@ -129,7 +139,19 @@ class _ChunkedQuantCache(abc.ABC):
 
     # -- protocol -------------------------------------------------------------------------------
 
+    def _layout(self, layer_cache, where: str) -> tuple[int, int, int, int]:
+        """(B, K, capacity SP = NC * N, D) of a layer cache, which must be one of this backend's."""
+        if not isinstance(layer_cache, dict) or "wk" not in layer_cache or "k" not in layer_cache:
+            got = sorted(layer_cache) if isinstance(layer_cache, dict) else type(layer_cache)
+            raise checks.error(where, "layer_cache", f"a {type(self).__name__} layer cache (from "
+                               "init)", got)
+        b, kh, _, d = layer_cache["wk"].shape
+        nc = jax.tree.leaves(layer_cache["k"])[0].shape[2]
+        return b, kh, nc * self._chunk(), d
+
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
+        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype,
+                          f"{type(self).__name__}.init")
         self._check(head_dim)
         n = self._chunk()
         nc = -(-max_len // n)
@@ -150,6 +172,10 @@ class _ChunkedQuantCache(abc.ABC):
         return cache
 
     def update(self, layer_cache, k, v, start):
+        where = f"{type(self).__name__}.update"
+        b, kh, cap, d = self._layout(layer_cache, where)
+        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=cap, head_dim=d,
+                            where=where)
         b, kh, t, d = k.shape
         n = self._chunk()
         start = start.astype(jnp.int32)
@@ -205,7 +231,13 @@ class _ChunkedQuantCache(abc.ABC):
             out.update(self._update_values(layer_cache, v, start))
         return out
 
+    def _check_attend(self, layer_cache, q, start):
+        where = f"{type(self).__name__}.attend"
+        b, kh, cap, d = self._layout(layer_cache, where)
+        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=cap, head_dim=d, where=where)
+
     def attend(self, layer_cache, q, start):
+        self._check_attend(layer_cache, q, start)
         b, h, t, d = q.shape
         kh = layer_cache["wk"].shape[1]
         n = self._chunk()
@@ -253,7 +285,14 @@ class QVGCache(_ChunkedQuantCache):
     seed: int = 0
 
     def __post_init__(self):
-        resolve_implementation(self.implementation)
+        if not isinstance(self.config, QVGConfig):
+            raise checks.error("QVGCache", "config", "a QVGConfig", repr(self.config))
+        from models.rope import RotaryEmbedding  # a base, or the model's RoPE with its scaling
+
+        if not isinstance(self.rope_base, RotaryEmbedding):
+            checks.number(self.rope_base, "rope_base", "QVGCache", minimum=0.0, open_min=True)
+        checks.integer(self.seed, "seed", "QVGCache")
+        checks.one_of(self.implementation, "implementation", "QVGCache", IMPLEMENTATIONS)
 
     def _chunk(self):
         return self.config.chunk
@@ -358,7 +397,12 @@ class KIVICache(_ChunkedQuantCache):
         x = jax.vmap(lambda c: ref.kivi_dequantize_chunk(c, self.config, per_channel))(flat)
         return x.reshape(shape[0], shape[1], -1, x.shape[-1])
 
+    def __post_init__(self):
+        if not isinstance(self.config, KIVIConfig):
+            raise checks.error("KIVICache", "config", "a KIVIConfig", repr(self.config))
+
     def attend(self, layer_cache, q, start):
+        self._check_attend(layer_cache, q, start)
         b, h, t, d = q.shape
         kh = layer_cache["wk"].shape[1]
         n = r = self.config.residual

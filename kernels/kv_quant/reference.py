@@ -48,6 +48,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from kernels import checks
+
 SCALE_DTYPE = jnp.bfloat16
 CENTROID_DTYPE = jnp.bfloat16
 VALID_BITS = (2, 4, 8)
@@ -93,6 +95,11 @@ class QVGConfig:
 
     def __post_init__(self):
         _check_bits(self.bits, "QVGConfig")
+        for name, low in (("stages", 0), ("block", 1), ("num_centroids", 1), ("chunk", 1),
+                          ("kmeans_iters", 0), ("seed", None)):
+            checks.integer(getattr(self, name), name, "QVGConfig", minimum=low)
+        if self.pre_rope not in (True, False):
+            raise checks.error("QVGConfig", "pre_rope", "a bool", repr(self.pre_rope))
         if self.stages < 0:
             raise ValueError(f"QVGConfig: stages={self.stages} must be >= 0")
         if not 1 <= self.num_centroids <= 256:
@@ -143,6 +150,8 @@ class KIVIConfig:
 
     def __post_init__(self):
         _check_bits(self.bits, "KIVIConfig")
+        for name in ("group", "block", "residual"):
+            checks.integer(getattr(self, name), name, "KIVIConfig", minimum=1)
         if self.group < 1 or self.residual < 1 or self.residual % self.group:
             raise ValueError(f"KIVIConfig: residual={self.residual} must be a positive multiple of "
                              f"group={self.group}")
@@ -390,8 +399,13 @@ def qvg_quantize(x: jax.Array, cfg: QVGConfig, key: jax.Array | None = None) -> 
     clustered on its own. Returns a :class:`QVGCode` with fields ``[..., N / chunk, ...]``.
 
     Raises:
-      ValueError: N not a multiple of the chunk, or see :func:`qvg_quantize_chunk`.
+      ValueError: ``x`` not a float array of rank >= 2, N not a multiple of the chunk, or see
+        :func:`qvg_quantize_chunk`.
     """
+    checks.array(x, "x", "qvg_quantize", kind="float")
+    if x.ndim < 2:
+        raise checks.error("qvg_quantize", "x", "an array [..., N, D] of rank >= 2",
+                           f"shape {tuple(x.shape)}")
     *lead, n, d = x.shape
     if n % cfg.chunk:
         raise ValueError(f"qvg_quantize: {n} tokens is not a multiple of chunk={cfg.chunk}")

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kernels import checks
 from kernels.sparse_decode import reference as ref
 from models import kv_cache as kvc
 
@@ -53,25 +54,18 @@ def resolve_implementation(implementation: str | None, where: str = "ffd_decode"
 
 
 def _check_delta(delta, delta_unit: str, where: str) -> None:
-    if delta_unit not in DELTA_UNITS:
-        raise ValueError(f"{where}: delta_unit must be one of {DELTA_UNITS}, got {delta_unit!r}")
-    if not isinstance(delta, jax.core.Tracer) and not delta >= 0:
-        raise ValueError(f"{where}: delta must be >= 0 ({delta_unit}), got {delta}")
+    checks.one_of(delta_unit, "delta_unit", where, DELTA_UNITS)
+    checks.number(delta, "delta", where, minimum=0.0, finite=False)  # inf: attend every page
 
 
 def _check_count(value, name: str, where: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{where}: {name} must be None or an int >= 1, got {value!r}")
+    checks.integer(value, name, where, minimum=1, allow_none=True)
 
 
 def _check(q: jax.Array, cache: dict[str, Any], delta, delta_unit: str, top_k: int | None,
            max_pages: int | None, where: str) -> None:
-    q_dtype = getattr(q, "dtype", None)
-    if q_dtype is None or not jnp.issubdtype(q_dtype, jnp.floating):
-        raise ValueError(f"{where}: q must be a floating-point array (queries), got dtype "
-                         f"{q_dtype}")
-    if q.ndim != 3:
-        raise ValueError(f"{where}: q must be [B, H, D], got shape {q.shape}")
+    checks.array(q, "q", where, ndim=3, kind="float", nonempty=True)
+    ref.check_cache(cache, where)
     b, kh, n, p, d = cache["resid"].shape
     if q.shape[-1] != d:
         raise ValueError(f"{where}: query head dim {q.shape[-1]} != cache head dim {d}")
@@ -90,10 +84,10 @@ def ffd_select(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
                max_pages: int | None = None) -> jax.Array:
     """bool [B, K, P]: the full pages FFD attends for queries ``q [B, H, D]`` (paper Sec. 3 rule,
     see :func:`kernels.sparse_decode.reference.select_pages`); the mask :func:`ffd_decode` uses,
-    arguments as there."""
+    arguments and errors as there (the same checks: lengths outside 1..S are refused by both)."""
     _check(q, cache, delta, delta_unit, top_k, max_pages, "ffd_select")
     n, p = cache["resid"].shape[2], cache["resid"].shape[3]
-    ref.check_lengths(lengths, n * p, "ffd_select")
+    ref.check_lengths(lengths, n * p, "ffd_select", batch=q.shape[0])
     return ref.ffd_keep(q, cache, jnp.asarray(lengths, jnp.int32),
                         ref.delta_in_nats(delta, delta_unit), top_k, max_pages)
 
@@ -136,15 +130,16 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
       (values of skipped pages are never read).
 
     Raises:
-      ValueError: non-float ``q``, shape mismatch (head dim, batch, heads), ``delta < 0``, an
-        unknown ``delta_unit``, ``top_k``/``max_pages``/``num_splits`` not an int >= 1, concrete
-        ``lengths`` outside 1..S, or an unknown implementation.
+      ValueError: ``q`` not a non-empty float [B, H, D], ``cache`` not an FFD cache, shape
+        mismatch (head dim, batch, heads), ``delta`` not a number >= 0, an unknown ``delta_unit``,
+        ``top_k``/``max_pages``/``num_splits`` not an int >= 1, ``lengths`` not int [B] or,
+        when concrete, outside 1..S, or an unknown implementation.
     """
     _check(q, cache, delta, delta_unit, top_k, max_pages, "ffd_decode")
     _check_count(num_splits, "num_splits", "ffd_decode")
     impl = resolve_implementation(implementation)
     b, kh, n, p, d = cache["resid"].shape
-    ref.check_lengths(lengths, n * p, "ffd_decode")
+    ref.check_lengths(lengths, n * p, "ffd_decode", batch=b)
     lengths = jnp.asarray(lengths, jnp.int32)
     keep = ref.ffd_keep(q, cache, lengths, ref.delta_in_nats(delta, delta_unit), top_k, max_pages)
     m_slots = n if max_pages is None else min(max_pages, n)  # keep holds at most m_slots pages
@@ -185,10 +180,8 @@ def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret
 
 
 def _check_backend(page_size: int, top_k: int | None, name: str) -> None:
-    if page_size < 1:
-        raise ValueError(f"{name}: page_size must be >= 1, got {page_size}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"{name}: top_k must be >= 1, got {top_k}")
+    checks.integer(page_size, "page_size", name, minimum=1)
+    checks.integer(top_k, "top_k", name, minimum=1, allow_none=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,23 +212,28 @@ class FFDCache:
         _check_delta(self.delta, self.delta_unit, "FFDCache")
         _check_count(self.max_pages, "max_pages", "FFDCache")
         resolve_implementation(self.implementation, "FFDCache")
+        if self.scan_copy not in (None, True, False):
+            raise checks.error("FFDCache", "scan_copy", "None or a bool", repr(self.scan_copy))
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
+        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "FFDCache.init")
         scan = jax.default_backend() == "cpu" if self.scan_copy is None else self.scan_copy
         return ref.init_ffd_cache(batch_size, max_len, num_kv_heads, head_dim, dtype,
                                   self.page_size, scan_copy=scan)
 
     def update(self, layer_cache, k, v, start):
-        if k.shape[-1] != layer_cache["resid"].shape[-1]:
-            raise ValueError(f"FFDCache.update: key head dim {k.shape[-1]} != cache head dim "
-                             f"{layer_cache['resid'].shape[-1]}")
+        ref.check_cache(layer_cache, "FFDCache.update")
+        b, kh, n, p, d = layer_cache["resid"].shape
+        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
+                            where="FFDCache.update")
         return ref.update_ffd_cache(layer_cache, k, v, start)
 
     def attend(self, layer_cache, q, start):
+        ref.check_cache(layer_cache, "FFDCache.attend")
         b, kh, n, p, d = layer_cache["resid"].shape
+        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
+                            where="FFDCache.attend")
         t = q.shape[2]
-        if q.shape[-1] != d:
-            raise ValueError(f"FFDCache.attend: query head dim {q.shape[-1]} != cache head dim {d}")
         if t == 1:
             out = ffd_decode(q[:, :, 0], layer_cache, start + 1, delta=self.delta,
                              delta_unit=self.delta_unit, top_k=self.top_k, max_pages=self.max_pages,
@@ -258,13 +256,17 @@ class QuestCache:
         _check_backend(self.page_size, self.top_k, "QuestCache")
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
-        ref.check_layout(max_len, head_dim, self.page_size)
+        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "QuestCache.init")
+        ref.check_layout(max_len, head_dim, self.page_size, "QuestCache.init")
         shape = (batch_size, num_kv_heads, max_len, head_dim)
         meta = (batch_size, num_kv_heads, max_len // self.page_size, head_dim)
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
                 "kmin": jnp.zeros(meta, jnp.float32), "kmax": jnp.zeros(meta, jnp.float32)}
 
     def update(self, layer_cache, k, v, start):
+        b, kh, s, d = layer_cache["k"].shape
+        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
+                            where="QuestCache.update")
         dense = kvc.DenseKVCache().update({"k": layer_cache["k"], "v": layer_cache["v"]}, k, v,
                                           start)
         p = self.page_size
@@ -285,6 +287,9 @@ class QuestCache:
         return {**dense, "kmin": kmin, "kmax": kmax}
 
     def attend(self, layer_cache, q, start):
+        b, kh, s, d = layer_cache["k"].shape
+        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
+                            where="QuestCache.attend")
         t = q.shape[2]
         if t == 1:
             out, _ = ref.quest_decode(q[:, :, 0], layer_cache["k"], layer_cache["v"],

@@ -56,6 +56,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernels import checks
+
 PAGE_SIZE = 128
 CODES_PER_WORD = 16
 F8 = jnp.float8_e4m3fn
@@ -135,8 +137,10 @@ def dequantize_pages(codes: jax.Array, scale: jax.Array, resid: jax.Array | None
 # -- the paged cache ---------------------------------------------------------------------------
 
 
-def check_layout(max_len: int, head_dim: int, page_size: int) -> None:
-    """Raises ValueError unless ``page_size`` divides ``max_len`` and 16 divides ``head_dim``."""
+def check_layout(max_len: int, head_dim: int, page_size: int, where: str = "paged cache") -> None:
+    """Raises ValueError unless ``page_size`` is an integer >= 1 dividing ``max_len`` and 16 divides
+    ``head_dim``."""
+    checks.integer(page_size, "page_size", where, minimum=1)
     if page_size < 1 or max_len % page_size:
         raise ValueError(f"page size {page_size} must be >= 1 and divide the cache capacity "
                          f"{max_len}")
@@ -153,9 +157,11 @@ def init_ffd_cache(batch_size: int, max_len: int, num_kv_heads: int, head_dim: i
     per byte, which the XLA path scans on a CPU (see :func:`ffd_scan_page_max`).
 
     Raises:
-      ValueError: ``page_size`` does not divide ``max_len`` or 16 does not divide ``head_dim``.
+      ValueError: a size that is not an integer >= 1, a dtype that is not floating-point,
+        ``page_size`` does not divide ``max_len`` or 16 does not divide ``head_dim``.
     """
-    check_layout(max_len, head_dim, page_size)
+    checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "init_ffd_cache")
+    check_layout(max_len, head_dim, page_size, "init_ffd_cache")
     b, kh, p, d = batch_size, num_kv_heads, page_size, head_dim
     n = max_len // p
     cache = {
@@ -176,10 +182,17 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
 
     Keys go to the full-precision tail page; every page that fills up is quantized
     (:func:`quantize_pages`) and written to ``codes/scale/resid``; the new tail is the unfinished page
-    ``(start + T) // p``. Rows may be ragged. ``start[b] + T`` must not exceed the capacity (as with
-    the dense cache, this is the caller's contract; :func:`check_lengths` checks concrete lengths).
+    ``(start + T) // p``. Rows may be ragged.
+
+    Raises:
+      ValueError: ``cache`` is not an FFD cache; ``k`` not float [B, K, T, D] matching the cache;
+        ``v`` not of ``k``'s shape; ``start`` not int [B]; a concrete ``start`` outside
+        ``0..S - T`` (inside ``jit`` only the shapes and dtypes are checked).
     """
-    b, kh, n, p, _ = cache["resid"].shape
+    check_cache(cache, "update_ffd_cache")
+    b, kh, n, p, d = cache["resid"].shape
+    checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
+                        where="update_ffd_cache")
     t, d = k.shape[2], k.shape[3]
     nw = (p - 1 + t) // p + 1  # window pages: the old tail page, the new tokens, the next tail
 
@@ -227,15 +240,25 @@ def refined_keys(cache: dict[str, jax.Array], lengths: jax.Array) -> jax.Array:
     return k.reshape(b, kh, n * p, d)
 
 
-def check_lengths(lengths, capacity: int, where: str) -> None:
-    """Raises ValueError if concrete ``lengths`` fall outside 1..capacity (tracers are skipped)."""
-    if isinstance(lengths, jax.core.Tracer):
-        return
-    arr = jnp.asarray(lengths)
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 1 or hi > capacity:
-        raise ValueError(f"{where}: lengths must be in 1..{capacity} (the cache capacity); got "
-                         f"min {lo}, max {hi}")
+def check_lengths(lengths, capacity: int, where: str, batch: int | None = None) -> None:
+    """Raises ValueError unless ``lengths`` is an integer array [batch] (any length when ``batch``
+    is None) whose concrete entries lie in 1..capacity (values of tracers are not checked)."""
+    if batch is None:
+        batch = getattr(lengths, "shape", (None,))[0] if getattr(lengths, "ndim", 0) == 1 else -1
+    checks.lengths(lengths, "lengths", where, batch=batch, low=1, high=capacity)
+
+
+CACHE_FIELDS = ("codes", "scale", "resid", "tail", "v")
+
+
+def check_cache(cache, where: str) -> None:
+    """Raises ValueError unless ``cache`` is an FFD cache (a dict with the fields of
+    :func:`init_ffd_cache`, ``resid`` [B, K, P, p, D])."""
+    if not isinstance(cache, dict) or any(f not in cache for f in CACHE_FIELDS):
+        got = sorted(cache) if isinstance(cache, dict) else type(cache).__name__
+        raise checks.error(where, "cache", f"an FFD cache (a dict with fields {CACHE_FIELDS}, "
+                           "from init_ffd_cache)", got)
+    checks.array(cache["resid"], "cache['resid']", where, ndim=5)
 
 
 # -- dense decode (the baseline) ---------------------------------------------------------------
@@ -252,9 +275,22 @@ def dense_decode(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -
 
     Returns:
       [B, H, D] in ``q``'s dtype.
+
+    Raises:
+      ValueError: ``q`` not a non-empty float [B, H, D]; ``k`` not float [B, K, S, D] with H a
+        multiple of K; ``v`` not of ``k``'s shape; ``lengths`` not int [B]; concrete ``lengths``
+        outside 1..S.
     """
+    where = "dense_decode"
+    checks.array(q, "q", where, ndim=3, kind="float", nonempty=True)
     b, h, d = q.shape
+    checks.array(k, "k", where, ndim=4, kind="float", shape=(b, None, None, d), nonempty=True)
+    checks.array(v, "v", where, kind="float", shape=k.shape)
     kh, s = k.shape[1], k.shape[2]
+    if h % kh:
+        raise checks.error(where, "q", f"a number of query heads that is a multiple of the {kh} "
+                           "kv heads", f"{h} query heads")
+    check_lengths(lengths, s, where, batch=b)
     qg = q.reshape(b, kh, h // kh, d).astype(k.dtype) / jnp.sqrt(d).astype(k.dtype)
     logits = jnp.einsum("bkgd,bksd->bkgs", qg, k, preferred_element_type=jnp.float32)
     logits = jnp.where(jnp.arange(s)[None, None, None, :] < lengths[:, None, None, None], logits,
