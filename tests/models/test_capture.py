@@ -1,6 +1,5 @@
 """models.capture: per-layer attention inputs of the Transformer and Llama decoders."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
