@@ -652,9 +652,10 @@ def parse_list(text: str, valid: Sequence[str], what: str) -> list[str]:
 
 
 def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool = False,
-        log: Callable[[str], None] = print) -> list[dict]:
-    """Compiles every step x topology not already in ``<out>.json`` (all of them with ``fresh``)
-    and rewrites ``out`` and ``<out>.json`` atomically after each compile. Returns the rows."""
+        retry_failed: bool = False, log: Callable[[str], None] = print) -> list[dict]:
+    """Compiles every step x topology not already in ``<out>.json`` (all of them with ``fresh``;
+    also those that failed with ``retry_failed``) and rewrites ``out`` and ``<out>.json``
+    atomically after each compile. Returns the rows."""
     import hashlib
 
     import filelock
@@ -680,13 +681,18 @@ def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool =
         with lock:
             write_atomic(store, "[]")
     rows = save()
-    done = {(r["step"], r["topology"]) for r in rows}
+
+    def finished(r):
+        return not (retry_failed and r["status"] != "ok")
+
+    done = {(r["step"], r["topology"]) for r in rows if finished(r)}
     for s in steps:
         for t in topologies:
             if (s, t) in done:
                 continue
             with lock:  # another run sharing the table may have compiled it meanwhile
-                if any((r["step"], r["topology"]) == (s, t) for r in load_rows(store)):
+                if any((r["step"], r["topology"]) == (s, t) and (finished(r) or r not in rows)
+                       for r in load_rows(store)):
                     continue
             log(f"compiling {s} for {t} ...")
             row = add_roofline(compile_row(s, t))
@@ -705,7 +711,7 @@ def main(argv: Sequence[str]) -> None:
     try:
         steps = parse_list(f.steps, list(STEPS), "steps") if f.steps != "all" else list(STEPS)
         topos = parse_list(f.topologies, aot_steps.topology_names(), "topologies")
-        run(f.out, steps, topos, fresh=f.fresh)
+        run(f.out, steps, topos, fresh=f.fresh, retry_failed=f.retry_failed)
     except ValueError as e:
         print(f"aot: {e}", file=sys.stderr)
         sys.exit(2)
@@ -719,4 +725,5 @@ if __name__ == "__main__":
     flags.DEFINE_string("topologies", ",".join(DEFAULT_TOPOLOGIES),
                         f"comma list of: {', '.join(aot_steps.topology_names())}")
     flags.DEFINE_bool("fresh", False, "ignore the results kept from earlier runs")
+    flags.DEFINE_bool("retry_failed", False, "compile again the steps that failed before")
     app.run(main)
