@@ -88,13 +88,15 @@ class MeasuredModel:
         """One paragraph for a report: which model and text were measured (and, for a checkpoint,
         :data:`CHECKPOINT_NOTE`)."""
         i = self.info
-        sizes = (f"{i['layers']} layers, {i['heads']} query / {i['kv_heads']} kv heads, head dim "
+        sizes = (f"{i['layers']} layer{'s' if i['layers'] != 1 else ''}, {i['heads']} query / "
+                 f"{i['kv_heads']} kv heads, head dim "
                  f"{i['head_dim']}, max_len {i['max_len']}, {i['params']:,} parameters")
         if self.is_checkpoint:
             return (f"Model measured: Hugging Face checkpoint `{i['checkpoint']}` "
                     f"({i['architecture']}; {sizes}) on {i['text']} ({i['text_tokens']:,} tokens of "
                     f"its own tokenizer). {i['note']}")
-        return (f"Model measured: {i['architecture']} (`{i['checkpoint']}`, lm_config "
+        return (f"Model measured: the {i['architecture']} of the lm experiment "
+                f"(`{i['checkpoint']}`, lm_config "
                 f"{i['lm_config']!r}; {sizes}) on {i['text']} ({i['text_tokens']:,} bytes).")
 
 
@@ -134,7 +136,7 @@ def load(config: ml_collections.ConfigDict, workdir: str) -> MeasuredModel:
     else:
         text = corpus.val
     info = {"kind": "byte_lm", "checkpoint": os.path.join(workdir, "lm"),
-            "architecture": "byte-level transformer LM (lm experiment)",
+            "architecture": "byte-level transformer LM",
             "lm_config": config.lm_config or "tiny", **_sizes(mcfg),
             "params": int(sum(x.size for x in jax.tree.leaves(params))),
             "text": config.text or "the lm's held-out text", "text_tokens": int(text.size)}
