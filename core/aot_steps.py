@@ -45,18 +45,14 @@ class Chip:
       peak_flops: dense bf16 FLOP/s per chip.
       hbm_bandwidth: HBM bytes/s per chip.
       hbm_bytes: HBM capacity per chip, bytes.
-      usable_fraction: the share of ``hbm_bytes`` a step may use (see :data:`CHIPS`).
+      usable_bytes: what a step may use of it, bytes (see :data:`CHIPS`).
     """
 
     name: str
     peak_flops: float
     hbm_bandwidth: float
     hbm_bytes: int
-    usable_fraction: float
-
-    @property
-    def usable_bytes(self) -> float:
-        return self.hbm_bytes * self.usable_fraction
+    usable_bytes: float
 
 
 # Vendor figures (dense bf16, no sparsity):
@@ -65,16 +61,17 @@ class Chip:
 #   H100 SXM: 989 TFLOP/s (the 1979 of the datasheet is with 2:4 sparsity), 3.35 TB/s, 80 GB --
 #     https://www.nvidia.com/en-us/data-center/h100/
 #   H200: 989 TFLOP/s, 4.8 TB/s, 141 GB -- https://www.nvidia.com/en-us/data-center/h200/
-# Usable HBM: compile-only devices report no memory statistics (libtpu answers "MemoryStats is
-# only supported for addressable PjRt devices"), so the fractions are assumptions: 0.95 on TPU
-# (the runtime keeps a small reserve), 0.75 on GPU (JAX's default XLA_PYTHON_CLIENT_MEM_FRACTION
-# preallocation; raise it to use more).
+# Usable HBM: compile-only devices report no memory statistics ("MemoryStats is only supported
+# for addressable PjRt devices"). TPU: what libtpu 0.0.42 says is available when a program does not
+# fit ("exceeds available HBM (15.75G)" on v5e, "(31.25G)" on v6e; it refuses such a program at
+# compile time). GPU: 75% of the chip, JAX's default preallocation (XLA_PYTHON_CLIENT_MEM_FRACTION;
+# raise it to use more); XLA:GPU compiles a program of any size.
 CHIPS: dict[str, Chip] = {
     c.name: c for c in (
-        Chip("tpu-v5e", 197e12, 819e9, 16 * GIB, 0.95),
-        Chip("tpu-v6e", 918e12, 1640e9, 32 * GIB, 0.95),
-        Chip("h100", 989e12, 3.35e12, 80 * GIB, 0.75),
-        Chip("h200", 989e12, 4.8e12, 141 * GIB, 0.75),
+        Chip("tpu-v5e", 197e12, 819e9, 16 * GIB, 15.75 * GIB),
+        Chip("tpu-v6e", 918e12, 1640e9, 32 * GIB, 31.25 * GIB),
+        Chip("h100", 989e12, 3.35e12, 80 * GIB, 0.75 * 80 * GIB),
+        Chip("h200", 989e12, 4.8e12, 141 * GIB, 0.75 * 141 * GIB),
     )
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -482,9 +483,8 @@ def compile_row(step: str, topology: str) -> dict:
     import jax
 
     topo = aot_steps.pod_topology(topology)
-    chip = aot_steps.CHIPS[topo.chip]
     row: dict[str, Any] = {"step": step, "topology": topology, "chip": topo.chip,
-                           "chips": topo.num_devices, "usable_bytes": chip.usable_bytes}
+                           "chips": topo.num_devices}
     t0 = time.perf_counter()
     try:
         devices = aot_steps.pod_devices(topology)
@@ -532,14 +532,36 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
+_UNITS = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+def hbm_exhausted(reason: str) -> tuple[float, float] | None:
+    """(required, available) bytes from libtpu's refusal of a program that does not fit ("... the
+    total memory required for HLO temporaries (16.85G) exceeds available HBM (15.75G)"; G read as
+    GiB), or None for another reason."""
+    m = re.search(r"\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)", reason)
+    if m is None:
+        return None
+    return float(m[1]) * _UNITS[m[2]], float(m[3]) * _UNITS[m[4]]
+
+
+def usable_bytes(topology: str) -> float:
+    """Usable HBM per device of ``topology`` (``core.aot_steps.CHIPS``)."""
+    return aot_steps.CHIPS[aot_steps.pod_topology(topology).chip].usable_bytes
+
+
 def fit_cell(row: dict | None) -> str:
-    """The steps x topologies cell: ``fits 6.1/15.2 GiB``, ``over by 3.0 GiB``, ``error`` or
+    """The steps x topologies cell: ``fits 6.1/15.8 GiB``, ``over by 3.0 GiB``, ``error`` or
     ``not run``."""
     if row is None:
         return "not run"
     if row["status"] != "ok":
-        return "error"
-    need, usable = row["needed_bytes"], row["usable_bytes"]
+        oom = hbm_exhausted(row.get("reason", ""))
+        if oom is None:
+            return "error"
+        return (f"**over by {_gib(oom[0] - oom[1])}** (temporaries {oom[0] / 2 ** 30:.1f}/"
+                f"{oom[1] / 2 ** 30:.1f} GiB)")
+    need, usable = row["needed_bytes"], usable_bytes(row["topology"])
     if need <= usable:
         return f"fits {need / 2 ** 30:.1f}/{usable / 2 ** 30:.1f} GiB"
     return f"**over by {_gib(need - usable)}** ({need / 2 ** 30:.1f}/{usable / 2 ** 30:.1f} GiB)"
@@ -616,8 +638,10 @@ NOTES = (
     "values only, placed by `core.sharding` (FSDP over `data`, tensor parallelism over `model`, "
     "the config's `model_parallelism`), compiled by XLA for compile-only devices of each "
     "topology on a CPU-only machine. Needed = arguments + outputs not aliased onto the donated "
-    "state + temporaries + code, per device (XLA's buffer assignment); usable HBM = 95% of the "
-    "chip on TPU, 75% on GPU (JAX's default preallocation; `core/aot_steps.py`). Roofline (TPU "
+    "state + temporaries + code, per device (XLA's buffer assignment); usable HBM: what libtpu "
+    "reports available on TPU (15.75 GiB v5e, 31.25 GiB v6e; libtpu refuses to compile a program "
+    "that does not fit, and the cell gives its numbers), 75% of the chip on GPU (JAX's default "
+    "preallocation; `core/aot_steps.py`). Roofline (TPU "
     "only; XLA:GPU gives no cost analysis): max(FLOPs/peak, bytes/HBM bandwidth) per chip, "
     "MFU = model FLOPs (3 x analytic forward FLOPs x tokens) / (step time x peak x chips). XLA "
     "counts a loop body once (layer scans, blockwise attention), so the roofline uses the larger "

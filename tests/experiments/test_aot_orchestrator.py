@@ -61,6 +61,8 @@ def test_chip_table_matches_published_peaks():
     assert (c["h200"].peak_flops, c["h200"].hbm_bandwidth) == (989e12, 4.8e12)
     assert [c[k].hbm_bytes / 2 ** 30 for k in ("tpu-v5e", "tpu-v6e", "h100", "h200")] == [
         16, 32, 80, 141]
+    assert [c[k].usable_bytes / 2 ** 30 for k in ("tpu-v5e", "tpu-v6e", "h100", "h200")] == [
+        15.75, 31.25, 60, 105.75]
     # every pod's chip is a core.aot target (same device description)
     assert {t.chip for t in aot_steps.POD_TOPOLOGIES.values()} <= set(aot.TARGETS)
 
@@ -107,21 +109,29 @@ def test_compile_step_rejects_leaves_without_sharding():
 
 def _row(step, topo, need_gib, **extra):
     g = 2 ** 30
-    usable = aot_steps.CHIPS[aot_steps.pod_topology(topo).chip].usable_bytes
     mem = {"argument": int(need_gib * g), "output": 0, "alias": 0, "temp": 0, "generated_code": 0,
            "peak": 0}
     return {"step": step, "topology": topo, "status": "ok", "memory": mem,
-            "needed_bytes": int(need_gib * g), "usable_bytes": usable, "flops": None,
+            "needed_bytes": int(need_gib * g), "flops": None,
             "bytes_accessed": None, "seconds": 3.0, "shape": "B 2", **extra}
 
 
 def test_fit_cells():
-    # v5e usable = 0.95 * 16 GiB = 15.2 GiB
-    assert orchestrator.fit_cell(_row("s", "v5e:4x4", 6.0)) == "fits 6.0/15.2 GiB"
+    # v5e: libtpu's 15.75 GiB available; H100: 0.75 * 80 = 60 GiB
+    assert orchestrator.fit_cell(_row("s", "v5e:4x4", 6.0)) == "fits 6.0/15.8 GiB"
     over = orchestrator.fit_cell(_row("s", "v5e:4x4", 20.0))
-    assert "over by 4.80 GiB" in over and "20.0/15.2" in over
+    assert "over by 4.25 GiB" in over and "20.0/15.8" in over
+    assert orchestrator.fit_cell(_row("s", "h100:1x2x8", 60.0)) == "fits 60.0/60.0 GiB"
     assert orchestrator.fit_cell(None) == "not run"
     assert orchestrator.fit_cell({"status": "error", "reason": "x"}) == "error"
+    # libtpu refuses a program that does not fit: the cell reads its numbers
+    oom = {"status": "error", "reason": "JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory on "
+           "HBM, the total memory required for HLO temporaries (16.85G) exceeds available HBM "
+           "(15.75G)."}
+    assert orchestrator.fit_cell(oom) == "**over by 1.10 GiB** (temporaries 16.9/15.8 GiB)"
+    assert orchestrator.hbm_exhausted(oom["reason"]) == (16.85 * 2 ** 30, 15.75 * 2 ** 30)
+    assert orchestrator.hbm_exhausted("(3M) exceeds available HBM (1.5K)") == (3 * 2 ** 20, 1536)
+    assert orchestrator.hbm_exhausted("RESOURCE_EXHAUSTED: vmem") is None
 
 
 def test_needed_bytes_counts_aliased_outputs_once():
@@ -137,7 +147,7 @@ def test_render_table_failures_and_missing():
     text = orchestrator.render(rows, ["a", "b"], ["v5e:4x4", "h100:1x2x8"], "notes")
     lines = text.splitlines()
     assert "| step | v5e:4x4 | h100:1x2x8 |" in lines
-    assert "| a | fits 1.0/15.2 GiB | **over by 40.00 GiB** (100.0/60.0 GiB) |" in lines
+    assert "| a | fits 1.0/15.8 GiB | **over by 40.00 GiB** (100.0/60.0 GiB) |" in lines
     assert "| b | error | not run |" in lines
     assert "| b | v5e:4x4 | XlaRuntimeError: RESOURCE_EXHAUSTED / too big |" in lines
     assert "- b on h100:1x2x8" in lines
@@ -185,8 +195,7 @@ def test_run_writes_table_atomically_and_keeps_failures(tmp_path, monkeypatch):
     assert rf["step_seconds"] == pytest.approx(expect, rel=1e-12)
     assert rf["mfu"] == pytest.approx(2 * n ** 3 / (expect * 197e12 * 16), rel=1e-12)
     text = open(out).read()
-    assert "| t/tiny | fits 0.00/15.2 GiB | " not in text  # one decimal in the cell
-    assert "| t/tiny | fits 0.0/15.2 GiB |" in text
+    assert "| t/tiny | fits 0.0/15.8 GiB |" in text
     assert "| t/broken | v5e:4x4 | ValueError: paper config: seq_len=7 |" in text
     assert sorted(os.listdir(tmp_path)) == ["AOT.md", "AOT.md.json"]  # no temp file left
     # a second run for another topology keeps the first run's rows
