@@ -706,8 +706,9 @@ def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool =
             write_atomic(store, "[]")
     rows = save()
 
-    def finished(r):
-        return not (retry_failed and r["status"] != "ok")
+    def finished(r):  # a program libtpu refused for its size is a result, not a failure
+        return not (retry_failed and r["status"] != "ok"
+                    and hbm_exhausted(r.get("reason", "")) is None)
 
     done = {(r["step"], r["topology"]) for r in rows if finished(r)}
     for s in steps:
@@ -749,5 +750,6 @@ if __name__ == "__main__":
     flags.DEFINE_string("topologies", ",".join(DEFAULT_TOPOLOGIES),
                         f"comma list of: {', '.join(aot_steps.topology_names())}")
     flags.DEFINE_bool("fresh", False, "ignore the results kept from earlier runs")
-    flags.DEFINE_bool("retry_failed", False, "compile again the steps that failed before")
+    flags.DEFINE_bool("retry_failed", False, "compile again the steps that failed before (not "
+                      "those refused for not fitting in HBM)")
     app.run(main)
