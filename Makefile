@@ -51,11 +51,11 @@ $(AOT_FULL_STAMP): $(AOT_STAMP) pyproject.toml
 
 # Every experiment's `paper` step compiled for TPU and GPU pods from abstract values -> AOT.md (not
 # part of `make test`). Results are kept in AOT.md.json and merged: AOT_STEPS / AOT_TOPOLOGIES
-# (comma lists) compile a subset; AOT_FRESH=1 starts over.
+# (comma lists) compile a subset; AOT_RETRY=1 compiles failed rows again; AOT_FRESH=1 starts over.
 aot: $(AOT_FULL_STAMP)
 	JAX_PLATFORMS=cpu $(AOT_PY) -m experiments.aot --out=AOT.md \
 	  $(if $(AOT_STEPS),--steps=$(AOT_STEPS),) $(if $(AOT_TOPOLOGIES),--topologies=$(AOT_TOPOLOGIES),) \
-	  $(if $(AOT_FRESH),--fresh,)
+	  $(if $(AOT_RETRY),--retry_failed,) $(if $(AOT_FRESH),--fresh,)
 
 run: $(STAMP)
 	$(PY) -m experiments.main --variant=$(VARIANT) --workdir=$(WORKDIR) \
