@@ -696,7 +696,8 @@ def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool =
             rows = [r for r in load_rows(store) if (r["step"], r["topology"]) not in mine]
             rows += list(mine.values())
             all_steps = list(dict.fromkeys([*STEPS, *(r["step"] for r in rows)]))
-            all_topos = list(dict.fromkeys([*topologies, *(r["topology"] for r in rows)]))
+            order = list(aot_steps.POD_TOPOLOGIES)  # TPU first, then GPU; small to large
+            all_topos = sorted({*topologies, *(r["topology"] for r in rows)}, key=order.index)
             write_atomic(store, json.dumps(rows, indent=1, sort_keys=True))
             write_atomic(out, render(rows, all_steps, all_topos, NOTES))
         return rows
