@@ -550,6 +550,11 @@ def usable_bytes(topology: str) -> float:
     return aot_steps.CHIPS[aot_steps.pod_topology(topology).chip].usable_bytes
 
 
+def _percent(x: float) -> str:
+    """Two significant digits: ``19%``, ``8.4%``, ``0.031%``."""
+    return f"{100 * x:.2g}%" if x < 0.1 else f"{100 * x:.0f}%"
+
+
 def fit_cell(row: dict | None) -> str:
     """The steps x topologies cell: ``fits 6.1/15.8 GiB``, ``over by 3.0 GiB``, ``error`` or
     ``not run``."""
@@ -602,7 +607,7 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
                 f"{_gib(m['output'])} ({_gib(m['alias'])})", _gib(m["temp"]),
                 _gib(m["generated_code"]), flops, nbytes, step_t,
                 "-" if rf is None else rf["bound"],
-                "-" if rf is None or rf["mfu"] is None else f"{100 * rf['mfu']:.0f}%",
+                "-" if rf is None or rf["mfu"] is None else _percent(rf["mfu"]),
                 f"{r['seconds']:.0f} |"]))
     else:
         out.append("No step has compiled yet.")

@@ -270,3 +270,8 @@ def test_roofline_row_without_model_flops_uses_xla_count_and_has_no_mfu():
     rf = orchestrator.add_roofline(row)["roofline"]
     assert rf["flops_source"] == "model" and rf["step_seconds"] == pytest.approx(1.0, rel=1e-12)
     assert rf["mfu"] == pytest.approx(1.0, rel=1e-12)
+
+
+def test_percent_keeps_two_significant_digits():
+    assert [orchestrator._percent(x) for x in (0.19, 0.084, 0.00031, 1.0)] == [
+        "19%", "8.4%", "0.031%", "100%"]
