@@ -129,9 +129,10 @@ def one_of(value: Any, name: str, where: str, choices: Sequence[Any]) -> None:
         raise error(where, name, f"one of {tuple(choices)}", repr(value))
 
 
-def lengths(x: Any, name: str, where: str, *, batch: int, low: int, high: int) -> None:
+def lengths(x: Any, name: str, where: str, *, batch: int, low: int, high: int,
+            high_is: str = "") -> None:
     """Checks per-row positions or lengths: an integer array of shape [batch], and, when concrete,
-    every entry in ``low..high``. A list or tuple of integers counts as an array; a scalar does not
+    every entry in ``low..high`` (``high_is`` says what sets ``high``, for the message). A list or tuple of integers counts as an array; a scalar does not
     (it would broadcast over the batch silently)."""
     if isinstance(x, (list, tuple)):
         x = np.asarray(x)
@@ -141,7 +142,8 @@ def lengths(x: Any, name: str, where: str, *, batch: int, low: int, high: int) -
     a = np.asarray(x)
     lo, hi = int(a.min()), int(a.max())
     if lo < low or hi > high:
-        raise error(where, name, f"in {low}..{high}", f"min {lo}, max {hi}")
+        bound = f" ({high_is})" if high_is else ""
+        raise error(where, name, f"in {low}..{high}{bound}", f"min {lo}, max {hi}")
 
 
 def fits_in_memory(nbytes: float, where: str, what: str, limit: float | None = None) -> None:
@@ -222,7 +224,8 @@ def cache_update(k: Any, v: Any, start: Any, *, batch: int, kv_heads: int, capac
     array(k, "k", where, ndim=4, kind="float", shape=(batch, kv_heads, None, head_dim),
           nonempty=True)
     array(v, "v", where, kind="float", shape=tuple(k.shape))
-    lengths(start, "start", where, batch=batch, low=0, high=capacity - k.shape[2])
+    lengths(start, "start", where, batch=batch, low=0, high=capacity - k.shape[2],
+            high_is=f"the cache capacity {capacity} less the {k.shape[2]} new tokens")
 
 
 def cache_attend(q: Any, start: Any, *, batch: int, kv_heads: int, capacity: int, head_dim: int,
@@ -234,4 +237,5 @@ def cache_attend(q: Any, start: Any, *, batch: int, kv_heads: int, capacity: int
     if q.shape[1] % kv_heads:
         raise error(where, "q", f"a number of query heads that is a multiple of the {kv_heads} kv "
                     "heads", f"{q.shape[1]} query heads")
-    lengths(start, "start", where, batch=batch, low=0, high=capacity - q.shape[2])
+    lengths(start, "start", where, batch=batch, low=0, high=capacity - q.shape[2],
+            high_is=f"the cache capacity {capacity} less the {q.shape[2]} new tokens")

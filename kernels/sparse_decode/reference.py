@@ -245,7 +245,8 @@ def check_lengths(lengths, capacity: int, where: str, batch: int | None = None) 
     is None) whose concrete entries lie in 1..capacity (values of tracers are not checked)."""
     if batch is None:
         batch = getattr(lengths, "shape", (None,))[0] if getattr(lengths, "ndim", 0) == 1 else -1
-    checks.lengths(lengths, "lengths", where, batch=batch, low=1, high=capacity)
+    checks.lengths(lengths, "lengths", where, batch=batch, low=1, high=capacity,
+                   high_is="the cache capacity")
 
 
 CACHE_FIELDS = ("codes", "scale", "resid", "tail", "v")
