@@ -149,7 +149,7 @@ def test_render_table_failures_and_missing():
     assert "| step | v5e:4x4 | h100:1x2x8 |" in lines
     assert "| a | fits 1.0/15.8 GiB | **over by 40.00 GiB** (100.0/60.0 GiB) |" in lines
     assert "| b | error | not run |" in lines
-    assert "| b | v5e:4x4 | XlaRuntimeError: RESOURCE_EXHAUSTED / too big |" in lines
+    assert "| b | v5e:4x4 | XlaRuntimeError: RESOURCE_EXHAUSTED / too big |  |" in lines
     assert "- b on h100:1x2x8" in lines
 
 
@@ -196,7 +196,7 @@ def test_run_writes_table_atomically_and_keeps_failures(tmp_path, monkeypatch):
     assert rf["mfu"] == pytest.approx(2 * n ** 3 / (expect * 197e12 * 16), rel=1e-12)
     text = open(out).read()
     assert "| t/tiny | fits 0.0/15.8 GiB |" in text
-    assert "| t/broken | v5e:4x4 | ValueError: paper config: seq_len=7 |" in text
+    assert "| t/broken | v5e:4x4 | ValueError: paper config: seq_len=7 |  |" in text
     assert sorted(os.listdir(tmp_path)) == ["AOT.md", "AOT.md.json"]  # no temp file left
     # a second run for another topology keeps the first run's rows
     rows2 = orchestrator.run(out, ["t/tiny"], ["v6e:4x4"], log=lambda s: None)
