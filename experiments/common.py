@@ -73,13 +73,16 @@ def _os_reason(error: OSError) -> str:
 
 
 def check_data_path(path: str | None, what: str) -> str | None:
-    """Returns ``path`` unchanged if it is empty or an existing file.
+    """Returns ``path`` unchanged if it is empty or an existing, readable file.
 
     Raises:
       FileNotFoundError: the file does not exist (the message names it and ``what`` it is).
+      ValueError: a directory or an unreadable file (:func:`core.data.check_file`).
     """
-    if path and not os.path.exists(path):
-        raise FileNotFoundError(f"{what}: data file {path!r} does not exist")
+    if path:
+        from core.data.files import check_file  # noqa: PLC0415 (keeps start-up free of numpy)
+
+        check_file(path, f"{what}: data file")
     return path or None
 
 

@@ -13,7 +13,6 @@ charts and a CRPS bar chart.
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import time
@@ -31,6 +30,7 @@ from tqdm.auto import tqdm
 
 from algorithms.forecasting import baselines, data, metrics, training
 from core import report, sharding
+from core.data.files import read_text
 from core.training import NonFiniteLossError, init_train_state, make_train_step
 from experiments import common
 from models.forecasting import PPM, GaussianPrior, PPMConfig
@@ -63,12 +63,11 @@ def load_table(path: str, columns: str = "", fill_gaps: str = "none") -> data.Ta
     missing value is an error naming the file and line; ``"linear"``: interpolated and counted).
 
     Raises:
-      FileNotFoundError: no such file. ValueError: see :func:`algorithms.forecasting.data.parse_table`.
+      FileNotFoundError: no such file. ValueError: a directory, an unreadable, corrupt-gzip or
+        non-UTF-8 file (:func:`core.data.read_text`), or see
+        :func:`algorithms.forecasting.data.parse_table`.
     """
-    common.check_data_path(path, "forecasting series")
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        text = f.read()
+    text = read_text(path, "forecasting series")
     cols = tuple(c.strip() for c in columns.split(",") if c.strip()) or None
     return data.parse_table(text, os.path.basename(path), cols, fill_gaps=fill_gaps)
 

@@ -21,6 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from core.data.files import read_text
 from core.data.text import ByteTokenizer, load_corpus, sequential_windows
 from models import capture
 
@@ -107,15 +108,7 @@ def _sizes(cfg) -> dict:
 
 
 def _read_text(path: str) -> str:
-    if not os.path.isfile(path):
-        raise ValueError(f"config field text = {path!r}: no such file (expected a UTF-8 text "
-                         "file, or '' for the held-out Shakespeare plays)")
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"config field text = {path!r}: not UTF-8 text ({e})") from None
+    return read_text(path, "config field text (a UTF-8 text file, or '' for the held-out plays):")
 
 
 def load(config: ml_collections.ConfigDict, workdir: str) -> MeasuredModel:

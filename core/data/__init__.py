@@ -1,6 +1,7 @@
-"""Data: text corpora, the byte-level tokenizer, checkpointable batch iterators, and readers of
-pairwise-judgement files."""
+"""Data: reading data files (:mod:`core.data.files`), text corpora, the byte-level tokenizer,
+checkpointable batch iterators, and readers of pairwise-judgement files."""
 
+from core.data.files import check_file, read_bytes, read_text
 from core.data.judgments import Judgments, read_judgments
 from core.data.text import (
     ByteTokenizer,
@@ -10,5 +11,5 @@ from core.data.text import (
     shakespeare_files,
 )
 
-__all__ = ["ByteTokenizer", "Corpus", "Judgments", "TextBatcher", "load_corpus", "read_judgments",
-           "shakespeare_files"]
+__all__ = ["ByteTokenizer", "Corpus", "Judgments", "TextBatcher", "check_file", "load_corpus",
+           "read_bytes", "read_judgments", "read_text", "shakespeare_files"]

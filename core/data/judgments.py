@@ -25,6 +25,8 @@ import os
 
 import numpy as np
 
+from core.data.files import check_file, read_text
+
 # The outcome codes of ``algorithms.ranking.data`` (core does not import algorithms).
 LEFT, RIGHT, TIE = 0, 1, 2
 JSON_EXTENSIONS = (".json", ".jsonl", ".ndjson")
@@ -101,11 +103,7 @@ def _json_rows(path: str, text: str) -> list[tuple[int, object]]:
 
 
 def _read_rows(path: str) -> list[tuple[int, object]]:
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = read_text(path, "judgement file")
     first = text.lstrip()[:1]
     if path.lower().endswith(JSON_EXTENSIONS) or first in ("[", "{"):
         return _json_rows(path, text)
@@ -139,13 +137,13 @@ def read_judgments(path: str, *, left: str = "left", right: str = "right", judge
 
     Raises:
       FileNotFoundError: no such file.
-      ValueError: unreadable content (invalid JSON, malformed CSV, not UTF-8), a row that is not an
+      ValueError: a directory or unreadable file (:func:`core.data.files.read_text`), unreadable
+        content (invalid JSON, malformed CSV, not UTF-8), a row that is not an
         object, a missing column, an empty model or judge name, a model compared with itself, an
         unknown outcome (unless ``drop_unknown``), the three outcome values not distinct, or no
         comparisons left; each names the file and, for a row, its line.
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file")
+    check_file(path, "judgement file")
     code = {str(left_value): LEFT, str(right_value): RIGHT, str(tie_value): TIE}
     if len(code) != 3:
         raise ValueError(f"{path}: the outcome values left={left_value!r}, right={right_value!r}, "
