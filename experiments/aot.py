@@ -621,7 +621,12 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
     out += ["", "## Not yet run", ""]
     if missing:
         out += [f"- {s} on {t}" for s, t in missing]
+    else:
+        out.append("Every registered step has been compiled for every topology above.")
     out += [f"- not registered: {n}" for n in NOT_REGISTERED]
+    others = [t for t in aot_steps.POD_TOPOLOGIES if t not in topologies]
+    if others:
+        out += ["", f"Other topologies (`--topologies`): {', '.join(others)}."]
     return "\n".join(out) + "\n"
 
 
