@@ -108,7 +108,10 @@ def _sizes(cfg) -> dict:
 
 
 def _read_text(path: str) -> str:
-    return read_text(path, "config field text (a UTF-8 text file, or '' for the held-out plays):")
+    if not os.path.exists(path):
+        raise ValueError(f"config field text = {path!r}: no such file (expected a UTF-8 text "
+                         "file, or '' for the held-out Shakespeare plays)")
+    return read_text(path, "config field text =")
 
 
 def load(config: ml_collections.ConfigDict, workdir: str) -> MeasuredModel:
