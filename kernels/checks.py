@@ -132,8 +132,9 @@ def one_of(value: Any, name: str, where: str, choices: Sequence[Any]) -> None:
 def lengths(x: Any, name: str, where: str, *, batch: int, low: int, high: int,
             high_is: str = "") -> None:
     """Checks per-row positions or lengths: an integer array of shape [batch], and, when concrete,
-    every entry in ``low..high`` (``high_is`` says what sets ``high``, for the message). A list or tuple of integers counts as an array; a scalar does not
-    (it would broadcast over the batch silently)."""
+    every entry in ``low..high`` (``high_is`` says what sets ``high``, for the message). A list or
+    tuple of integers counts as an array; a scalar does not (it would broadcast over the batch
+    silently)."""
     if isinstance(x, (list, tuple)):
         x = np.asarray(x)
     array(x, name, where, kind="int", shape=(batch,))

@@ -40,7 +40,6 @@ import numpy as np
 from flax import nnx
 
 from kernels import checks
-
 from models import kv_cache as kvc
 from models.rope import RotaryEmbedding, apply_rope
 
