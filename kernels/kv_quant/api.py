@@ -121,15 +121,11 @@ class _ChunkedQuantCache(abc.ABC):
         return False
 
     def _chunked_values(self) -> bool:
-        """Whether values are quantized in chunks together with the keys (QVG); otherwise the
-        subclass stores them its own way (:meth:`_init_values`, :meth:`_update_values`)."""
+        """Whether values are quantized in chunks together with the keys (QVG). A subclass that
+        returns False stores values its own way and defines ``_init_values(batch_size, max_len,
+        num_kv_heads, head_dim, dtype) -> {"v", "wv"}`` and ``_update_values(layer_cache, v,
+        start) -> {"v", "wv"}`` (KIVI's sliding window) and its own ``attend``."""
         return True
-
-    def _init_values(self, batch_size, max_len, num_kv_heads, head_dim, dtype) -> dict:
-        raise NotImplementedError  # only called when _chunked_values() is False
-
-    def _update_values(self, layer_cache, v, start) -> dict:
-        raise NotImplementedError  # only called when _chunked_values() is False
 
     def _quantize_pair(self, quant, xk, xv, keys):
         return quant(xk, keys, True), quant(xv, keys, False)
