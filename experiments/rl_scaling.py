@@ -33,6 +33,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from algorithms.rl_scaling import allocation, fit, grpo, metrics, rollout, tasks, trainer
+from algorithms.rl_scaling.tasks import MixtureBatches
 from core import report, sharding
 from core.training import (
     LoopConfig,
@@ -49,30 +50,6 @@ NAME = "rl_scaling"
 
 # ------------------------------------------------------------------------------------------------
 # Data
-
-
-class MixtureBatches:
-    """Warm-start batches from two problem pools: each holds round(batch_size * hard_fraction) hard
-    problems and the rest easy ones, drawn with replacement. Batch i depends only on (seed, i), so
-    the ``position`` attribute makes the stream resumable (core.training.PositionedIterator).
-
-    Raises:
-      ValueError: hard_fraction outside [0, 1].
-    """
-
-    def __init__(self, easy: dict, hard: dict, batch_size: int, hard_fraction: float, seed: int):
-        if not 0.0 <= hard_fraction <= 1.0:
-            raise ValueError(f"MixtureBatches: need hard_fraction in [0, 1], got {hard_fraction}")
-        self.easy, self.hard, self.batch_size, self.seed = easy, hard, batch_size, seed
-        self.num_hard = int(round(batch_size * hard_fraction))
-        self.position = 0
-
-    def __next__(self):
-        rng = np.random.default_rng((self.seed, self.position))
-        self.position += 1
-        ie = rng.integers(0, len(self.easy["lens"]), self.batch_size - self.num_hard)
-        ih = rng.integers(0, len(self.hard["lens"]), self.num_hard)
-        return {k: np.concatenate([self.easy[k][ie], self.hard[k][ih]]) for k in self.easy}
 
 
 def encode(ops: np.ndarray, task: tasks.ArithmeticTask, prompt_len: int, answer_len: int) -> dict:

@@ -171,3 +171,27 @@ def exact_match(tokens: jax.Array, target: jax.Array, target_len: jax.Array) -> 
     valid = jnp.arange(t)[None, :] < target_len[:, None]
     ok = jnp.where(valid, tokens == target, True)
     return jnp.all(ok, axis=1).astype(jnp.float32)
+
+
+class MixtureBatches:
+    """Warm-start batches from two problem pools: each holds round(batch_size * hard_fraction) hard
+    problems and the rest easy ones, drawn with replacement. Batch i depends only on (seed, i), so
+    the ``position`` attribute makes the stream resumable (core.training.PositionedIterator).
+
+    Raises:
+      ValueError: hard_fraction outside [0, 1].
+    """
+
+    def __init__(self, easy: dict, hard: dict, batch_size: int, hard_fraction: float, seed: int):
+        if not 0.0 <= hard_fraction <= 1.0:
+            raise ValueError(f"MixtureBatches: need hard_fraction in [0, 1], got {hard_fraction}")
+        self.easy, self.hard, self.batch_size, self.seed = easy, hard, batch_size, seed
+        self.num_hard = int(round(batch_size * hard_fraction))
+        self.position = 0
+
+    def __next__(self):
+        rng = np.random.default_rng((self.seed, self.position))
+        self.position += 1
+        ie = rng.integers(0, len(self.easy["lens"]), self.batch_size - self.num_hard)
+        ih = rng.integers(0, len(self.hard["lens"]), self.num_hard)
+        return {k: np.concatenate([self.easy[k][ie], self.hard[k][ih]]) for k in self.easy}

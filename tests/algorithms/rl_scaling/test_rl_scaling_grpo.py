@@ -205,7 +205,7 @@ def test_bootstrap_interval_contains_point():
 
 
 def test_warm_start_mixture_batches_and_resumable():
-    from experiments.rl_scaling import MixtureBatches
+    from algorithms.rl_scaling.tasks import MixtureBatches
     easy = {"lens": np.zeros(50, np.int32), "src": np.zeros(50, np.int32)}
     hard = {"lens": np.ones(30, np.int32), "src": np.ones(30, np.int32)}
     it = MixtureBatches(easy, hard, batch_size=20, hard_fraction=0.35, seed=3)
