@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from core.report import markdown_table
-from experiments.bench.timing import best_seconds, pick_size
+from core.timing import best_seconds
+from experiments.bench.timing import pick_size
 from models.sampling import generate
 from models.transformer import Transformer, TransformerConfig
 

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from core.report import markdown_table
-from experiments.bench.timing import best_seconds, pick_size
+from core.timing import best_seconds
+from experiments.bench.timing import pick_size
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
 from models import kv_cache as kvc

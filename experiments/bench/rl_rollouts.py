@@ -28,7 +28,8 @@ from flax import nnx
 
 from algorithms.rl_scaling import rollout, tasks
 from core.report import markdown_table
-from experiments.bench.timing import best_seconds, pick_size
+from core.timing import best_seconds
+from experiments.bench.timing import pick_size
 from experiments.configs import rl_scaling as rl_config
 from models.transformer import Transformer, TransformerConfig
 

@@ -14,8 +14,9 @@ from absl.testing import flagsaver
 from flax import nnx
 
 from algorithms.rl_scaling import rollout
+from core.timing import best_seconds
 from experiments.bench import rl_rollouts, run_all
-from experiments.bench.timing import SIZE_NAMES, best_seconds
+from experiments.bench.timing import SIZE_NAMES
 from models.transformer import Transformer, TransformerConfig
 
 EXPECTED = {"decode", "judge_btl", "kv_quant", "rl_rollouts", "sparse_decode"}
