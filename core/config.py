@@ -292,6 +292,30 @@ def any_of(*rules: Rule) -> Rule:
                 " or ".join(r.expected for r in rules))
 
 
+def claim_check() -> Rule:
+    """A claim check string (grammar: :func:`core.report.parse_check`)."""
+
+    def test(value: Any) -> bool:
+        from core.report import parse_check
+
+        parse_check(value)
+        return True
+
+    return Rule(lambda v: isinstance(v, str) and test(v),
+                "a check '<metric> <op> <number>' or '<metric> <op> [<number> *] <metric> "
+                "[+|- <number>]'")
+
+
+# Rules of the ``claim`` group every experiment's config carries (``core.report.claim_config``);
+# applied by :func:`validate` to any config that has the group.
+CLAIM_RULES: dict[str, Rule] = {
+    "claim.method": string(nonempty=True),
+    "claim.statement": string(nonempty=True),
+    "claim.checks": tuple_of(claim_check()),
+    "claim.ours": string(nonempty=True),
+}
+
+
 def get_field(config: ml_collections.ConfigDict, path: str) -> Any:
     """The value at the dotted field path ``path`` of ``config``."""
     node = config
@@ -312,7 +336,8 @@ def validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
     Args:
       config: a built config (after every override).
       rules: dotted field path -> :class:`Rule`, one for every leaf field (groups of fields such
-        as ``model`` need none; ``variant``, set by :func:`build`, must be a string).
+        as ``model`` need none; ``variant``, set by :func:`build`, must be a string; the
+        ``claim`` group gets :data:`CLAIM_RULES`).
       cross_checks: functions ``config -> None`` that raise ``ValueError`` (naming the fields)
         when fields that are each valid do not fit together; run only when every field passed.
 
@@ -323,6 +348,8 @@ def validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
         written for); or the first failing cross-field check.
     """
     paths = field_paths(config)
+    if "claim" in paths:
+        rules = {**CLAIM_RULES, **rules}
     problems = []
     for path in paths:
         value = get_field(config, path)

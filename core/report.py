@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -205,3 +206,164 @@ def write_report(path: str, title: str, sections: Sequence[Section], preamble: s
         f.write("\n".join(parts))
     os.replace(tmp, path)
     return path
+
+
+# -- the headline claim: a typed record whose thresholds live in the experiment's config ----------
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+}
+_KEY = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*"
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_CHECK = re.compile(
+    rf"^\s*(?P<lhs>{_KEY})\s*(?P<op><=|>=|==|!=|<|>)\s*"
+    rf"(?:(?P<num>{_NUM})|(?:(?P<scale>{_NUM})\s*\*\s*)?(?P<rhs>{_KEY})"
+    rf"(?:\s*(?P<sign>[-+])\s*(?P<offset>{_NUM}))?)\s*$")
+
+
+def parse_check(text: str) -> tuple[str, str, float | None, float, str | None, float]:
+    """Parses one claim check ``"<metric> <op> <bound>"``.
+
+    ``<metric>`` is a key of the experiment's metrics (dots index nested dicts: ``fits.easy.n``);
+    ``<op>`` one of ``< <= > >= == !=``; ``<bound>`` a number, or another metric optionally scaled
+    and shifted: ``[<number> *] <metric> [(+|-) <number>]``. Booleans count as 1 and 0.
+
+    Returns:
+      (lhs key, op, number or None, scale, rhs key or None, offset).
+
+    Raises:
+      ValueError: text that does not follow this grammar (the message quotes it).
+    """
+    m = _CHECK.match(text)
+    if m is None:
+        raise ValueError(f"claim check {text!r}: expected '<metric> <op> <number>' or "
+                         "'<metric> <op> [<number> *] <metric> [+|- <number>]' with op one of "
+                         f"{' '.join(_OPS)}")
+    offset = float(m["offset"]) if m["offset"] else 0.0
+    return (m["lhs"], m["op"], float(m["num"]) if m["num"] is not None else None,
+            float(m["scale"]) if m["scale"] else 1.0, m["rhs"], -offset if m["sign"] == "-" else offset)
+
+
+def metric_value(metrics: Mapping[str, Any], key: str) -> Any:
+    """``metrics[a][b]...`` for ``key = "a.b..."``.
+
+    Raises:
+      KeyError: a missing key (the message names the full key and the keys present there).
+    """
+    node: Any = metrics
+    for i, part in enumerate(key.split(".")):
+        if not isinstance(node, Mapping) or part not in node:
+            where = ".".join(key.split(".")[:i]) or "metrics"
+            present = sorted(node) if isinstance(node, Mapping) else type(node).__name__
+            raise KeyError(f"claim: metric {key!r} not found; {where} has {present}")
+        node = node[part]
+    return node
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A paper's headline claim and the checks that decide whether our metrics reproduce it.
+
+    Experiments keep it in their config (``config.claim``, built with :func:`claim_config`), so
+    that the thresholds sit beside the statement and can be overridden from the command line
+    (``--config.claim.checks='("val_bpb < bigram_bpb - 0.2",)'``).
+
+    Attributes:
+      method: the method's name in the report's opening table.
+      statement: the paper's claim, in words.
+      checks: conditions on the metrics (grammar: :func:`parse_check`). All hold: "yes"; some
+        hold: "partly"; none: "no".
+      ours: what we measured, a ``str.format`` template over the metrics (nested keys with
+        ``{fits[easy][n]}``), e.g. ``"{val_bpb:.3f} vs bigram {bigram_bpb:.3f} bpb"``.
+    """
+
+    method: str
+    statement: str
+    checks: tuple[str, ...]
+    ours: str
+
+    def __post_init__(self):
+        if not self.checks:
+            raise ValueError(f"claim {self.method!r}: needs at least one check")
+        for c in self.checks:
+            parse_check(c)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "Claim":
+        """The claim of a ``ConfigDict``/dict with fields ``method, statement, checks, ours``."""
+        return cls(method=config["method"], statement=config["statement"],
+                   checks=tuple(config["checks"]), ours=config["ours"])
+
+    def outcomes(self, metrics: Mapping[str, Any]) -> list[bool]:
+        """Whether each check holds on ``metrics``; a NaN or missing (``None``) value fails.
+
+        Raises:
+          KeyError: a check names a metric that ``metrics`` lacks.
+        """
+        out = []
+        for c in self.checks:
+            lhs, op, num, scale, rhs, offset = parse_check(c)
+            a = metric_value(metrics, lhs)
+            b = num if rhs is None else metric_value(metrics, rhs)
+            if a is None or b is None or math.isnan(float(a)) or math.isnan(float(b)):
+                out.append(False)
+                continue
+            bound = float(b) if rhs is None else scale * float(b) + offset
+            out.append(bool(_OPS[op](float(a), bound)))
+        return out
+
+    def verdict(self, metrics: Mapping[str, Any]) -> str:
+        """``"yes"`` (every check holds), ``"partly"`` (some) or ``"no"`` (none)."""
+        held = self.outcomes(metrics)
+        return "yes" if all(held) else ("partly" if any(held) else "no")
+
+    def headline(self, metrics: Mapping[str, Any]) -> dict[str, str]:
+        """The report's opening-table row: method, claim, ours, reproduces."""
+        return {"method": self.method, "claim": self.statement,
+                "ours": self.ours.format(**metrics), "reproduces": self.verdict(metrics)}
+
+
+def claim_config(method: str, statement: str, checks: Sequence[str], ours: str):
+    """A ``ConfigDict`` for an experiment's ``config.claim`` (validated as a :class:`Claim`)."""
+    import ml_collections
+
+    Claim(method, statement, tuple(checks), ours)
+    return ml_collections.ConfigDict(
+        {"method": method, "statement": statement, "checks": tuple(checks), "ours": ours})
+
+
+def finish(out_dir: str, *, title: str, metrics: Mapping[str, Any], body: str,
+           claim: Claim | Mapping[str, Any] | None = None,
+           figures: Mapping[str, plt.Figure] | None = None) -> Section:
+    """Writes an experiment's outputs and returns its report section.
+
+    ``<out_dir>/metrics.json`` gets ``metrics`` (plus ``claim``: the statement, each check with
+    its outcome, and the verdict), each figure becomes ``<out_dir>/<name>.png`` (and is closed),
+    and the section carries the claim's headline row.
+
+    Args:
+      out_dir: the experiment's folder (``<workdir>/<experiment>``).
+      title: the section heading.
+      metrics: JSON-able numbers (numpy and JAX scalars are converted).
+      body: the section's markdown.
+      claim: a :class:`Claim` or its config; ``None`` for a section without a headline row.
+      figures: {file stem: matplotlib figure}.
+
+    Returns:
+      The :class:`Section`.
+
+    Raises:
+      KeyError: the claim names a metric that ``metrics`` lacks.
+    """
+    metrics = dict(metrics)
+    headline = None
+    if claim is not None:
+        claim = claim if isinstance(claim, Claim) else Claim.from_config(claim)
+        headline = claim.headline(metrics)
+        metrics["claim"] = {"statement": claim.statement, "verdict": headline["reproduces"],
+                            "checks": dict(zip(claim.checks, claim.outcomes(metrics)))}
+    write_json(os.path.join(out_dir, "metrics.json"), metrics)
+    paths = [save_figure(fig, os.path.join(out_dir, f"{name}.png"))
+             for name, fig in (figures or {}).items()]
+    return Section(title=title, body=body, figures=paths, headline=headline)

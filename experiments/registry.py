@@ -1,38 +1,58 @@
-"""The registered experiments, in the order the main job runs them.
+"""The experiments, discovered from ``experiments/configs/``, in the order the main job runs them.
 
-Each name ``x`` has a module ``experiments.x`` with ``run(config, workdir) -> core.report.Section``
-and a config module ``experiments/configs/x.py`` with ``get_config(arg)``. ``lm`` runs first: the
-kv-cache experiments decode with its trained model.
+An experiment ``x`` is a config module ``experiments/configs/x.py`` (``get_config(arg)``, ``RULES``)
+with a module ``experiments/x.py`` (``run(config, workdir) -> core.report.Section``); nothing else
+lists it. A config module that reads another experiment's outputs names it in ``REQUIRES`` (e.g.
+``sparse_decode`` decodes with the model ``lm`` trains); the main job runs requirements first and
+otherwise goes in alphabetical order.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import pkgutil
 
-EXPERIMENTS: tuple[str, ...] = (
-    "lm",
-    "diffusion_lm",
-    "sparse_decode",
-    "kv_quant",
-    "rl_scaling",
-    "forecasting",
-    "spf",
-    "judge_btl",
-    "benchmark_game",
-)
+from experiments import configs as _configs
+
+
+def _discover() -> tuple[str, ...]:
+    names = sorted(m.name for m in pkgutil.iter_modules(_configs.__path__)
+                   if not m.name.startswith("_"))
+    requires = {n: tuple(getattr(importlib.import_module(f"experiments.configs.{n}"),
+                                 "REQUIRES", ())) for n in names}
+    order: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in path:
+            raise ValueError(f"experiments/configs: cyclic REQUIRES {' -> '.join(path + (name,))}")
+        for req in requires.get(name, ()):
+            if req not in requires:
+                raise ValueError(f"experiments/configs/{name}.py: REQUIRES names {req!r}, which "
+                                 f"has no config; known: {', '.join(names)}")
+            visit(req, path + (name,))
+        order.append(name)
+
+    for n in names:
+        visit(n, ())
+    return tuple(order)
+
+
+EXPERIMENTS: tuple[str, ...] = _discover()
 
 
 def available() -> tuple[str, ...]:
-    """Registered experiments whose module and config are present in this checkout."""
-    return tuple(
-        n for n in EXPERIMENTS
-        if importlib.util.find_spec(f"experiments.{n}") is not None
-        and importlib.util.find_spec(f"experiments.configs.{n}") is not None
-    )
+    """Experiments whose module and config are both present in this checkout."""
+    return tuple(n for n in EXPERIMENTS if importlib.util.find_spec(f"experiments.{n}") is not None)
 
 
 def resolve(names: str | None) -> tuple[str, ...]:
     """Parses a comma-separated list (``None``/empty/``all`` = every available experiment).
+
+    Returns:
+      The names, in the order given.
 
     Raises:
       ValueError: an unknown or unavailable name; the message lists the known ones.

@@ -17,6 +17,10 @@ from core import config as cfg_lib
 from experiments.configs import lm as lm_config
 
 
+# The model this experiment decodes with is trained by the ``lm`` experiment.
+REQUIRES = ("lm",)
+
+
 def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0

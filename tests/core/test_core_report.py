@@ -59,3 +59,61 @@ def test_experiment_report_links_open(tmp_path, monkeypatch):
     for link in _links(path):
         with open(link, "rb") as f:
             assert f.read(8) == PNG_MAGIC
+
+
+# -- claims -------------------------------------------------------------------------------------
+
+
+def test_claim_checks_compare_metrics_numbers_and_scaled_shifted_metrics():
+    from core.report import Claim
+
+    metrics = {"bpb": 2.5, "bigram": 3.6, "fits": {"easy": {"winner": 1.0}}, "ok": True}
+    claim = Claim("LM", "under bigram", ("bpb < bigram - 0.3", "bpb >= 2.5", "fits.easy.winner == 1",
+                                          "ok == 1", "bpb < 0.5 * bigram + 0.7"), "{bpb:.2f}")
+    # 2.5 < 3.3; 2.5 >= 2.5; 1 == 1; True == 1; 2.5 < 1.8 + 0.7 = 2.5 is false
+    assert claim.outcomes(metrics) == [True, True, True, True, False]
+    assert claim.verdict(metrics) == "partly"
+    assert claim.headline(metrics) == {"method": "LM", "claim": "under bigram", "ours": "2.50",
+                                       "reproduces": "partly"}
+    assert Claim("LM", "s", ("bpb > 9",), "x").verdict(metrics) == "no"
+    assert Claim("LM", "s", ("bpb < 9", "bigram > 1e-3"), "x").verdict(metrics) == "yes"
+
+
+def test_claim_nan_or_none_metric_fails_its_check_and_missing_metric_names_the_key():
+    from core.report import Claim
+
+    claim = Claim("m", "s", ("a < 1",), "x")
+    assert claim.outcomes({"a": float("nan")}) == [False]
+    assert claim.outcomes({"a": None}) == [False]
+    with pytest.raises(KeyError, match="metric 'fits.hard' not found; fits has \\['easy'\\]"):
+        Claim("m", "s", ("fits.hard < 1",), "x").outcomes({"fits": {"easy": 1}})
+
+
+@pytest.mark.parametrize("text", ["a <", "a << 1", "1 < a", "a < b +", "a < b * 2", ""])
+def test_claim_check_grammar_refuses_malformed_text(text):
+    from core.report import Claim
+
+    with pytest.raises(ValueError, match="claim check"):
+        Claim("m", "s", (text,), "x")
+
+
+def test_claim_config_fields_are_validated_with_the_config(tmp_path):
+    import ml_collections
+
+    from core import config as cfg_lib
+    from core.report import claim_config, finish
+
+    config = ml_collections.ConfigDict({"steps": 1, "claim": claim_config(
+        "LM", "under bigram", ("bpb < bigram",), "{bpb:.1f}")})
+    rules = {"steps": cfg_lib.integer(1)}
+    cfg_lib.validate(config, rules)
+    config.claim.checks = ("bpb <",)
+    with pytest.raises(ValueError, match="config field 'claim.checks'"):
+        cfg_lib.validate(config, rules)
+    config.claim.checks = ("bpb < bigram",)
+    section = finish(str(tmp_path), title="T", metrics={"bpb": 1.0, "bigram": 2.0}, body="b",
+                     claim=config.claim)
+    assert section.headline["reproduces"] == "yes" and section.headline["ours"] == "1.0"
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written["claim"] == {"statement": "under bigram", "verdict": "yes",
+                                "checks": {"bpb < bigram": True}}
