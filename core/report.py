@@ -290,7 +290,7 @@ class Claim:
             parse_check(c)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "Claim":
+    def from_config(cls, config: Mapping[str, Any]) -> Claim:
         """The claim of a ``ConfigDict``/dict with fields ``method, statement, checks, ours``."""
         return cls(method=config["method"], statement=config["statement"],
                    checks=tuple(config["checks"]), ours=config["ours"])

@@ -16,7 +16,6 @@ import ml_collections
 from core import config as cfg_lib
 from experiments.configs import lm as lm_config
 
-
 # The model this experiment decodes with is trained by the ``lm`` experiment.
 REQUIRES = ("lm",)
 
