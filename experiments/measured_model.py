@@ -124,9 +124,14 @@ def load(config: ml_collections.ConfigDict, workdir: str) -> MeasuredModel:
     """
     if config.checkpoint:
         return _load_checkpoint(config.checkpoint, config.text)
-    from experiments import lm
+    from algorithms.lm import training
+    from experiments import common
+    from experiments.configs import lm as lm_config
 
-    graphdef, params, mcfg, corpus = lm.load_trained(workdir, config.lm_config or None)
+    # The lm experiment's model (trained now if absent or unfinished; a finished run is restored).
+    lm = training.train(lm_config.get_config(config.lm_config or "tiny"),
+                        common.experiment_dir(workdir, "lm"), progress=False)
+    graphdef, params, mcfg, corpus = lm.graphdef, lm.params, lm.model_config, lm.corpus
     if config.text:
         text = ByteTokenizer().encode(_read_text(config.text))
     else:

@@ -37,17 +37,6 @@ def test_main_exit_code_on_unknown_experiment(tmp_path):
     assert "unknown experiment 'bogus'" in proc.stderr and "lm" in proc.stderr
 
 
-def test_ngram_baselines_closed_form():
-    # a deterministic alternating sequence: the bigram model predicts it almost perfectly
-    train = np.tile(np.array([1, 2], np.int32), 5000)
-    windows = np.tile(np.array([1, 2], np.int32), 8)[None, :]
-    uni, big = lm.ngram_bpb(train, windows, vocab=4)
-    # unigram with add-one over 4 symbols: p(2) = p(1) = 5001 / 10004 -> about 1 bit
-    assert math.isclose(uni, -math.log2(5001 / 10004), rel_tol=1e-9)
-    # bigram: p(2|1) = 5001 / 5004 (add-one over 4 successors)
-    assert big < 0.01
-
-
 def test_lm_run_end_to_end(tmp_path):
     config = lm_config.get_config(
         "tiny,steps=6,log_every=2,checkpoint_every=3,eval_windows=4,sample_len=8,batch_size=4,"

@@ -1,0 +1,115 @@
+"""Training of the byte-level causal transformer LM on a text corpus (next-token cross-entropy).
+
+AdamW with linear warm-up and cosine decay (Loshchilov & Hutter 2019), global-norm clipping,
+parameters and optimizer state sharded by :mod:`core.sharding` (FSDP over ``data``, tensor
+parallelism over ``model``), the step run by :func:`core.training.train_loop` (checkpoints, exact
+resume, a settings fingerprint that refuses another run's checkpoint).
+
+The run is described by an ``ml_collections.ConfigDict`` with the fields of
+``experiments/configs/lm.py`` (``model`` holds :class:`models.transformer.TransformerConfig`'s
+fields; ``dtype`` by name, ``mlp_dim=0`` for the default width).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx
+
+from core import sharding
+from core.data import ByteTokenizer, TextBatcher, load_corpus
+from core.data.text import Corpus
+from core.training import (
+    LoopConfig,
+    LoopResult,
+    config_fingerprint,
+    init_train_state,
+    make_train_step,
+    train_loop,
+)
+from models.attention import check_platform as check_attention_platform
+from models.losses import next_token_nll
+from models.transformer import PARAM_AXES, Transformer, TransformerConfig
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    """The model's :class:`TransformerConfig`, straight from ``config.model`` (causal)."""
+    m = config.model.to_dict()
+    m["mlp_dim"] = m["mlp_dim"] or None
+    m["dtype"] = jnp.dtype(m["dtype"])
+    return TransformerConfig(vocab_size=vocab_size, causal=True, **m)
+
+
+def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """AdamW (b1 0.9, b2 0.95) with linear warm-up to ``learning_rate`` over ``warmup_steps``,
+    cosine decay to a tenth of it at ``steps``, after global-norm clipping at ``grad_clip``."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, config.learning_rate, config.warmup_steps, max(config.steps, config.warmup_steps + 1),
+        end_value=config.learning_rate * 0.1)
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=config.weight_decay))
+
+
+def lm_loss(model: Transformer, tokens: jax.Array, key: jax.Array):
+    """Mean next-token NLL (nats) of int32 [B, L] ``tokens``; ``key`` is unused (deterministic)."""
+    del key
+    return next_token_nll(model(tokens), tokens).mean(), {}
+
+
+def fingerprint(config: ml_collections.ConfigDict) -> str:
+    """The settings that shape a run (not ``steps``: a finished run can be extended)."""
+    return config_fingerprint(config.model, config.corpus, config.seed, config.val_fraction,
+                              config.seq_len, config.batch_size, config.learning_rate,
+                              config.warmup_steps, config.weight_decay, config.grad_clip)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedLM:
+    """A trained (or restored) LM: ``nnx.split`` parts, its config, the corpus, the loop result."""
+
+    graphdef: nnx.GraphDef
+    params: nnx.State
+    model_config: TransformerConfig
+    corpus: Corpus
+    result: LoopResult
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True,
+          desc: str = "lm") -> TrainedLM:
+    """Trains the LM of ``config`` in ``workdir`` (``<workdir>/checkpoints``,
+    ``train_metrics.jsonl``), resuming from its newest intact checkpoint; a finished run is only
+    restored.
+
+    Raises:
+      ValueError: ``seq_len`` above ``model.max_len``, a checkpoint of another run in ``workdir`` (settings fingerprint), a
+        ``model_parallelism`` that does not divide the heads or MLP width, an attention
+        implementation the platform lacks, or an unreadable corpus (naming the file).
+    """
+    if config.seq_len > config.model.max_len:
+        raise ValueError(f"lm config: seq_len={config.seq_len} exceeds model.max_len="
+                         f"{config.model.max_len}")
+    tokenizer = ByteTokenizer()
+    corpus = load_corpus(config.corpus or None, val_fraction=config.val_fraction,
+                         tokenizer=tokenizer)
+    mcfg = model_config(config, tokenizer.vocab_size)
+    mcfg.check_model_parallelism(config.model_parallelism)
+    check_attention_platform(mcfg.attention)
+    graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(config.seed)))
+    tx = optimizer(config)
+    mesh = sharding.make_mesh(config.model_parallelism)
+    state, state_sharding = sharding.shard_train_state(
+        init_train_state(params, tx), PARAM_AXES, mesh, tx, rules=config.param_sharding,
+        logical_sizes=mcfg.logical_sizes)
+    batches = TextBatcher(corpus.train, config.batch_size, config.seq_len, seed=config.seed)
+    result = train_loop(
+        sharding.constrain_step(make_train_step(graphdef, tx, lm_loss), state_sharding), state,
+        batches, jax.random.key(config.seed),
+        LoopConfig(num_steps=config.steps, log_every=config.log_every,
+                   checkpoint_every=config.checkpoint_every, progress=progress, desc=desc),
+        workdir=workdir, put_batch=lambda b: sharding.shard_batch(b, mesh),
+        fingerprint=fingerprint(config))
+    return TrainedLM(graphdef, result.state["params"], mcfg, corpus, result)
