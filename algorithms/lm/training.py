@@ -85,9 +85,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     restored.
 
     Raises:
-      ValueError: ``seq_len`` above ``model.max_len``, a checkpoint of another run in ``workdir`` (settings fingerprint), a
-        ``model_parallelism`` that does not divide the heads or MLP width, an attention
-        implementation the platform lacks, or an unreadable corpus (naming the file).
+      ValueError: ``seq_len`` above ``model.max_len``, a checkpoint of another run in
+        ``workdir`` (settings fingerprint), a ``model_parallelism`` that does not divide the heads
+        or MLP width, an attention implementation the platform lacks, or an unreadable corpus
+        (naming the file).
     """
     if config.seq_len > config.model.max_len:
         raise ValueError(f"lm config: seq_len={config.seq_len} exceeds model.max_len="

@@ -1,9 +1,7 @@
 import json
-import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from experiments import lm, registry
