@@ -22,6 +22,19 @@ What must be installed (``make aot-env`` builds ``.venv-aot`` with it, from the 
 Measured on a 2-core CPU with JAX 0.10.2: a device description takes 0.1-0.6 s, a small Pallas
 kernel compiles in 0.3-3 s. ``cost_analysis()`` is empty for GPU targets and there is no Triton
 autotuning without a device.
+
+Compile options per target (:data:`FALLBACKS`, applied by :func:`compile_lowered`): a program is
+compiled with XLA's defaults first; when the compiler refuses it with a known symptom of compiling
+without a device, it is compiled again with the options that avoid it and the result says so. The
+one known today: XLA:GPU rewrites float32 dots into Triton GEMM fusions whose tile sizes it picks by
+autotuning on the device; without one it can find no tiling for some dots ("Couldn't find output
+tile sizes that satisfy ...", seen in the forecasting and GRPO steps on H100/H200), and with
+``xla_gpu_enable_triton_gemm=False`` those dots go to cuBLAS(Lt) instead. On a real GPU the
+autotuner picks tiles and the defaults stand.
+
+Public helpers shared with :mod:`core.aot_steps`: :data:`TARGET_DIR`, :func:`install_command`,
+:func:`require_extras`, :func:`ensure_ptxas_on_path`, :func:`topology_description`,
+:func:`compile_lowered` and :func:`memory_bytes`.
 """
 
 from __future__ import annotations
@@ -36,7 +49,8 @@ from typing import Any
 
 import jax
 
-_TARGET_DIR = pathlib.Path(__file__).parent / "aot_targets"
+# The GPU device descriptions (``GpuTargetConfigProto`` text), one file per GPU target.
+TARGET_DIR = pathlib.Path(__file__).parent / "aot_targets"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +92,79 @@ class CompileExtrasMissing(RuntimeError):
     """The packages that describe a target are not installed (the message names them)."""
 
 
+def install_command(platform: str) -> str:
+    """The ``pip install`` line that brings compile-only devices of ``platform`` (``"tpu"`` or
+    ``"cuda"``), pinned to the running jax version. Raises ValueError for another platform."""
+    if platform not in _INSTALL:
+        raise ValueError(f"install_command: platform {platform!r} is not one of {sorted(_INSTALL)}")
+    return _INSTALL[platform]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileFallback:
+    """Compile options to retry with when XLA refuses a program with a known symptom.
+
+    Attributes:
+      platform: ``"tpu"`` or ``"cuda"``: the targets it applies to.
+      symptom: a substring of the compiler's error message.
+      options: XLA debug options for ``Lowered.compile(compiler_options=...)``.
+      reason: one sentence for the report: why the defaults fail and what the options change.
+    """
+
+    platform: str
+    symptom: str
+    options: dict[str, Any]
+    reason: str
+
+
+FALLBACKS: tuple[CompileFallback, ...] = (
+    CompileFallback(
+        "cuda", "Couldn't find output tile sizes", {"xla_gpu_enable_triton_gemm": False},
+        "XLA:GPU picks Triton GEMM tiles by autotuning on the device and found none for a float32 "
+        "dot without one; compiled with xla_gpu_enable_triton_gemm=False (the dots go to cuBLAS)"),
+)
+
+
+def fallback_for(platform: str, message: str) -> CompileFallback | None:
+    """The :data:`FALLBACKS` entry of ``platform`` whose symptom is in ``message``, or None."""
+    return next((f for f in FALLBACKS if f.platform == platform and f.symptom in message), None)
+
+
+def compile_lowered(lowered: Any, platform: str,
+                    compiler_options: dict[str, Any] | None = None) -> tuple[Any, CompileFallback | None]:
+    """Compiles ``lowered`` (a ``jax.stages.Lowered``) for a target of ``platform``.
+
+    With XLA's defaults (or ``compiler_options``) first; if the compiler refuses the program with
+    the symptom of a :data:`FALLBACKS` entry of that platform, once more with that entry's options
+    added.
+
+    Returns:
+      (the ``jax.stages.Compiled``, the fallback used or None).
+
+    Raises:
+      jax.errors.JaxRuntimeError: the compiler refused the program, and no fallback applies or the
+        fallback was refused too (the second error, XLA's message).
+    """
+    options = dict(compiler_options or {})
+    try:
+        return lowered.compile(compiler_options=options or None), None
+    except jax.errors.JaxRuntimeError as e:
+        fallback = fallback_for(platform, str(e))
+        if fallback is None or all(options.get(k) == v for k, v in fallback.options.items()):
+            raise
+    return lowered.compile(compiler_options={**options, **fallback.options}), fallback
+
+
+def memory_bytes(compiled: Any) -> dict[str, int]:
+    """``compiled.memory_analysis()`` as bytes: ``argument``, ``output``, ``alias``, ``temp``,
+    ``generated_code`` and ``peak`` (0 where the backend does not report one)."""
+    stats = compiled.memory_analysis()
+    keys = ("argument", "output", "alias", "temp", "generated_code")
+    memory = {k: int(getattr(stats, f"{k}_size_in_bytes", 0) or 0) for k in keys}
+    memory["peak"] = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
+    return memory
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileResult:
     """A compiled executable for a compile-only device and XLA's memory analysis of it.
@@ -89,12 +176,14 @@ class CompileResult:
         ``generated_code`` (0 where the backend does not report it: XLA:GPU reports no code size).
       shared_memory: GPU targets with ``shared_memory=True``: bytes of shared memory per launched
         kernel, by kernel name (XLA's thunk sequence); None otherwise.
+      fallback: the :class:`CompileFallback` the compile needed (None: XLA's defaults).
     """
 
     compiled: Any
     target: str
     memory: dict[str, int]
     shared_memory: dict[str, int] | None = None
+    fallback: CompileFallback | None = None
 
 
 def target_names() -> tuple[str, ...]:
@@ -106,6 +195,15 @@ def _target(name: str) -> Target:
     if name not in TARGETS:
         raise ValueError(f"unknown compile target {name!r}; expected one of {list(target_names())}")
     return TARGETS[name]
+
+
+def target(name: str) -> Target:
+    """The :class:`Target` called ``name``.
+
+    Raises:
+      ValueError: an unknown name (the message lists the valid ones).
+    """
+    return _target(name)
 
 
 def extras_available(name: str) -> bool:
@@ -121,8 +219,10 @@ def extras_available(name: str) -> bool:
         return False
 
 
-def _ensure_ptxas_on_path() -> None:
-    """Mosaic GPU calls ``ptxas`` from PATH; the nvcc wheel ships one that is not on it."""
+def ensure_ptxas_on_path() -> None:
+    """Puts the ``nvidia-cuda-nvcc-cu12`` wheel's ``bin`` (with ``ptxas``) first on ``PATH`` when no
+    ``ptxas`` is on it: Mosaic GPU calls ``ptxas`` from PATH and the wheel does not put it there.
+    A no-op when ``ptxas`` is found or the wheel is not installed."""
     if shutil.which("ptxas"):
         return
     try:
@@ -136,37 +236,61 @@ def _ensure_ptxas_on_path() -> None:
             return
 
 
-@functools.cache
-def compile_only_device(name: str) -> jax.Device:
-    """A compile-only device of target ``name`` (cached per process).
+def require_extras(name: str, what: str | None = None) -> None:
+    """Raises :class:`CompileExtrasMissing` (one line naming the ``pip install``) unless the packages
+    of target ``name`` are installed; ``what`` names what is being compiled (default the target).
 
     Raises:
-      ValueError: unknown target name (the message lists the valid ones).
+      ValueError: unknown target name.
+    """
+    t = _target(name)
+    if not extras_available(name):
+        raise CompileExtrasMissing(f"compiling for {what or repr(name)} needs "
+                                   f"{install_command(t.platform)} (or run `make aot-env` and use "
+                                   ".venv-aot)")
+
+
+def topology_description(name: str, topology: str | None = None, what: str | None = None) -> Any:
+    """The compile-only topology of target ``name``: libtpu's ``topology`` (e.g. ``"v5e:4x4"``) on
+    TPU, ``topology`` (``slices x hosts x GPUs``, e.g. ``"1x2x8"``) of the target's GPU description
+    (``TARGET_DIR``) on GPU; default the target's own :attr:`Target.topology`.
+
+    Raises:
+      ValueError: unknown target name.
       CompileExtrasMissing: the target's packages are not installed, or the CUDA plugin is
         installed but JAX did not start with ``JAX_PLATFORMS=cpu`` on a machine without a GPU.
     """
     from jax.experimental import topologies
 
     t = _target(name)
-    if not extras_available(name):
-        raise CompileExtrasMissing(f"compiling for {name!r} needs {_INSTALL[t.platform]} "
-                                   "(or run `make aot-env` and use .venv-aot)")
+    what = what or repr(name)
+    require_extras(name, what)
+    topology = topology or t.topology
     if t.platform == "tpu":
         # libtpu takes a machine-wide lock file for the TPU chips; compile-only devices use no chip,
         # so concurrent compiling processes (pytest workers, two test runs) may all load it.
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-        topo = topologies.get_topology_desc(topology_name=t.topology, platform="tpu")
-    else:
-        _ensure_ptxas_on_path()
-        spec = (_TARGET_DIR / t.spec).read_text()
-        try:
-            topo = topologies.get_topology_desc(platform="cuda", target_config=spec,
-                                                topology=t.topology)
-        except NotImplementedError as e:
-            raise CompileExtrasMissing(
-                f"compiling for {name!r}: the CUDA plugin offers no topology ({e}); start JAX with "
-                "JAX_PLATFORMS=cpu on a machine without a GPU") from None
-    device = topo.devices[0]
+        return topologies.get_topology_desc(topology_name=topology, platform="tpu")
+    ensure_ptxas_on_path()
+    spec = (TARGET_DIR / t.spec).read_text()
+    try:
+        return topologies.get_topology_desc(platform="cuda", target_config=spec, topology=topology)
+    except NotImplementedError as e:
+        raise CompileExtrasMissing(
+            f"compiling for {what}: the CUDA plugin offers no topology ({e}); start JAX with "
+            "JAX_PLATFORMS=cpu on a machine without a GPU") from None
+
+
+@functools.cache
+def compile_only_device(name: str) -> jax.Device:
+    """A compile-only device of target ``name`` (cached per process).
+
+    Raises:
+      ValueError: unknown target name (the message lists the valid ones).
+      CompileExtrasMissing: see :func:`topology_description`.
+    """
+    t = _target(name)
+    device = topology_description(name).devices[0]
     if device.device_kind != t.device_kind:
         raise RuntimeError(f"target {name!r} gave a {device.device_kind!r} device; expected "
                            f"{t.device_kind!r}")
@@ -216,7 +340,8 @@ def compile_for(fn: Callable, args: tuple, target: str, *, kwargs: dict | None =
       ValueError: unknown target or a leaf without shape and dtype.
       CompileExtrasMissing: see :func:`compile_only_device`.
       jax.errors.JaxRuntimeError: the compiler rejected the program (e.g. shared memory or VMEM
-        exceeded, a block shape Mosaic cannot tile); the message is XLA's.
+        exceeded, a block shape Mosaic cannot tile) and no :data:`FALLBACKS` entry applies; the
+        message is XLA's.
     """
     if not isinstance(args, tuple):
         raise ValueError(f"compile_for: args must be a tuple of argument pytrees; got "
@@ -228,15 +353,15 @@ def compile_for(fn: Callable, args: tuple, target: str, *, kwargs: dict | None =
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     lowered = jitted.lower(*specs, **kwargs)
     smem = None
-    if shared_memory and TARGETS[target].platform == "cuda":
+    platform = TARGETS[target].platform
+    if shared_memory and platform == "cuda":
         import tempfile
 
         with tempfile.TemporaryDirectory() as dump:
-            compiled = lowered.compile(compiler_options={"xla_dump_to": dump})
+            compiled, fallback = compile_lowered(lowered, platform, {"xla_dump_to": dump})
             smem = _thunk_shared_memory(dump)
     else:
-        compiled = lowered.compile()
-    stats = compiled.memory_analysis()
-    memory = {key: int(getattr(stats, f"{key}_size_in_bytes", 0) or 0)
-              for key in ("argument", "output", "temp", "alias", "generated_code")}
-    return CompileResult(compiled, target, memory, smem)
+        compiled, fallback = compile_lowered(lowered, platform)
+    memory = memory_bytes(compiled)
+    del memory["peak"]
+    return CompileResult(compiled, target, memory, smem, fallback)

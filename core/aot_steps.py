@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -137,27 +136,9 @@ def pod_devices(name: str) -> tuple[jax.Device, ...]:
         ``pip install``), or the CUDA plugin offers no topology because JAX did not start with
         ``JAX_PLATFORMS=cpu``.
     """
-    from jax.experimental import topologies
-
     t = pod_topology(name)
-    target = aot.TARGETS[t.chip]
-    if not aot.extras_available(t.chip):
-        raise aot.CompileExtrasMissing(
-            f"compiling for {name!r} needs {aot._INSTALL[target.platform]} (or `make aot-env` and "
-            f"use .venv-aot)")
-    if target.platform == "tpu":
-        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-        topo = topologies.get_topology_desc(topology_name=t.topology, platform="tpu")
-    else:
-        aot._ensure_ptxas_on_path()
-        spec = (aot._TARGET_DIR / target.spec).read_text()
-        try:
-            topo = topologies.get_topology_desc(platform="cuda", target_config=spec,
-                                                topology=t.topology)
-        except NotImplementedError as e:
-            raise aot.CompileExtrasMissing(
-                f"compiling for {name!r}: the CUDA plugin offers no topology ({e}); start JAX with "
-                "JAX_PLATFORMS=cpu on a machine without a GPU") from None
+    target = aot.target(t.chip)
+    topo = aot.topology_description(t.chip, t.topology, what=repr(name))
     devices = tuple(topo.devices)
     if len(devices) != t.num_devices or devices[0].device_kind != target.device_kind:
         raise RuntimeError(f"topology {name!r} gave {len(devices)} x {devices[0].device_kind!r}; "
@@ -175,13 +156,15 @@ class StepCompile:
         the backend does not report it).
       flops: XLA's FLOP count per device (None on GPU: no cost analysis); loop bodies counted once.
       bytes_accessed: XLA's HBM bytes per device (None on GPU); loop bodies counted once.
-      seconds: wall time of lowering plus compiling.
+      seconds: wall time of lowering plus compiling (both compiles when a fallback was needed).
+      fallback: the ``core.aot.CompileFallback`` the compile needed (None: XLA's defaults).
     """
 
     memory: dict[str, int]
     flops: float | None
     bytes_accessed: float | None
     seconds: float
+    fallback: aot.CompileFallback | None = None
 
     @property
     def needed_bytes(self) -> int:
@@ -204,7 +187,9 @@ def compile_step(fn: Callable, args: tuple, *, donate_argnums: tuple[int, ...] =
       static_argnums: arguments passed as static values.
 
     Returns:
-      :class:`StepCompile`.
+      :class:`StepCompile`. A program the compiler refuses with a known symptom of compiling
+      without a device is compiled again with that target's fallback options
+      (``core.aot.compile_lowered``); ``fallback`` says which.
 
     Raises:
       ValueError: ``args`` is not a tuple, or a leaf has no sharding.
@@ -222,13 +207,10 @@ def compile_step(fn: Callable, args: tuple, *, donate_argnums: tuple[int, ...] =
                                  f"{getattr(leaf, 'shape', None)} without a sharding; expected "
                                  "ShapeDtypeStructs with NamedShardings on the pod's mesh")
     t0 = time.perf_counter()
-    compiled = jax.jit(fn, donate_argnums=donate_argnums,
-                       static_argnums=static_argnums).lower(*args).compile()
+    lowered = jax.jit(fn, donate_argnums=donate_argnums, static_argnums=static_argnums).lower(*args)
+    compiled, fallback = aot.compile_lowered(lowered, _platform(args, static_argnums))
     seconds = time.perf_counter() - t0
-    stats = compiled.memory_analysis()
-    memory = {key: int(getattr(stats, f"{key}_size_in_bytes", 0) or 0)
-              for key in ("argument", "output", "alias", "temp", "generated_code")}
-    memory["peak"] = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
+    memory = aot.memory_bytes(compiled)
     try:
         cost = compiled.cost_analysis()
     except Exception:  # noqa: BLE001 (a backend without cost analysis)
@@ -237,7 +219,16 @@ def compile_step(fn: Callable, args: tuple, *, donate_argnums: tuple[int, ...] =
         cost = cost[0] if cost else None
     flops = float(cost["flops"]) if cost and "flops" in cost else None
     nbytes = float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
-    return StepCompile(memory, flops, nbytes, seconds)
+    return StepCompile(memory, flops, nbytes, seconds, fallback)
+
+
+def _platform(args: tuple, static_argnums: tuple[int, ...]) -> str:
+    """``"tpu"``, ``"cuda"`` or ``"cpu"``: the platform of the first sharded argument's devices."""
+    for i, a in enumerate(args):
+        for leaf in ([] if i in static_argnums else jax.tree.leaves(a)):
+            platform = next(iter(leaf.sharding.device_set)).platform
+            return "cuda" if platform == "gpu" else platform
+    return "cpu"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,9 +96,9 @@ def lm_train(devices) -> StepSpec:
     import jax
     import jax.numpy as jnp
 
+    from algorithms.lm import training as lm
     from core.data import ByteTokenizer
     from core.training import init_train_state, make_train_step
-    from experiments import lm
     from experiments.configs import lm as lm_config
     from models.transformer import forward_flops_per_token
 
@@ -173,9 +173,9 @@ def lm_decode(backend_name: str, context: int = DECODE_CONTEXT, batch: int = DEC
         import jax.numpy as jnp
         from flax import nnx
 
+        from algorithms.lm import training as lm
         from core import sharding
         from core.data import ByteTokenizer
-        from experiments import lm
         from experiments.configs import lm as lm_config
         from models import kv_cache as kvc
         from models.transformer import PARAM_AXES, Transformer, forward_flops_per_token, param_count
@@ -498,6 +498,8 @@ def compile_row(step: str, topology: str) -> dict:
     row.update(status="ok", seconds=result.seconds, memory=result.memory,
                needed_bytes=result.needed_bytes, flops=result.flops,
                bytes_accessed=result.bytes_accessed)
+    if result.fallback is not None:
+        row.update(compile_options=result.fallback.options, fallback=result.fallback.reason)
     return row
 
 
@@ -567,9 +569,11 @@ def fit_cell(row: dict | None) -> str:
         return (f"**over by {_gib(oom[0] - oom[1])}** (temporaries {oom[0] / 2 ** 30:.1f}/"
                 f"{oom[1] / 2 ** 30:.1f} GiB)")
     need, usable = row["needed_bytes"], usable_bytes(row["topology"])
+    mark = " (fallback options)" if row.get("fallback") else ""
     if need <= usable:
-        return f"fits {need / 2 ** 30:.1f}/{usable / 2 ** 30:.1f} GiB"
-    return f"**over by {_gib(need - usable)}** ({need / 2 ** 30:.1f}/{usable / 2 ** 30:.1f} GiB)"
+        return f"fits {need / 2 ** 30:.1f}/{usable / 2 ** 30:.1f} GiB{mark}"
+    return (f"**over by {_gib(need - usable)}** ({need / 2 ** 30:.1f}/{usable / 2 ** 30:.1f} GiB)"
+            f"{mark}")
 
 
 def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str],
@@ -611,6 +615,15 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
                 f"{r['seconds']:.0f} |"]))
     else:
         out.append("No step has compiled yet.")
+    fell_back = [r for r in ok if r.get("fallback")]
+    if fell_back:
+        out += ["", "## Compiled with fallback options", "",
+                "XLA's defaults refused these programs with a known symptom of compiling without "
+                "a device; they were compiled again with the options shown (`core.aot.FALLBACKS`).",
+                "", "| step | topology | options | why |", "|---|---|---|---|"]
+        out += [f"| {r['step']} | {r['topology']} | "
+                + ", ".join(f"`{k}={v}`" for k, v in r["compile_options"].items())
+                + f" | {r['fallback']} |" for r in fell_back]
     bad = [r for r in rows if r["status"] != "ok"]
     if bad:
         out += ["", "## Failed or refused", "", "| step | topology | reason | note |",
@@ -632,10 +645,6 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
 
 # What was found out about a failure, by a substring of its reason (measured on this machine).
 FAILURE_NOTES = {
-    "Couldn't find output tile sizes": (
-        "XLA:GPU's Triton GEMM has no autotuner without a device and finds no tiling for this "
-        "float32 dot; with `--xla_gpu_enable_triton_gemm=false` (cuBLAS) the forecasting step "
-        "compiles for h100:1x2x8 (20 s)"),
     "tuple parameter that is being flattened": (
         "float64 on TPU is emulated: the same fit compiles for one v5e chip (225 s at 1000 rows) "
         "and in float32 on the 16-chip mesh (10 s); fit on one chip, or `precision=\"float32\"`"),

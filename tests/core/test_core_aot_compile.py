@@ -116,3 +116,67 @@ def test_static_keyword_arguments_reach_a_jitted_function():
     x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
     res = aot.compile_for(f, (x,), "h100", kwargs={"power": 3})
     assert res.memory["output"] == 8 * 8 * 4
+
+
+class _Lowered:
+    """A stand-in for ``jax.stages.Lowered`` that refuses the first compile with ``message``."""
+
+    def __init__(self, message):
+        self.message, self.calls = message, []
+
+    def compile(self, compiler_options=None):
+        self.calls.append(compiler_options)
+        if len(self.calls) == 1:
+            raise jax.errors.JaxRuntimeError(self.message)
+        return "compiled"
+
+
+def test_compile_lowered_retries_once_with_the_platforms_fallback():
+    tile = "INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.62 = f32[28,512]"
+    lowered = _Lowered(tile)
+    compiled, fallback = aot.compile_lowered(lowered, "cuda")
+    assert compiled == "compiled" and fallback is aot.FALLBACKS[0]
+    assert lowered.calls == [None, {"xla_gpu_enable_triton_gemm": False}]
+    assert "Triton GEMM" in fallback.reason and "\n" not in fallback.reason
+    # the same symptom on another platform, or another error, is not retried
+    for platform, message in (("tpu", tile), ("cuda", "RESOURCE_EXHAUSTED: out of memory")):
+        with pytest.raises(jax.errors.JaxRuntimeError):
+            aot.compile_lowered(_Lowered(message), platform)
+    # options the caller already passed are kept, and a fallback already in them is not retried
+    lowered = _Lowered(tile)
+    aot.compile_lowered(lowered, "cuda", {"xla_dump_to": "d"})
+    assert lowered.calls[1] == {"xla_dump_to": "d", "xla_gpu_enable_triton_gemm": False}
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        aot.compile_lowered(_Lowered(tile), "cuda", {"xla_gpu_enable_triton_gemm": False})
+
+
+def test_install_command_and_require_extras_name_the_packages():
+    assert aot.install_command("tpu") == f'pip install "jax[tpu]=={jax.__version__}"'
+    assert f"jax-cuda12-plugin=={jax.__version__}" in aot.install_command("cuda")
+    with pytest.raises(ValueError, match="platform 'rocm'"):
+        aot.install_command("rocm")
+    with pytest.raises(ValueError, match="unknown compile target 'v4'"):
+        aot.require_extras("v4")
+    assert aot.target("h200").spec == "h200.txtpb" and (aot.TARGET_DIR / "h200.txtpb").exists()
+
+
+@COMPILE
+@pytest.mark.parametrize("target", ["h100", "h200"])
+def test_gpu_fallback_options_move_float32_dots_from_triton_to_cublas(target):
+    """The fallback's options change what XLA:GPU emits: by default a float32 dot with a fused
+    producer becomes a Triton GEMM fusion (tiles normally chosen by autotuning on the device);
+    with the fallback it is a cuBLASLt call."""
+    import re
+
+    _need(target)
+    device = aot.compile_only_device(target)
+    s = jax.sharding.SingleDeviceSharding(device)
+    args = [jax.ShapeDtypeStruct(shape, jnp.float32, sharding=s) for shape in ((256, 512), (512, 1024))]
+    lowered = jax.jit(lambda x, w: jnp.tanh(x @ jnp.sin(w))).lower(*args)
+
+    def calls(options):
+        text = lowered.compile(compiler_options=options).as_text()
+        return set(re.findall(r'(__triton_nested_gemm_fusion|__cublas\$lt\$matmul)', text))
+
+    assert calls(None) == {"__triton_nested_gemm_fusion"}
+    assert calls(aot.FALLBACKS[0].options) == {"__cublas$lt$matmul"}

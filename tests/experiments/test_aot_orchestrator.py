@@ -275,3 +275,20 @@ def test_roofline_row_without_model_flops_uses_xla_count_and_has_no_mfu():
 def test_percent_keeps_two_significant_digits():
     assert [orchestrator._percent(x) for x in (0.19, 0.084, 0.00031, 1.0)] == [
         "19%", "8.4%", "0.031%", "100%"]
+
+
+def test_rows_compiled_with_fallback_options_are_marked_and_explained():
+    from experiments import aot as orchestrator
+
+    row = {"step": "forecasting/train", "topology": "h100:1x2x8", "chip": "h100", "chips": 16,
+           "status": "ok", "seconds": 20.0, "needed_bytes": 2 ** 30, "flops": None,
+           "bytes_accessed": None, "shape": "PPM", "model_flops": None,
+           "memory": {"argument": 1, "output": 1, "alias": 1, "temp": 2 ** 30, "generated_code": 0},
+           "compile_options": {"xla_gpu_enable_triton_gemm": False}, "fallback": "why it fell back"}
+    assert orchestrator.fit_cell(row) == "fits 1.0/60.0 GiB (fallback options)"
+    text = orchestrator.render([row], ["forecasting/train"], ["h100:1x2x8"])
+    section = text.split("## Compiled with fallback options")[1]
+    assert ("| forecasting/train | h100:1x2x8 | `xla_gpu_enable_triton_gemm=False` | "
+            "why it fell back |") in section
+    plain = {k: v for k, v in row.items() if k not in ("compile_options", "fallback")}
+    assert "fallback" not in orchestrator.render([plain], ["forecasting/train"], ["h100:1x2x8"])
