@@ -1,11 +1,15 @@
 """A generic training loop: jitted step with donation, progress bar, JSON-lines metrics,
-periodic checkpoints, exact resume, and a stop on a non-finite loss that keeps the last good
-checkpoint.
+periodic checkpoints, exact resume, a stop on a non-finite loss that keeps the last good
+checkpoint, evaluation hooks (every k steps, once per epoch, or at listed steps) and early stopping
+on an evaluated metric with the best state kept.
 
 The step is a pure function ``step(state, batch, key) -> (state, metrics)`` over pytrees;
-``metrics["loss"]`` must be a scalar. The per-step key is ``fold_in(key, step)``, and the batch
-iterator's position is saved with the state, so a run killed and restarted from its last checkpoint
-ends bit-identical (on CPU) to an uninterrupted one.
+``metrics["loss"]`` must be a scalar. An evaluation ``evaluate(step, state) -> {name: value}`` runs
+on the host between steps (held-out loss, sample quality, ...); its record also carries the mean
+training loss since the previous evaluation, and :class:`EarlyStopping` watches one of its names.
+The per-step key is ``fold_in(key, step)``, and the batch iterator's position is saved with the
+state (with early stopping, also the best state and its bookkeeping), so a run killed and restarted
+from its last checkpoint ends bit-identical (on CPU) to an uninterrupted one.
 
 A killed run leaves things behind, and a rerun copes with each: a damaged newest checkpoint (the
 newest step that restores cleanly is used, see ``core.checkpoint``), metrics logged after the
@@ -65,6 +69,42 @@ class PositionedIterator(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class EarlyStopping:
+    """Stop when an evaluated metric has not improved for ``patience`` evaluations in a row.
+
+    The state at the best evaluation is kept (a copy, checkpointed beside the training state so a
+    resumed run keeps it too) and returned as :attr:`LoopResult.best_state`.
+
+    Attributes:
+      metric: the name in ``evaluate``'s result to watch (e.g. ``"val_loss"``).
+      patience: evaluations without improvement after which training stops (>= 1).
+      mode: ``"min"`` (lower is better) or ``"max"``.
+      min_delta: an improvement must beat the best value by more than this (>= 0).
+
+    A NaN or infinite value never counts as an improvement.
+    """
+
+    metric: str = "val_loss"
+    patience: int = 3
+    mode: str = "min"
+    min_delta: float = 0.0
+
+    def __post_init__(self):
+        if self.patience < 1 or self.mode not in ("min", "max") or not self.min_delta >= 0:
+            raise ValueError(f"invalid EarlyStopping {self}: need patience >= 1, mode 'min' or "
+                             "'max' and min_delta >= 0")
+
+    def improves(self, value: float, best: float | None) -> bool:
+        """Whether ``value`` is a finite improvement on ``best`` (``None``: no best yet)."""
+        if not math.isfinite(value):
+            return False
+        if best is None:
+            return True
+        return value < best - self.min_delta if self.mode == "min" else \
+            value > best + self.min_delta
+
+
+@dataclasses.dataclass(frozen=True)
 class LoopConfig:
     """Loop settings.
 
@@ -75,6 +115,12 @@ class LoopConfig:
       keep_checkpoints: how many checkpoints orbax keeps.
       progress: show a tqdm progress bar.
       desc: progress bar label.
+      steps_per_epoch: steps in one pass over the data (0: no epochs). With it, records carry
+        ``epoch`` (completed passes, a float) and ``eval_every_epoch`` may be used.
+      eval_every: steps between evaluations (0: none by period).
+      eval_every_epoch: evaluate at the end of every epoch (needs ``steps_per_epoch``).
+      eval_steps: further steps at which to evaluate (e.g. a compute ladder's checkpoints).
+      early_stopping: stop on an evaluated metric (needs ``evaluate`` and some evaluation steps).
     """
 
     num_steps: int
@@ -83,21 +129,71 @@ class LoopConfig:
     keep_checkpoints: int = 2
     progress: bool = True
     desc: str = "train"
+    steps_per_epoch: int = 0
+    eval_every: int = 0
+    eval_every_epoch: bool = False
+    eval_steps: tuple[int, ...] = ()
+    early_stopping: EarlyStopping | None = None
 
     def __post_init__(self):
         if self.num_steps < 0 or self.log_every < 1 or self.checkpoint_every < 0:
             raise ValueError(f"invalid LoopConfig {self}: need num_steps >= 0, log_every >= 1, "
                              "checkpoint_every >= 0")
+        if self.steps_per_epoch < 0 or self.eval_every < 0 or any(s < 1 for s in self.eval_steps):
+            raise ValueError(f"invalid LoopConfig {self}: need steps_per_epoch >= 0, eval_every "
+                             ">= 0 and every eval_steps entry >= 1")
+        if self.eval_every_epoch and not self.steps_per_epoch:
+            raise ValueError(f"invalid LoopConfig {self}: eval_every_epoch needs steps_per_epoch "
+                             ">= 1")
+        object.__setattr__(self, "eval_steps", tuple(sorted({int(s) for s in self.eval_steps})))
+        if self.early_stopping is not None and not self.evaluates:
+            raise ValueError(f"invalid LoopConfig {self}: early_stopping needs evaluation steps "
+                             "(eval_every, eval_every_epoch or eval_steps)")
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether any step is an evaluation step."""
+        return bool(self.eval_every or self.eval_every_epoch or self.eval_steps)
+
+    def is_eval_step(self, step: int) -> bool:
+        """Whether ``evaluate`` runs after optimizer step ``step`` (1-based)."""
+        return bool((self.eval_every and step % self.eval_every == 0)
+                    or (self.eval_every_epoch and step % self.steps_per_epoch == 0)
+                    or step in self.eval_steps)
+
+    def epoch(self, step: int) -> float | None:
+        """Completed passes over the data after ``step`` steps (``None`` without epochs)."""
+        return step / self.steps_per_epoch if self.steps_per_epoch else None
 
 
 @dataclasses.dataclass
 class LoopResult:
+    """What :func:`train_loop` returns.
+
+    Attributes:
+      state: the state after the last step run (or restored).
+      history: the records logged by this call (``step``, the step's metrics, ``epoch``).
+      steps_run: optimizer steps this call ran.
+      seconds: wall-clock seconds of this call's steps and evaluations.
+      resumed_from: the checkpoint step resumed from, or ``None``.
+      stopped_early_at: the step at which ``stop_when`` or early stopping ended training.
+      evals: the evaluation records of this call (``step``, ``epoch``, ``train_loss`` — the mean
+        training loss since the previous evaluation — and ``evaluate``'s values).
+      best_state: with :class:`EarlyStopping`, the state at the best evaluation (also when
+        restored); else ``None``.
+      best_step: the step of ``best_state``; best_value: its metric value.
+    """
+
     state: PyTree
     history: list[dict[str, float]]
     steps_run: int
     seconds: float
     resumed_from: int | None
     stopped_early_at: int | None = None
+    evals: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    best_state: PyTree | None = None
+    best_step: int | None = None
+    best_value: float | None = None
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
@@ -193,7 +289,8 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
                put_batch: Callable[[Any], Any] | None = None,
                on_log: Callable[[int, dict[str, float]], None] | None = None,
                stop_when: Callable[[int, PyTree], bool] | None = None,
-               fingerprint: str | None = None) -> LoopResult:
+               fingerprint: str | None = None,
+               evaluate: Callable[[int, PyTree], dict[str, Any]] | None = None) -> LoopResult:
     """Runs ``step_fn`` for ``config.num_steps`` steps, resuming from ``workdir`` if possible.
 
     Args:
@@ -202,61 +299,91 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
       state: the initial state (also the abstract target for restoring).
       batches: iterator with a ``position`` attribute.
       key: base PRNG key; step ``i`` uses ``fold_in(key, i)``.
-      config: loop settings.
-      workdir: checkpoints go to ``workdir/checkpoints`` and metrics to
-        ``workdir/train_metrics.jsonl``; ``None`` disables both. The directory is locked for the
-        duration (``core.checkpoint.run_dir_lock``). On resume from step ``s`` the metrics file
-        keeps only the records of steps ``<= s`` (a torn last line is dropped), so every step is
-        logged once; a fresh start empties it.
+      config: loop settings (evaluation steps and early stopping included).
+      workdir: checkpoints go to ``workdir/checkpoints``, metrics to
+        ``workdir/train_metrics.jsonl`` and evaluations to ``workdir/eval_metrics.jsonl``; ``None``
+        disables all three. The directory is locked for the duration
+        (``core.checkpoint.run_dir_lock``). On resume from step ``s`` the metrics files keep only
+        the records of steps ``<= s`` (a torn last line is dropped), so every step is logged once;
+        a fresh start empties them.
       put_batch: maps a host batch to device arrays (e.g. ``core.sharding.shard_batch``).
-      on_log: called with ``(step, metrics)`` at every log step.
+      on_log: called with ``(step, record)`` at every log step and, for evaluation records, at
+        every evaluation step (an evaluation record has ``train_loss``).
       stop_when: early stopping; called with ``(step, state)`` at every log step (after
         ``on_log``). Returning True ends training at that step: the state is checkpointed with
         ``stopped_early`` in its metadata, and a rerun on the same ``workdir`` restores it and
         trains no further.
-
       fingerprint: a string identifying what is trained (e.g. :func:`config_fingerprint` of the
         settings that shape the run); stored with every checkpoint, and a checkpoint in
         ``workdir`` with a different fingerprint is not resumed from (``ValueError``).
+      evaluate: ``(step, state) -> {name: float}`` called after each evaluation step of
+        ``config`` (after that step's log record); it must not modify ``state`` (the loop's next
+        step donates it) and should be deterministic in ``(step, state)`` for exact resume
+        (derive its keys from ``step``). :class:`EarlyStopping` in ``config`` stops on one of the
+        names it returns, and ends training as ``stop_when`` does.
 
     Returns:
-      :class:`LoopResult` with the final state and the logged history (``stopped_early_at`` is
-      the step at which ``stop_when`` ended training, also when restored from such a run).
+      :class:`LoopResult` with the final state, the logged history and evaluations
+      (``stopped_early_at`` is the step at which training was stopped early, also when restored
+      from such a run; ``best_state`` the kept best state under early stopping).
 
     Raises:
       NonFiniteLossError: a NaN/inf loss; the checkpoint directory keeps the last good step.
       ValueError: ``workdir`` holds a checkpoint of a different run (another fingerprint, or a
         state of another structure), or one trained beyond ``config.num_steps``; nothing is
-        overwritten.
+        overwritten. Evaluation steps or early stopping without ``evaluate``, or an
+        ``evaluate`` result without the early-stopping metric.
       core.checkpoint.CheckpointRestoreError: no checkpoint in ``workdir`` restores cleanly. (A
         damaged newest step with an intact older one is not an error: the older one is restored
         and the damaged one named in a warning and moved aside.)
       core.checkpoint.RunDirectoryInUseError: another process is training in ``workdir``.
       TrainingInterrupted: SIGINT; a checkpoint being saved is committed first.
     """
+    if config.evaluates and evaluate is None:
+        raise ValueError(f"{config.desc}: LoopConfig asks for evaluations (eval_every, "
+                         "eval_every_epoch or eval_steps) but no evaluate function was given")
+    args = (step_fn, state, batches, key, config, workdir, put_batch, on_log, stop_when,
+            fingerprint, evaluate)
     if workdir is None or jax.process_index() != 0:
-        return _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log,
-                           stop_when, fingerprint)
+        return _train_loop(*args)
     with run_dir_lock(workdir):
-        return _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log,
-                           stop_when, fingerprint)
+        return _train_loop(*args)
+
+
+def _copy(tree: PyTree) -> PyTree:
+    # A copy that survives the donation of ``tree`` to the next step (same shardings).
+    return jax.tree.map(jnp.copy, tree)
 
 
 def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log, stop_when,
-                fingerprint) -> LoopResult:
+                fingerprint, evaluate) -> LoopResult:
     jitted = jax.jit(step_fn, donate_argnums=0)
+    early = config.early_stopping
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints) if workdir \
         else None
     writer = JsonLinesWriter(os.path.join(workdir, "train_metrics.jsonl")) if workdir else None
+    eval_writer = JsonLinesWriter(os.path.join(workdir, "eval_metrics.jsonl")) \
+        if workdir and config.evaluates else None
     start, resumed, stopped_at = 0, None, None
     end = config.num_steps
+    # early stopping: the best state so far and its bookkeeping (checkpointed with the state)
+    best = _copy(state) if early is not None else None
+    tracker = {"best_step": None, "best_value": None, "bad_evals": 0, "loss_sum": 0.0,
+               "loss_count": 0}
+
+    def packed(st, bst):
+        return st if early is None else {"state": st, "best": bst}
+
     try:
-        found = _restore_same_run(ckpt, state, fingerprint, config.desc) if ckpt else None
+        found = _restore_same_run(ckpt, packed(state, best), fingerprint, config.desc) \
+            if ckpt else None
     except BaseException:
         ckpt.close()
         raise
     if found is not None:
-        state, meta = found.state, found.metadata
+        meta = found.metadata
+        state, best = (found.state, None) if early is None else \
+            (found.state["state"], found.state["best"])
         start = resumed = int(meta["step"])
         if start > config.num_steps:
             ckpt.close()
@@ -265,20 +392,27 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
                 f"num_steps={config.num_steps}; ask for at least {start} steps to reuse it, or use "
                 "another --workdir")
         batches.position = int(meta["data_position"])
+        tracker.update({k: meta[k] for k in tracker if k in meta})
         if meta.get("stopped_early"):
             stopped_at = end = start
             print(f"{config.desc}: restored the early-stopped run at step {start} "
                   f"({ckpt.directory})", file=sys.stderr)
         else:
             print(f"{config.desc}: resuming from step {start} ({ckpt.directory})", file=sys.stderr)
-    if writer is not None:
-        dropped = writer.truncate(lambda r, s=start: int(r.get("step", 0)) <= s)
-        if dropped and found is not None:
-            print(f"{config.desc}: dropped {dropped} record(s) after step {start} from "
-                  f"{writer.path}", file=sys.stderr)
+    for w in (writer, eval_writer):
+        if w is not None:
+            dropped = w.truncate(lambda r, s=start: int(r.get("step", 0)) <= s)
+            if dropped and found is not None:
+                print(f"{config.desc}: dropped {dropped} record(s) after step {start} from "
+                      f"{w.path}", file=sys.stderr)
     last_good = resumed
     history: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
     pending: list[tuple[int, dict[str, jax.Array]]] = []
+
+    def with_epoch(record: dict[str, Any]) -> dict[str, Any]:
+        epoch = config.epoch(record["step"])
+        return record if epoch is None else {**record, "epoch": epoch}
 
     def flush() -> None:
         # Pull pending metrics to the host; stop on the first non-finite loss.
@@ -286,9 +420,11 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
             loss = _to_float(m["loss"])
             if not math.isfinite(loss):
                 raise NonFiniteLossError(step_i, loss, last_good)
+            tracker["loss_sum"] += loss
+            tracker["loss_count"] += 1
         if pending:
             step_i, m = pending[-1]
-            record = {"step": step_i, **{k: _to_float(v) for k, v in m.items()}}
+            record = with_epoch({"step": step_i, **{k: _to_float(v) for k, v in m.items()}})
             history.append(record)
             if writer:
                 writer.write(record)
@@ -297,6 +433,32 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
             if bar is not None:
                 bar.set_postfix(loss=f"{record['loss']:.4f}")
         pending.clear()
+
+    def run_eval(step_i: int) -> bool:
+        # Evaluate after step_i; returns whether early stopping ends training here.
+        nonlocal best
+        values = {k: _to_float(v) for k, v in evaluate(step_i, state).items()}
+        count = tracker["loss_count"]
+        record = with_epoch({"step": step_i, "train_loss": tracker["loss_sum"] / count
+                             if count else math.nan, **values})
+        tracker["loss_sum"], tracker["loss_count"] = 0.0, 0
+        evals.append(record)
+        if eval_writer:
+            eval_writer.write(record)
+        if on_log:
+            on_log(step_i, record)
+        if early is None:
+            return False
+        if early.metric not in values:
+            raise ValueError(f"{config.desc}: early stopping watches {early.metric!r} but evaluate "
+                             f"returned {sorted(values)}")
+        value = values[early.metric]
+        if early.improves(value, tracker["best_value"]):
+            best = _copy(state)
+            tracker.update(best_step=step_i, best_value=value, bad_evals=0)
+            return False
+        tracker["bad_evals"] += 1
+        return tracker["bad_evals"] >= early.patience
 
     bar = tqdm(total=config.num_steps, initial=start, desc=config.desc, mininterval=2.0,
                disable=not config.progress, leave=False)
@@ -311,10 +473,14 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
             step_done = step_reached = i + 1
             pending.append((step_done, metrics))
             log_now = step_done % config.log_every == 0 or step_done == end
-            if log_now:
+            eval_now = evaluate is not None and config.is_eval_step(step_done)
+            if log_now or eval_now:
                 flush()
-                if stop_when is not None and step_done < end and stop_when(step_done, state):
-                    stopped_at = end = step_done
+            if eval_now and run_eval(step_done) and step_done < end:
+                stopped_at = end = step_done
+            if log_now and stop_when is not None and step_done < end \
+                    and stop_when(step_done, state):
+                stopped_at = end = step_done
             save_now = ckpt is not None and (
                 step_done == end
                 or (config.checkpoint_every and step_done % config.checkpoint_every == 0))
@@ -322,10 +488,12 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
                 flush()
                 meta = {"step": step_done, "data_position": batches.position,
                         "stopped_early": stopped_at is not None}
+                if early is not None or config.evaluates:
+                    meta.update(tracker)
                 if fingerprint is not None:
                     meta["fingerprint"] = fingerprint
                 last_good = None  # unknown until the save returns (it may raise after committing)
-                ckpt.save(step_done, state, meta)
+                ckpt.save(step_done, packed(state, best), meta)
                 last_good = step_done
             bar.update(1)
             if step_done == end:
@@ -341,4 +509,5 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
         if ckpt is not None:
             ckpt.close()
     jax.block_until_ready(state)
-    return LoopResult(state, history, end - start, time.perf_counter() - t0, resumed, stopped_at)
+    return LoopResult(state, history, end - start, time.perf_counter() - t0, resumed, stopped_at,
+                      evals, best, tracker["best_step"], tracker["best_value"])

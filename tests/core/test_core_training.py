@@ -133,3 +133,92 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path):
     with pytest.raises(ValueError, match="different run.*does not match"):
         go(None, init_train_state(params, tx), make_train_step(graphdef, tx, lm_loss))
     assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 2  # nothing overwritten
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation hooks and early stopping (a one-parameter model: each run is milliseconds)
+
+
+class Counter:
+    """Batches carry their own index: batch ``i`` is ``i``."""
+
+    def __init__(self):
+        self.position = 0
+
+    def __next__(self):
+        self.position += 1
+        return jnp.float32(self.position - 1)
+
+
+def count_step(state, batch, key):
+    del key
+    return {"w": state["w"] + 1.0, "step": state["step"] + 1}, {"loss": batch}
+
+
+def count_state():
+    return {"w": jnp.zeros((), jnp.float32), "step": jnp.zeros((), jnp.int32)}
+
+
+def test_evaluate_runs_at_the_requested_steps_with_the_state_after_them():
+    seen = []
+
+    def evaluate(step, state):
+        seen.append((step, float(state["w"])))
+        return {"val_loss": 1.0 / step}
+
+    config = LoopConfig(num_steps=20, log_every=7, progress=False, eval_every=6,
+                        eval_steps=(1, 13, 6, 25))
+    res = train_loop(count_step, count_state(), Counter(), jax.random.key(0), config,
+                     evaluate=evaluate)
+    assert seen == [(1, 1.0), (6, 6.0), (12, 12.0), (13, 13.0), (18, 18.0)]
+    assert [r["step"] for r in res.evals] == [1, 6, 12, 13, 18]
+    # train_loss: the mean loss of the steps since the previous evaluation (step s has loss s - 1)
+    assert [r["train_loss"] for r in res.evals] == [0.0, 3.0, 8.5, 12.0, 15.0]
+    assert res.evals[2]["val_loss"] == 1.0 / 12
+    assert [h["step"] for h in res.history] == [1, 6, 7, 12, 13, 14, 18, 20]  # logs at evals too
+
+
+def test_epochs_evaluation_and_early_stopping_at_the_right_step():
+    from core.training import EarlyStopping
+
+    # validation losses per epoch (5 steps each): best at epoch 3, then two epochs without
+    # an improvement larger than min_delta, so patience 2 stops after epoch 5 (step 25)
+    curve = {5: 3.0, 10: 2.0, 15: 1.0, 20: 0.95, 25: 1.2, 30: 0.1}
+    config = LoopConfig(num_steps=40, log_every=5, progress=False, steps_per_epoch=5,
+                        eval_every_epoch=True,
+                        early_stopping=EarlyStopping("val_loss", patience=2, min_delta=0.1))
+    res = train_loop(count_step, count_state(), Counter(), jax.random.key(0), config,
+                     evaluate=lambda step, state: {"val_loss": curve[step]})
+    assert res.stopped_early_at == 25 and res.steps_run == 25
+    assert res.best_step == 15 and res.best_value == 1.0
+    assert float(res.best_state["w"]) == 15.0 and float(res.state["w"]) == 25.0
+    assert [r["epoch"] for r in res.evals] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert res.history[-1]["epoch"] == 5.0
+
+
+def test_early_stopping_ignores_non_finite_values_and_needs_its_metric():
+    from core.training import EarlyStopping
+
+    config = LoopConfig(num_steps=10, progress=False, eval_every=2,
+                        early_stopping=EarlyStopping("val_loss", patience=1))
+    values = iter([1.0, float("nan"), 0.5, 0.4, 0.3])
+    res = train_loop(count_step, count_state(), Counter(), jax.random.key(0), config,
+                     evaluate=lambda step, state: {"val_loss": next(values)})
+    assert res.stopped_early_at == 4 and res.best_step == 2  # NaN at step 4 is no improvement
+    with pytest.raises(ValueError, match="watches 'val_loss' but evaluate returned \\['other'\\]"):
+        train_loop(count_step, count_state(), Counter(), jax.random.key(0), config,
+                   evaluate=lambda step, state: {"other": 1.0})
+
+
+def test_evaluation_settings_are_checked():
+    from core.training import EarlyStopping
+
+    with pytest.raises(ValueError, match="eval_every_epoch needs steps_per_epoch"):
+        LoopConfig(num_steps=3, eval_every_epoch=True)
+    with pytest.raises(ValueError, match="early_stopping needs evaluation steps"):
+        LoopConfig(num_steps=3, early_stopping=EarlyStopping())
+    with pytest.raises(ValueError, match="patience >= 1"):
+        EarlyStopping(patience=0)
+    with pytest.raises(ValueError, match="no evaluate function"):
+        train_loop(count_step, count_state(), Counter(), jax.random.key(0),
+                   LoopConfig(num_steps=3, eval_steps=(2,), progress=False))
