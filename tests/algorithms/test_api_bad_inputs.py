@@ -19,6 +19,7 @@ from algorithms.ranking import btl, inference
 from algorithms.ranking import data as rk_data
 from algorithms.rl_scaling import grpo
 from algorithms.rl_scaling import metrics as rl_metrics
+from core.testing import BadInputs
 
 SCORE = game.AdditiveSaturating(amplitude=1.0, rate=1.0)
 
@@ -38,107 +39,79 @@ SAMPLES = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 3, 2)), jn
 TARGET = jnp.zeros((2, 3, 2), jnp.float32)
 
 
-def _cases():
-    c = []
+CASES = BadInputs()
+# -- benchmark_game -----------------------------------------------------------------------
+CASES.add("pure_equilibria-too-large", game.pure_equilibria, SCORE, C_HUGE, 0.0, match="memory")
+CASES.add("pure_equilibria-negative-delta", game.pure_equilibria, SCORE, C3, -1.0, match="delta")
+CASES.add("pure_equilibria-zero-K", game.pure_equilibria, SCORE, C3, 0.0, match="max_equilibria", max_equilibria=0)
+CASES.add("best_response_dynamics-start-out-of-range", game.best_response_dynamics, SCORE, C3, 0.0,
+          jnp.array([99, 99, 99]), match="start")
+CASES.add("best_response_dynamics-float-start", game.best_response_dynamics, SCORE, C3, 0.0,
+          jnp.array([0.0, 1.0, 2.0]), match="start")
+CASES.add("best_response_dynamics-start-length", game.best_response_dynamics, SCORE, C3, 0.0, jnp.array([0, 1]),
+          match="start")
+CASES.add("payoff_tensor-costs-length", game.payoff_tensor, jnp.zeros((2, 4)), jnp.zeros(3), jnp.zeros(2),
+          match="costs")
+CASES.add("payoff_tensor-too-large", game.payoff_tensor, jnp.zeros((6, 101)), jnp.zeros(101), jnp.zeros(6),
+          match="memory")
+CASES.add("best_response-profile-out-of-range", game.best_response, jnp.zeros((3, 4)), jnp.zeros(4), jnp.zeros(3),
+          jnp.array([0, 1, 9]), 0, match="profile")
+CASES.add("best_response-player-out-of-range", game.best_response, jnp.zeros((3, 4)), jnp.zeros(4), jnp.zeros(3),
+          jnp.array([0, 1, 2]), 5, match="player")
+CASES.add("make_contest-cost-length", game.make_contest, np.array([1.0, 0.0]), np.array([0.0, 1.0]),
+          np.array([1.0, 0.0]), np.array([0.0]), match="cost")
+CASES.add("AdditiveSaturating-string", game.AdditiveSaturating, match="amplitude", amplitude="1")
+CASES.add("PowerCost-np-negative", game.PowerCost, match="scale", scale=np.float32(-1.0))
+CASES.add("winner_take_all-zero", game.winner_take_all, 0, match="n must")
+CASES.add("kendall_tau-one-player", game.kendall_tau_to_quality, jnp.zeros((1,), jnp.int32), match="ranks")
 
-    def add(fn, args, kwargs, frag, id_):
-        c.append(pytest.param(fn, args, kwargs, frag, id=id_))
+# -- ranking --------------------------------------------------------------------------------
+CASES.add("FitConfig-np-float32-negative-ridge", btl.FitConfig, match="ridge_scores", ridge_scores=np.float32(-1.0))
+CASES.add("FitConfig-np-float32-nan-ridge", btl.FitConfig, match="ridge_alpha", ridge_alpha=np.float32(np.nan))
+CASES.add("FitConfig-float-max_iter", btl.FitConfig, match="max_iter", max_iter=2.5)
+CASES.add("FitConfig-string-tol", btl.FitConfig, match="tol", tol="1e-8")
+CASES.add("FitConfig-bad-tie-model", btl.FitConfig, match="tie_model", tie_model="bogus")
+CASES.add("rank_intervals-zero-draws", inference.rank_intervals, KEY, PARAMS, COV, match="num_draws", num_draws=0)
+CASES.add("rank_intervals-level", inference.rank_intervals, KEY, PARAMS, COV, match="level", level=1.5)
+CASES.add("rank_intervals-cov-shape", inference.rank_intervals, KEY, PARAMS, jnp.eye(2), match="cov")
+CASES.add("intervals-cov-shape", inference.intervals, PARAMS, jnp.eye(2), match="cov")
+CASES.add("aggregate-length-mismatch", rk_data.aggregate, [0, 1], [1], [0, 0], match="right")
+CASES.add("aggregate-bad-outcome", rk_data.aggregate, [0, 1], [1, 0], [0, 7], match="outcome")
+CASES.add("aggregate-negative-id", rk_data.aggregate, [0, -1], [1, 0], [0, 0], match="left")
 
-    # -- benchmark_game -----------------------------------------------------------------------
-    add(game.pure_equilibria, (SCORE, C_HUGE, 0.0), {}, "memory", "pure_equilibria-too-large")
-    add(game.pure_equilibria, (SCORE, C3, -1.0), {}, "delta", "pure_equilibria-negative-delta")
-    add(game.pure_equilibria, (SCORE, C3, 0.0), {"max_equilibria": 0}, "max_equilibria",
-        "pure_equilibria-zero-K")
-    add(game.best_response_dynamics, (SCORE, C3, 0.0, jnp.array([99, 99, 99])), {}, "start",
-        "best_response_dynamics-start-out-of-range")
-    add(game.best_response_dynamics, (SCORE, C3, 0.0, jnp.array([0.0, 1.0, 2.0])), {}, "start",
-        "best_response_dynamics-float-start")
-    add(game.best_response_dynamics, (SCORE, C3, 0.0, jnp.array([0, 1])), {}, "start",
-        "best_response_dynamics-start-length")
-    add(game.payoff_tensor, (jnp.zeros((2, 4)), jnp.zeros(3), jnp.zeros(2)), {}, "costs",
-        "payoff_tensor-costs-length")
-    add(game.payoff_tensor, (jnp.zeros((6, 101)), jnp.zeros(101), jnp.zeros(6)), {}, "memory",
-        "payoff_tensor-too-large")
-    add(game.best_response, (jnp.zeros((3, 4)), jnp.zeros(4), jnp.zeros(3),
-                             jnp.array([0, 1, 9]), 0), {}, "profile",
-        "best_response-profile-out-of-range")
-    add(game.best_response, (jnp.zeros((3, 4)), jnp.zeros(4), jnp.zeros(3),
-                             jnp.array([0, 1, 2]), 5), {}, "player",
-        "best_response-player-out-of-range")
-    add(game.make_contest, (np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([1.0, 0.0]),
-                            np.array([0.0])), {}, "cost", "make_contest-cost-length")
-    add(game.AdditiveSaturating, (), {"amplitude": "1"}, "amplitude", "AdditiveSaturating-string")
-    add(game.PowerCost, (), {"scale": np.float32(-1.0)}, "scale", "PowerCost-np-negative")
-    add(game.winner_take_all, (0,), {}, "n must", "winner_take_all-zero")
-    add(game.kendall_tau_to_quality, (jnp.zeros((1,), jnp.int32),), {}, "ranks",
-        "kendall_tau-one-player")
+# -- forecasting ------------------------------------------------------------------------------
+CASES.add("evaluate-zero-bins", fc_metrics.evaluate, SAMPLES, TARGET, match="num_bins", num_bins=0)
+CASES.add("evaluate-target-shape", fc_metrics.evaluate, SAMPLES, TARGET[:1], match="target")
+CASES.add("evaluate-no-samples", fc_metrics.evaluate, SAMPLES[:, :0], TARGET, match="samples")
+CASES.add("crps_ensemble-target-shape", fc_metrics.crps_ensemble, SAMPLES, TARGET[:1], match="target", axis=1)
+CASES.add("crps_ensemble-axis-out-of-range", fc_metrics.crps_ensemble, SAMPLES, TARGET, match="axis", axis=7)
 
-    # -- ranking --------------------------------------------------------------------------------
-    add(btl.FitConfig, (), {"ridge_scores": np.float32(-1.0)}, "ridge_scores",
-        "FitConfig-np-float32-negative-ridge")
-    add(btl.FitConfig, (), {"ridge_alpha": np.float32(np.nan)}, "ridge_alpha",
-        "FitConfig-np-float32-nan-ridge")
-    add(btl.FitConfig, (), {"max_iter": 2.5}, "max_iter", "FitConfig-float-max_iter")
-    add(btl.FitConfig, (), {"tol": "1e-8"}, "tol", "FitConfig-string-tol")
-    add(btl.FitConfig, (), {"tie_model": "bogus"}, "tie_model", "FitConfig-bad-tie-model")
-    add(inference.rank_intervals, (KEY, PARAMS, COV), {"num_draws": 0}, "num_draws",
-        "rank_intervals-zero-draws")
-    add(inference.rank_intervals, (KEY, PARAMS, COV), {"level": 1.5}, "level",
-        "rank_intervals-level")
-    add(inference.rank_intervals, (KEY, PARAMS, jnp.eye(2)), {}, "cov",
-        "rank_intervals-cov-shape")
-    add(inference.intervals, (PARAMS, jnp.eye(2)), {}, "cov", "intervals-cov-shape")
-    add(rk_data.aggregate, ([0, 1], [1], [0, 0]), {}, "right", "aggregate-length-mismatch")
-    add(rk_data.aggregate, ([0, 1], [1, 0], [0, 7]), {}, "outcome", "aggregate-bad-outcome")
-    add(rk_data.aggregate, ([0, -1], [1, 0], [0, 0]), {}, "left", "aggregate-negative-id")
+# -- kv_budget --------------------------------------------------------------------------------
+CASES.add("EntroKVConfig-float-window", entrokv.EntroKVConfig, match="window", window=2.5)
+CASES.add("EntroKVConfig-string-window", entrokv.EntroKVConfig, match="window", window="3")
+CASES.add("EntroKVConfig-nan-alpha", entrokv.EntroKVConfig, match="alpha", alpha=np.float32(np.nan))
+CASES.add("allocate_budgets-negative", entrokv.allocate_budgets, jnp.ones(4), -1, match="total")
+CASES.add("allocate_budgets-total-below-minimum", entrokv.allocate_budgets, jnp.ones(4), 2, match="total", min_budget=1)
+CASES.add("allocate_budgets-rank2-scores", entrokv.allocate_budgets, jnp.ones((2, 4)), 8, match="scores")
+CASES.add("uniform_budgets-zero-heads", entrokv.uniform_budgets, 0, 8, match="num_heads")
 
-    # -- forecasting ------------------------------------------------------------------------------
-    add(fc_metrics.evaluate, (SAMPLES, TARGET), {"num_bins": 0}, "num_bins", "evaluate-zero-bins")
-    add(fc_metrics.evaluate, (SAMPLES, TARGET[:1]), {}, "target", "evaluate-target-shape")
-    add(fc_metrics.evaluate, (SAMPLES[:, :0], TARGET), {}, "samples", "evaluate-no-samples")
-    add(fc_metrics.crps_ensemble, (SAMPLES, TARGET[:1]), {"axis": 1}, "target",
-        "crps_ensemble-target-shape")
-    add(fc_metrics.crps_ensemble, (SAMPLES, TARGET), {"axis": 7}, "axis",
-        "crps_ensemble-axis-out-of-range")
-
-    # -- kv_budget --------------------------------------------------------------------------------
-    add(entrokv.EntroKVConfig, (), {"window": 2.5}, "window", "EntroKVConfig-float-window")
-    add(entrokv.EntroKVConfig, (), {"window": "3"}, "window", "EntroKVConfig-string-window")
-    add(entrokv.EntroKVConfig, (), {"alpha": np.float32(np.nan)}, "alpha",
-        "EntroKVConfig-nan-alpha")
-    add(entrokv.allocate_budgets, (jnp.ones(4), -1), {}, "total", "allocate_budgets-negative")
-    add(entrokv.allocate_budgets, (jnp.ones(4), 2), {"min_budget": 1}, "total",
-        "allocate_budgets-total-below-minimum")
-    add(entrokv.allocate_budgets, (jnp.ones((2, 4)), 8), {}, "scores",
-        "allocate_budgets-rank2-scores")
-    add(entrokv.uniform_budgets, (0, 8), {}, "num_heads", "uniform_budgets-zero-heads")
-
-    # -- rl_scaling -------------------------------------------------------------------------------
-    add(grpo.GRPOConfig, (), {"inner_steps": 0}, "inner_steps", "GRPOConfig-zero-inner")
-    add(grpo.GRPOConfig, (), {"inner_steps": 1.5}, "inner_steps", "GRPOConfig-float-inner")
-    add(grpo.GRPOConfig, (), {"kl_beta": np.float32(-1.0)}, "kl_beta", "GRPOConfig-np-negative-kl")
-    add(grpo.GRPOConfig, (), {"clip_eps": "0.2"}, "clip_eps", "GRPOConfig-string-clip")
-    add(grpo.group_advantages, (jnp.zeros(6), 4), {}, "groups of size",
-        "group_advantages-not-dividing")
-    add(grpo.group_advantages, (jnp.zeros(6), 0), {}, "group_size must", "group_advantages-zero")
-    add(grpo.group_advantages, (jnp.zeros(6), 3), {"mode": "bogus"}, "mode",
-        "group_advantages-bad-mode")
-    add(rl_metrics.pass_at_k, (jnp.array([4]), jnp.array([1]), 0), {}, "k",
-        "pass_at_k-zero-k")
-    add(rl_metrics.pass_at_k, (jnp.array([4]), jnp.array([5]), 1), {}, "correct counts",
-        "pass_at_k-correct-above-samples")
-    add(rl_metrics.pass_at_k, (jnp.array([4, 4]), jnp.array([1]), 1), {}, "num_correct",
-        "pass_at_k-length-mismatch")
-    return c
+# -- rl_scaling -------------------------------------------------------------------------------
+CASES.add("GRPOConfig-zero-inner", grpo.GRPOConfig, match="inner_steps", inner_steps=0)
+CASES.add("GRPOConfig-float-inner", grpo.GRPOConfig, match="inner_steps", inner_steps=1.5)
+CASES.add("GRPOConfig-np-negative-kl", grpo.GRPOConfig, match="kl_beta", kl_beta=np.float32(-1.0))
+CASES.add("GRPOConfig-string-clip", grpo.GRPOConfig, match="clip_eps", clip_eps="0.2")
+CASES.add("group_advantages-not-dividing", grpo.group_advantages, jnp.zeros(6), 4, match="groups of size")
+CASES.add("group_advantages-zero", grpo.group_advantages, jnp.zeros(6), 0, match="group_size must")
+CASES.add("group_advantages-bad-mode", grpo.group_advantages, jnp.zeros(6), 3, match="mode", mode="bogus")
+CASES.add("pass_at_k-zero-k", rl_metrics.pass_at_k, jnp.array([4]), jnp.array([1]), 0, match="k")
+CASES.add("pass_at_k-correct-above-samples", rl_metrics.pass_at_k, jnp.array([4]), jnp.array([5]), 1,
+          match="correct counts")
+CASES.add("pass_at_k-length-mismatch", rl_metrics.pass_at_k, jnp.array([4, 4]), jnp.array([1]), 1, match="num_correct")
 
 
-CASES = _cases()
-
-
-@pytest.mark.parametrize("fn, args, kwargs, fragment", CASES)
-def test_bad_input_is_one_clear_value_error(fn, args, kwargs, fragment):
-    with pytest.raises(ValueError, match=fragment):
-        fn(*args, **kwargs)
+@pytest.mark.parametrize("case", CASES.params())
+def test_bad_input_is_one_clear_value_error(case):
+    case.check()
 
 
 def test_size_guard_names_the_estimate_and_the_limit():

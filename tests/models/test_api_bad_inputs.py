@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from core.testing import BadInputs
 from models import kv_cache as kvc
 from models import sampling
 from models.llama import Llama, LlamaConfig
@@ -48,98 +49,74 @@ def _generate(prompt, **kw):
     return sampling.generate(TGRAPH, TPARAMS, prompt, KEY, **kw)
 
 
-def _cases():
-    c = []
+CASES = BadInputs()
+# -- kv_cache -----------------------------------------------------------------------------
+CASES.add("Dense.init-negative-batch", DENSE.init, -1, S, K, D, jnp.float32, match="batch_size must")
+CASES.add("Dense.init-zero-capacity", DENSE.init, B, 0, K, D, jnp.float32, match="max_len must")
+CASES.add("Dense.init-int-dtype", DENSE.init, B, S, K, D, jnp.int32, match="dtype must")
+CASES.add("Dense.update-scalar", DENSE.update, CACHE, KNEW, VNEW, jnp.int32(0), match="start must")
+CASES.add("Dense.update-float-start", DENSE.update, CACHE, KNEW, VNEW, START.astype(jnp.float32), match="start must")
+CASES.add("Dense.update-v-shape", DENSE.update, CACHE, KNEW, _f32(B, K, 2, D), START, match="v must")
+CASES.add("Dense.update-head-dim", DENSE.update, CACHE, _f32(B, K, 3, 16), _f32(B, K, 3, 16), START, match="k must")
+CASES.add("Dense.update-beyond-capacity", DENSE.update, CACHE, KNEW, VNEW, jnp.array([0, 14], jnp.int32),
+          match="start must")
+CASES.add("Dense.attend-scalar", DENSE.attend, CACHE, Q4, jnp.int32(3), match="start must")
+CASES.add("Dense.attend-rank3", DENSE.attend, CACHE, Q4[:, :, 0], START, match="q must")
+CASES.add("Dense.attend-heads", DENSE.attend, CACHE, _f32(B, 3, 1, D), START, match="query heads")
+CASES.add("Dense.attend-beyond-capacity", DENSE.attend, CACHE, Q4, jnp.array([0, 16], jnp.int32), match="start must")
+CASES.add("grouped_attention-rank3-q", kvc.grouped_attention, Q4[0], CACHE["k"], CACHE["v"], True, match="q must")
+CASES.add("grouped_attention-kv-mismatch", kvc.grouped_attention, Q4, CACHE["k"], CACHE["v"][:, :, :8], True,
+          match="v must")
+CASES.add("grouped_attention-heads", kvc.grouped_attention, _f32(B, 3, 1, D), CACHE["k"], CACHE["v"], True,
+          match="query heads")
+CASES.add("get_backend-unknown", kvc.get_backend, "bogus", match="unknown KV-cache backend")
+CASES.add("get_backend-bad-kwarg", kvc.get_backend, "ffd", match="bogus_option", bogus_option=1)
 
-    def add(fn, args, kwargs, frag, id_):
-        c.append(pytest.param(fn, args, kwargs, frag, id=id_))
+# -- sampling -------------------------------------------------------------------------------
+CASES.add("sample_logits-negative-temperature", sampling.sample_logits, KEY, _f32(B, 32), -1.0,
+          match="temperature must")
+CASES.add("sample_logits-nan-temperature", sampling.sample_logits, KEY, _f32(B, 32), float("nan"),
+          match="temperature must")
+CASES.add("sample_logits-int-logits", sampling.sample_logits, KEY, jnp.ones((B, 32), jnp.int32), 1.0,
+          match="logits must")
+CASES.add("generate-float-prompt", _generate, PROMPT.astype(jnp.float32), match="prompt must")
+CASES.add("generate-rank1-prompt", _generate, PROMPT[0], match="prompt must")
+CASES.add("generate-empty-prompt", _generate, PROMPT[:, :0], match="prompt must")
+CASES.add("generate-empty-batch", _generate, PROMPT[:0], match="prompt must")
+CASES.add("generate-negative-temperature", _generate, PROMPT, match="temperature must", temperature=-1.0)
+CASES.add("generate-zero-new", _generate, PROMPT, match="max_new_tokens", max_new_tokens=0)
+CASES.add("generate-float-new", _generate, PROMPT, match="max_new_tokens", max_new_tokens=2.0)
+CASES.add("generate-banned-out-of-range", _generate, PROMPT, match="banned_ids", banned_ids=(99,))
+CASES.add("generate-backend-string", _generate, PROMPT, match="backend must", backend="dense")
+CASES.add("generate-prompt-id-out-of-vocab", _generate, jnp.array([[1, 2, 40], [0, 1, 2]], jnp.int32),
+          match="prompt must")
+CASES.add("generate-prompt-negative-id", _generate, jnp.array([[1, 2, -1], [0, 1, 2]], jnp.int32), match="prompt must")
 
-    # -- kv_cache -----------------------------------------------------------------------------
-    add(DENSE.init, (-1, S, K, D, jnp.float32), {}, "batch_size must", "Dense.init-negative-batch")
-    add(DENSE.init, (B, 0, K, D, jnp.float32), {}, "max_len must", "Dense.init-zero-capacity")
-    add(DENSE.init, (B, S, K, D, jnp.int32), {}, "dtype must", "Dense.init-int-dtype")
-    add(DENSE.update, (CACHE, KNEW, VNEW, jnp.int32(0)), {}, "start must", "Dense.update-scalar")
-    add(DENSE.update, (CACHE, KNEW, VNEW, START.astype(jnp.float32)), {}, "start must",
-        "Dense.update-float-start")
-    add(DENSE.update, (CACHE, KNEW, _f32(B, K, 2, D), START), {}, "v must",
-        "Dense.update-v-shape")
-    add(DENSE.update, (CACHE, _f32(B, K, 3, 16), _f32(B, K, 3, 16), START), {}, "k must",
-        "Dense.update-head-dim")
-    add(DENSE.update, (CACHE, KNEW, VNEW, jnp.array([0, 14], jnp.int32)), {}, "start must",
-        "Dense.update-beyond-capacity")
-    add(DENSE.attend, (CACHE, Q4, jnp.int32(3)), {}, "start must", "Dense.attend-scalar")
-    add(DENSE.attend, (CACHE, Q4[:, :, 0], START), {}, "q must", "Dense.attend-rank3")
-    add(DENSE.attend, (CACHE, _f32(B, 3, 1, D), START), {}, "query heads", "Dense.attend-heads")
-    add(DENSE.attend, (CACHE, Q4, jnp.array([0, 16], jnp.int32)), {}, "start must",
-        "Dense.attend-beyond-capacity")
-    add(kvc.grouped_attention, (Q4[0], CACHE["k"], CACHE["v"], True), {}, "q must",
-        "grouped_attention-rank3-q")
-    add(kvc.grouped_attention, (Q4, CACHE["k"], CACHE["v"][:, :, :8], True), {}, "v must",
-        "grouped_attention-kv-mismatch")
-    add(kvc.grouped_attention, (_f32(B, 3, 1, D), CACHE["k"], CACHE["v"], True), {},
-        "query heads", "grouped_attention-heads")
-    add(kvc.get_backend, ("bogus",), {}, "unknown KV-cache backend", "get_backend-unknown")
-    add(kvc.get_backend, ("ffd",), {"bogus_option": 1}, "bogus_option", "get_backend-bad-kwarg")
-
-    # -- sampling -------------------------------------------------------------------------------
-    add(sampling.sample_logits, (KEY, _f32(B, 32), -1.0), {}, "temperature must",
-        "sample_logits-negative-temperature")
-    add(sampling.sample_logits, (KEY, _f32(B, 32), float("nan")), {}, "temperature must",
-        "sample_logits-nan-temperature")
-    add(sampling.sample_logits, (KEY, jnp.ones((B, 32), jnp.int32), 1.0), {}, "logits must",
-        "sample_logits-int-logits")
-    add(_generate, (PROMPT.astype(jnp.float32),), {}, "prompt must", "generate-float-prompt")
-    add(_generate, (PROMPT[0],), {}, "prompt must", "generate-rank1-prompt")
-    add(_generate, (PROMPT[:, :0],), {}, "prompt must", "generate-empty-prompt")
-    add(_generate, (PROMPT[:0],), {}, "prompt must", "generate-empty-batch")
-    add(_generate, (PROMPT,), {"temperature": -1.0}, "temperature must",
-        "generate-negative-temperature")
-    add(_generate, (PROMPT,), {"max_new_tokens": 0}, "max_new_tokens", "generate-zero-new")
-    add(_generate, (PROMPT,), {"max_new_tokens": 2.0}, "max_new_tokens", "generate-float-new")
-    add(_generate, (PROMPT,), {"banned_ids": (99,)}, "banned_ids", "generate-banned-out-of-range")
-    add(_generate, (PROMPT,), {"backend": "dense"}, "backend must", "generate-backend-string")
-    add(_generate, (jnp.array([[1, 2, 40], [0, 1, 2]], jnp.int32),), {}, "prompt must",
-        "generate-prompt-id-out-of-vocab")
-    add(_generate, (jnp.array([[1, 2, -1], [0, 1, 2]], jnp.int32),), {}, "prompt must",
-        "generate-prompt-negative-id")
-
-    # -- llama ----------------------------------------------------------------------------------
-    add(LLAMA, (PROMPT.astype(jnp.float32),), {}, "tokens must", "Llama-float-tokens")
-    add(LLAMA, (PROMPT[:, :0],), {}, "tokens must", "Llama-empty-tokens")
-    add(LLAMA, (jnp.array([[1, 2, 40]], jnp.int32),), {}, "tokens must", "Llama-id-out-of-vocab")
-    add(LLAMA, (PROMPT,), {"positions": jnp.zeros((B, 2), jnp.int32)}, "positions must",
-        "Llama-positions-shape")
-    add(LLAMA.init_cache, (0,), {}, "batch_size must", "Llama.init_cache-zero-batch")
-    add(LLAMA.init_cache, (B, -4), {}, "max_len must", "Llama.init_cache-negative-len")
-    add(LLAMA.decode, (PROMPT, LCACHE, jnp.zeros((3,), jnp.int32)), {}, "start must",
-        "Llama.decode-start-batch")
-    add(LLAMA.decode, (PROMPT, LCACHE, jnp.zeros((B,), jnp.float32)), {}, "start must",
-        "Llama.decode-float-start")
-    add(LLAMA.decode, (PROMPT, LCACHE, jnp.array([0, 15], jnp.int32)), {}, "start must",
-        "Llama.decode-beyond-capacity")
-    add(LLAMA.decode, (PROMPT.astype(jnp.float32), LCACHE, START), {}, "tokens must",
-        "Llama.decode-float-tokens")
-    add(LlamaConfig, (), dict(vocab_size=32, max_len=S, d_model=32, num_layers=2, num_heads=H,
-                              num_kv_heads=K, mlp_dim=64.5), "mlp_dim must", "LlamaConfig-float-mlp")
-    add(LlamaConfig, (), dict(vocab_size="32", max_len=S, d_model=32, num_layers=2, num_heads=H,
-                              num_kv_heads=K, mlp_dim=64), "vocab_size must",
-        "LlamaConfig-string-vocab")
-    add(LlamaConfig, (), dict(vocab_size=32, max_len=S, d_model=32, num_layers=2, num_heads=H,
-                              num_kv_heads=K, mlp_dim=64, norm_eps=-1.0), "norm_eps must",
-        "LlamaConfig-negative-eps")
-    add(LlamaConfig, (), dict(vocab_size=32, max_len=S, d_model=32, num_layers=2, num_heads=H,
-                              num_kv_heads=K, mlp_dim=64, dtype=jnp.int32), "dtype must",
-        "LlamaConfig-int-dtype")
-    return c
+# -- llama ----------------------------------------------------------------------------------
+CASES.add("Llama-float-tokens", LLAMA, PROMPT.astype(jnp.float32), match="tokens must")
+CASES.add("Llama-empty-tokens", LLAMA, PROMPT[:, :0], match="tokens must")
+CASES.add("Llama-id-out-of-vocab", LLAMA, jnp.array([[1, 2, 40]], jnp.int32), match="tokens must")
+CASES.add("Llama-positions-shape", LLAMA, PROMPT, match="positions must", positions=jnp.zeros((B, 2), jnp.int32))
+CASES.add("Llama.init_cache-zero-batch", LLAMA.init_cache, 0, match="batch_size must")
+CASES.add("Llama.init_cache-negative-len", LLAMA.init_cache, B, -4, match="max_len must")
+CASES.add("Llama.decode-start-batch", LLAMA.decode, PROMPT, LCACHE, jnp.zeros((3,), jnp.int32), match="start must")
+CASES.add("Llama.decode-float-start", LLAMA.decode, PROMPT, LCACHE, jnp.zeros((B,), jnp.float32), match="start must")
+CASES.add("Llama.decode-beyond-capacity", LLAMA.decode, PROMPT, LCACHE, jnp.array([0, 15], jnp.int32),
+          match="start must")
+CASES.add("Llama.decode-float-tokens", LLAMA.decode, PROMPT.astype(jnp.float32), LCACHE, START, match="tokens must")
+CASES.add("LlamaConfig-float-mlp", LlamaConfig, match="mlp_dim must", vocab_size=32, max_len=S, d_model=32,
+          num_layers=2, num_heads=H, num_kv_heads=K, mlp_dim=64.5)
+CASES.add("LlamaConfig-string-vocab", LlamaConfig, match="vocab_size must", vocab_size="32", max_len=S, d_model=32,
+          num_layers=2, num_heads=H, num_kv_heads=K, mlp_dim=64)
+CASES.add("LlamaConfig-negative-eps", LlamaConfig, match="norm_eps must", vocab_size=32, max_len=S, d_model=32,
+          num_layers=2, num_heads=H, num_kv_heads=K, mlp_dim=64, norm_eps=-1.0)
+CASES.add("LlamaConfig-int-dtype", LlamaConfig, match="dtype must", vocab_size=32, max_len=S, d_model=32,
+          num_layers=2, num_heads=H, num_kv_heads=K, mlp_dim=64, dtype=jnp.int32)
 
 
-CASES = _cases()
-
-
-@pytest.mark.parametrize("fn, args, kwargs, fragment", CASES)
-def test_bad_input_is_one_clear_value_error(fn, args, kwargs, fragment):
-    with pytest.raises(ValueError, match=fragment):
-        fn(*args, **kwargs)
+@pytest.mark.parametrize("case", CASES.params())
+def test_bad_input_is_one_clear_value_error(case):
+    case.check()
 
 
 def test_good_input_still_passes_the_checks():
