@@ -3,9 +3,12 @@
 A designer picks the amount ``Delta`` of tune-before-test training; providers then choose extra
 benchmark-specific effort and are paid by leaderboard rank. ``game`` builds payoff tensors, pure
 equilibria and best-response dynamics; ``mixed`` finds two-player mixed equilibria (support and
-vertex enumeration); ``designer`` gives the threshold ``Delta*`` (closed form and numeric) and the designer's objective.
+vertex enumeration); ``designer`` gives the threshold ``Delta*`` (closed form and numeric), the
+condition for "no equilibrium at ``Delta = 0``" and the designer's objective; ``analysis`` runs the
+studies of one game (a ``Delta`` sweep, ``Delta*`` against the quality gap, the mixed equilibrium).
 """
 
+from algorithms.benchmark_game.analysis import REWARDS, analyse, gap_sweep, mixed_at_zero, named_rewards
 from algorithms.benchmark_game.designer import (
     Sweep,
     delta_star_closed_form,
@@ -15,6 +18,7 @@ from algorithms.benchmark_game.designer import (
     pair_thresholds,
     refine_delta_star,
     sweep_deltas,
+    zero_effort_margin,
 )
 from algorithms.benchmark_game.game import (
     AdditiveSaturating,
@@ -35,6 +39,7 @@ from algorithms.benchmark_game.game import (
     profile_ranks,
     pure_equilibria,
     pure_nash_mask,
+    ranking_scores,
     winner_take_all,
 )
 from algorithms.benchmark_game.mixed import (
@@ -50,7 +55,8 @@ from algorithms.benchmark_game.mixed import (
 )
 
 __all__ = [
-    "AdditiveSaturating", "best_response", "best_response_dynamics", "best_response_mask",
+    "REWARDS", "analyse", "gap_sweep", "mixed_at_zero", "named_rewards", "ranking_scores",
+    "zero_effort_margin", "AdditiveSaturating", "best_response", "best_response_dynamics", "best_response_mask",
     "Contest", "contest_bimatrix", "cycle_taus", "delta_star_closed_form", "delta_star_numeric",
     "designer_objective", "distinct", "Dynamics", "Equilibria", "fidelity", "is_equilibrium",
     "kendall_tau_to_quality", "linear_rewards", "LogitLogSteps", "make_contest", "MixedEquilibria",

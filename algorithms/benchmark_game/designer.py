@@ -192,3 +192,38 @@ def designer_objective(deltas, fidelities, cost_per_unit: float) -> np.ndarray:
     if not (np.isfinite(cost_per_unit) and cost_per_unit >= 0):
         raise ValueError(f"cost_per_unit must be finite and non-negative, got {cost_per_unit}")
     return np.asarray(fidelities, np.float64) - cost_per_unit * np.asarray(deltas, np.float64)
+
+
+def zero_effort_margin(score: ScoreFamily, cost, theta, rewards, delta: float = 0.0) -> float:
+    """Largest profit of overtaking from zero effort at ``delta``: ``max_{k < j} (r_k - r_j) -
+    c(e_jk(delta))`` over pairs with something to win (host, float64; continuum efforts).
+
+    The paper's "no equilibrium at ``Delta = 0``" needs effort to be cheap relative to the reward
+    gap: if this margin is ``<= 0`` at ``delta = 0`` no provider can buy a better rank for less than
+    it pays, so zero effort, ranked by quality, is already an equilibrium (``Delta* = 0``; e.g. a
+    linear cost of 5 per unit instead of 0.25 in the default N = 3 game). A positive margin is the
+    condition for the statement, and it is equivalent to ``delta_star_closed_form(...) > delta``.
+    For two providers with winner-take-all rewards it is also sufficient: the better model
+    re-overtakes any profitable lead for less than the leader paid, so no profile is stable.
+
+    Returns:
+      The margin in utility units; ``-inf`` when no pair can gain (equal rewards, or overtaking
+      impossible for every pair).
+
+    Raises:
+      ValueError: as :func:`pair_thresholds`, or ``delta`` not finite and >= 0.
+    """
+    pair_thresholds(score, cost, theta, rewards)  # validates theta and rewards
+    if not (np.isfinite(delta) and delta >= 0):
+        raise ValueError(f"zero_effort_margin: delta must be finite and >= 0, got {delta}")
+    theta = np.asarray(theta, np.float64)
+    rewards = np.asarray(rewards, np.float64)
+    best = -np.inf
+    for k in range(theta.shape[0]):
+        for j in range(k + 1, theta.shape[0]):
+            gain = rewards[k] - rewards[j]
+            if gain <= 0:
+                continue
+            e = float(score.overtake_effort(theta[j], theta[k], delta))
+            best = max(best, gain - float(cost(e)) if np.isfinite(e) else -np.inf)
+    return float(best)

@@ -65,6 +65,8 @@ class ScoreFamily(Protocol):
 
     def threshold_for_effort(self, theta_low, theta_high, effort): ...
 
+    def relative_score(self, gap, delta, effort): ...
+
 
 @_parameters_as_leaves
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +93,13 @@ class AdditiveSaturating:
 
     def __call__(self, theta, t):
         return theta + self.amplitude * (-jnp.expm1(-self.rate * t))
+
+    def relative_score(self, gap, delta, effort):
+        """``v(theta_0 + gap, delta + effort) - v(theta_0, delta) = gap + A exp(-rate delta)
+        (1 - exp(-rate effort))``: the observed score relative to the best model at zero extra
+        effort. Both terms are small where the ranking is decided, so float32 resolves quality gaps
+        to its relative precision, not to the precision of the scores themselves."""
+        return gap + self.amplitude * jnp.exp(-self.rate * delta) * (-jnp.expm1(-self.rate * effort))
 
     def overtake_effort(self, theta_low, theta_high, delta):
         """Extra effort at which ``v(theta_low, delta + e) = v(theta_high, delta)`` (continuum);
@@ -144,6 +153,13 @@ class LogitLogSteps:
 
     def __call__(self, theta, t):
         return jax.nn.sigmoid(theta + self.slope * jnp.log1p(t))
+
+    def relative_score(self, gap, delta, effort):
+        """``logit v(theta_0 + gap, delta + effort) - logit v(theta_0, delta) = gap + slope
+        log(1 + effort / (1 + delta))``: a strictly increasing transform of the observed score
+        less a constant shared by all providers, so it ranks them alike and resolves quality gaps
+        to float32's relative precision."""
+        return gap + self.slope * jnp.log1p(effort / (1.0 + delta))
 
     def overtake_effort(self, theta_low, theta_high, delta):
         """``(1 + delta) (exp(g / slope) - 1)`` with ``g = theta_high - theta_low`` (continuum)."""
@@ -230,12 +246,16 @@ class Contest(NamedTuple):
       efforts: [M] f32 effort grid, strictly increasing, ``efforts[0] == 0``.
       costs: [M] f32 ``c(efforts)``.
       rewards: [N] f32 reward of rank 1..N, non-increasing.
+      gaps: [N] f32 ``theta_i - theta_0`` (<= 0), computed in float64 before rounding, so that
+        qualities closer than float32's resolution of ``theta`` stay distinct (see
+        :func:`ranking_scores`).
     """
 
     theta: jax.Array
     efforts: jax.Array
     costs: jax.Array
     rewards: jax.Array
+    gaps: jax.Array
 
     @property
     def num_players(self) -> int:
@@ -244,6 +264,13 @@ class Contest(NamedTuple):
     @property
     def num_levels(self) -> int:
         return self.efforts.shape[0]
+
+
+# Two distinct qualities must differ by at least this fraction of their distance from the best
+# model: the ranking scores (:func:`ranking_scores`) are float32 relative to the best model, with a
+# rounding error of about one float32 epsilon (1.2e-7) of that distance, so 1024 epsilons keep the
+# effort and Delta at which one overtakes the other accurate to about 1e-3 of their gap.
+GAP_RESOLUTION = 1024.0 * float(np.finfo(np.float32).eps)
 
 
 def make_contest(theta, efforts, rewards, cost, *, allow_tied_theta: bool = False) -> Contest:
@@ -258,7 +285,10 @@ def make_contest(theta, efforts, rewards, cost, *, allow_tied_theta: bool = Fals
 
     Raises:
       ValueError: wrong shapes; non-finite values; ``theta`` not sorted in decreasing order (or tied
-        when ties are not allowed); empty, unsorted or not-from-zero effort grid; rewards increasing
+        when ties are not allowed); two distinct qualities closer than ``GAP_RESOLUTION`` times
+        their distance from ``theta[0]`` (the best model itself may be arbitrarily close to the
+        second: ``(1, 1 - 1e-8)`` is solved exactly as a gap of 1e-8); empty, unsorted or
+        not-from-zero effort grid; rewards increasing
         with rank; costs that are not strictly increasing or not convex on the grid.
     """
     theta = np.asarray(theta, np.float64)
@@ -298,8 +328,19 @@ def make_contest(theta, efforts, rewards, cost, *, allow_tied_theta: bool = Fals
             i = int(np.argmax(bad)) + 1
             raise ValueError(f"the cost must be convex: its slope falls at effort {efforts[i]} "
                              f"({slopes[i - 1]:.6g} -> {slopes[i]:.6g})")
+    gaps = theta - theta[0]  # float64, exact for qualities closer than float32 resolves
+    step = -np.diff(gaps)
+    unresolved = (step > 0) & (step < GAP_RESOLUTION * np.abs(gaps[1:]))
+    if np.any(unresolved):
+        i = int(np.argmax(unresolved))
+        raise ValueError(
+            f"theta[{i}]={float(theta[i])!r} and theta[{i + 1}]={float(theta[i + 1])!r} differ by "
+            f"{step[i]:.3g}, "
+            f"less than {GAP_RESOLUTION:.2g} times their distance {-gaps[i + 1]:.3g} from the best "
+            f"model theta[0]={float(theta[0])!r}: the float32 game cannot tell them apart; use qualities "
+            "further apart, or equal ones with allow_tied_theta=True")
     as32 = lambda x: jnp.asarray(x, jnp.float32)
-    return Contest(as32(theta), as32(efforts), as32(costs), as32(rewards))
+    return Contest(as32(theta), as32(efforts), as32(costs), as32(rewards), as32(gaps))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -362,6 +403,25 @@ def observed_scores(score: ScoreFamily, contest: Contest, delta) -> jax.Array:
 
     Jitted, so ``delta`` is not checked: a NaN ``delta`` gives NaN scores."""
     return score(contest.theta[:, None], jnp.asarray(delta, jnp.float32) + contest.efforts[None, :])
+
+
+@jax.jit
+def ranking_scores(score: ScoreFamily, contest: Contest, delta) -> jax.Array:
+    """Scores that rank the providers exactly as :func:`observed_scores` does, [N, M] f32.
+
+    ``score.relative_score(theta_i - theta_0, delta, e_m)``: a strictly increasing transform of the
+    observed score less a constant shared by all providers (for both families, the score relative to
+    the best model at zero extra effort). The observed scores themselves are O(1) in float32, so two
+    qualities closer than about 1e-7 (e.g. 1 and 1 - 1e-8) would round to the same score and the
+    game would be solved as if the models were tied; the relative scores keep the gap (computed in
+    float64 by :func:`make_contest`) to float32's relative precision. A family without
+    ``relative_score`` falls back to the observed scores. Used by every equilibrium computation.
+    """
+    relative = getattr(score, "relative_score", None)
+    if relative is None:
+        return observed_scores(score, contest, delta)
+    d = jnp.asarray(delta, jnp.float32)
+    return relative(contest.gaps[:, None], d, contest.efforts[None, :])
 
 
 def _beats(s_j, s_i, j_before_i: bool):
@@ -548,7 +608,7 @@ def pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria:
 
 @functools.partial(jax.jit, static_argnames=("max_equilibria",))
 def _pure_equilibria(score: ScoreFamily, contest: Contest, delta, max_equilibria: int) -> Equilibria:
-    scores = observed_scores(score, contest, delta)
+    scores = ranking_scores(score, contest, delta)
     n = contest.num_players
     tol = _tie_tolerance(contest.costs, contest.rewards)
     mask = jnp.ones((contest.num_levels,) * n, bool)
@@ -666,7 +726,7 @@ def best_response_dynamics(score: ScoreFamily, contest: Contest, delta, start: j
 @functools.partial(jax.jit, static_argnames=("max_rounds",))
 def _best_response_dynamics(score: ScoreFamily, contest: Contest, delta, start: jax.Array,
                             max_rounds: int) -> Dynamics:
-    scores = observed_scores(score, contest, delta)
+    scores = ranking_scores(score, contest, delta)
     n = contest.num_players
     history = jnp.full((max_rounds + 1, n), -1, jnp.int32).at[0].set(start)
 
@@ -705,7 +765,7 @@ def cycle_taus(score: ScoreFamily, contest: Contest, delta, dynamics: Dynamics) 
     if int(dynamics.cycle_start) < 0:
         return np.zeros(0, np.float32)
     lo, hi = int(dynamics.cycle_start), int(dynamics.rounds)
-    scores = observed_scores(score, contest, delta)
+    scores = ranking_scores(score, contest, delta)
     profiles = dynamics.history[lo:hi]
     ranks = jax.vmap(profile_ranks, in_axes=(None, 0))(scores, profiles)
     return np.asarray(kendall_tau_to_quality(ranks))

@@ -13,6 +13,7 @@ No data files: the games are specified by the fields below.
 import ml_collections
 
 from core import config as cfg_lib
+from core import report
 
 
 def base() -> ml_collections.ConfigDict:
@@ -50,6 +51,19 @@ def base() -> ml_collections.ConfigDict:
     c.mixed_levels = 7
     c.timing_repeats = 5
     c.max_rounds = 64
+    c.claim = report.claim_config(
+        method="Benchmarks as a Stackelberg game (tune-before-test)",
+        statement="no equilibrium without tune-before-test; a unique equilibrium ranking models by "
+                  "latent quality with enough of it",
+        checks=("n_pure_ne_at_zero == 0", "ne_ranks_by_quality == 1",
+                "logit_family.n_pure_ne_at_zero == 0", "logit_family.ne_ranks_by_quality == 1",
+                "five_providers.n_pure_ne_at_zero == 0", "five_providers.ne_ranks_by_quality == 1"),
+        ours="{game_labels[main]}: {n_pure_ne_at_zero} pure NE at Delta=0 (overtaking profit "
+             "{zero_effort_margin:.2f} > 0); 1 zero-effort NE, tau=1, for Delta >= "
+             "{delta_star_refined:.3f} (closed form {delta_star_closed_form:.3f}); "
+             "{game_labels[five]}: {five_providers[n_pure_ne_at_zero]} pure NE at 0, Delta* "
+             "{five_providers[delta_star_refined]:.3f}; logit family: "
+             "{logit_family[n_pure_ne_at_zero]} at 0, Delta* {logit_family[delta_star_refined]:.3f}")
     return c
 
 
