@@ -8,6 +8,10 @@ checkpoints declare in ``config.json`` (``rope_scaling`` / ``rope_parameters``):
 interpolation (Chen et al. 2023), Llama 3.1's smooth per-band rescaling, and YaRN (Peng et al.
 2023, Sec. 3.2-3.4). Every function here that takes ``base`` accepts either form, so a cache that
 re-applies RoPE to stored keys (QVG) uses exactly the model's frequencies.
+
+The rotation (:func:`apply_rope`, :func:`rope_angles`) lives in :mod:`kernels.common`, where the
+KV-cache kernels use it too; it accepts a float base or any object with an ``inv_freq(head_dim)``
+method, such as :class:`RotaryEmbedding`. It is re-exported here.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from kernels.common import apply_rope, rope_angles  # the rotation itself; re-exported here
+
 ROPE_KINDS = ("default", "linear", "llama3", "yarn")
+__all__ = ["ROPE_KINDS", "RotaryEmbedding", "apply_rope", "rope_angles"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,31 +133,3 @@ class RotaryEmbedding:
         if self.mscale and self.mscale_all_dim:
             return float(get(self.factor, self.mscale) / get(self.factor, self.mscale_all_dim))
         return float(get(self.factor))
-
-
-def rope_angles(positions: jax.Array, head_dim: int,
-                base: float | RotaryEmbedding = 10_000.0) -> jax.Array:
-    """Rotation angles float32 [..., D/2] (radians) for integer ``positions`` [...]:
-    ``pos * base^(-2i/D)``, or ``pos * base.inv_freq(D)`` for a :class:`RotaryEmbedding`."""
-    if isinstance(base, RotaryEmbedding):
-        inv_freq = jnp.asarray(base.inv_freq(head_dim))
-    else:
-        inv_freq = base ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-    return positions.astype(jnp.float32)[..., None] * inv_freq
-
-
-def apply_rope(x: jax.Array, positions: jax.Array,
-               base: float | RotaryEmbedding = 10_000.0) -> jax.Array:
-    """Rotates pairs (x_i, x_{i+D/2}) of ``x`` [B, L, N, D] by the angles of ``positions`` [B, L].
-
-    The map is orthogonal, so ``apply_rope(apply_rope(x, p), -p) == x`` up to rounding, and
-    ``<R_p q, R_s k>`` depends on ``p - s`` only. YaRN's ``attention_scale`` is not applied here
-    (the rotation stays orthogonal and invertible); models multiply the queries by its square.
-    Returns an array of ``x``'s dtype.
-    """
-    d = x.shape[-1]
-    ang = rope_angles(positions, d, base)[:, :, None, :]  # [B, L, 1, D/2]
-    cos, sin = jnp.cos(ang), jnp.sin(ang)
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)

@@ -1,4 +1,4 @@
-"""Sparse decode attention: dispatch (XLA / Pallas TPU / Pallas GPU) and the KV-cache backends.
+"""Sparse decode attention: dispatch over the implementations (XLA / Pallas TPU / Pallas GPU).
 
 Dimensions: B batch, H query heads, K kv heads, G = H / K, T new tokens, D head dim, p page size,
 P pages, S = P * p capacity.
@@ -7,10 +7,9 @@ P pages, S = P * p capacity.
   ``"xla"`` (the CPU default), ``"reference"``, ``"pallas_tpu"`` (TPU default), ``"pallas_gpu"``
   (GPU default)).
 * :func:`ffd_select` -- the kept-page mask alone (for density and kept-mass statistics).
-* :class:`FFDCache`, :class:`QuestCache` -- :class:`models.kv_cache.KVCacheBackend` implementations,
-  so ``Transformer.decode`` and ``models.sampling.generate`` run with ``get_backend("ffd")`` /
-  ``get_backend("quest")``. Prefill (T > 1) attends densely (causal) over the cache contents; the
-  sparse rules apply to decode steps (T = 1), the regime the papers target.
+
+The KV-cache backends built on these (:class:`~kernels.sparse_decode.cache.FFDCache`,
+:class:`~kernels.sparse_decode.cache.QuestCache`) live in :mod:`kernels.sparse_decode.cache`.
 
 Every implementation attends the same pages: :func:`ffd_decode` computes the kept-page mask once
 (:func:`kernels.sparse_decode.reference.ffd_keep`) and hands it, or its page list, to the chosen
@@ -19,7 +18,6 @@ implementation; :func:`ffd_select` returns that same mask.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -27,7 +25,6 @@ import jax.numpy as jnp
 
 from kernels import checks
 from kernels.sparse_decode import reference as ref
-from models import kv_cache as kvc
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas_tpu", "pallas_gpu")
 DELTA_UNITS = ref.DELTA_UNITS
@@ -53,12 +50,15 @@ def resolve_implementation(implementation: str | None, where: str = "ffd_decode"
     return implementation
 
 
-def _check_delta(delta, delta_unit: str, where: str) -> None:
+def check_delta(delta, delta_unit: str, where: str) -> None:
+    """Raises ValueError unless ``delta`` is a number >= 0 (``inf`` allowed) and ``delta_unit`` one
+    of :data:`DELTA_UNITS`."""
     checks.one_of(delta_unit, "delta_unit", where, DELTA_UNITS)
     checks.number(delta, "delta", where, minimum=0.0, finite=False)  # inf: attend every page
 
 
-def _check_count(value, name: str, where: str) -> None:
+def check_count(value, name: str, where: str) -> None:
+    """Raises ValueError unless ``value`` is None or an int >= 1."""
     checks.integer(value, name, where, minimum=1, allow_none=True)
 
 
@@ -74,9 +74,9 @@ def _check(q: jax.Array, cache: dict[str, Any], delta, delta_unit: str, top_k: i
     if q.shape[1] % kh:
         raise ValueError(f"{where}: {q.shape[1]} query heads are not a multiple of {kh} kv heads")
     if top_k is None:
-        _check_delta(delta, delta_unit, where)
-    _check_count(top_k, "top_k", where)
-    _check_count(max_pages, "max_pages", where)
+        check_delta(delta, delta_unit, where)
+    check_count(top_k, "top_k", where)
+    check_count(max_pages, "max_pages", where)
 
 
 def ffd_select(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta: float = 8.0,
@@ -136,7 +136,7 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         when concrete, outside 1..S, or an unknown implementation.
     """
     _check(q, cache, delta, delta_unit, top_k, max_pages, "ffd_decode")
-    _check_count(num_splits, "num_splits", "ffd_decode")
+    check_count(num_splits, "num_splits", "ffd_decode")
     impl = resolve_implementation(implementation)
     b, kh, n, p, d = cache["resid"].shape
     ref.check_lengths(lengths, n * p, "ffd_decode", batch=b)
@@ -176,125 +176,11 @@ def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret
     return out.reshape(b, h, d).astype(q.dtype)
 
 
-# -- KV-cache backends --------------------------------------------------------------------------
+def __getattr__(name: str):
+    """``FFDCache`` and ``QuestCache`` moved to :mod:`kernels.sparse_decode.cache` (which imports this
+    module); they stay reachable here by name."""
+    if name in ("FFDCache", "QuestCache"):
+        from kernels.sparse_decode import cache
 
-
-def _check_backend(page_size: int, top_k: int | None, name: str) -> None:
-    checks.integer(page_size, "page_size", name, minimum=1)
-    checks.integer(top_k, "top_k", name, minimum=1, allow_none=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class FFDCache:
-    """FFD KV-cache backend: paged 2-bit keys + float8 residual + bf16 values, sparse decode.
-
-    Attributes:
-      page_size: tokens per page p (must divide the cache capacity).
-      delta: top-delta margin (>= 0; ``inf`` = dense over refined keys), in ``delta_unit``.
-      delta_unit: ``"nats"`` or ``"log2"`` (the paper's base-2 unit), see :func:`ffd_decode`.
-      top_k: use the top-k-pages variant instead.
-      max_pages: attend at most this many pages by score (``None`` = no cap), see
-        :func:`ffd_decode`.
-      implementation: see :func:`ffd_decode`.
-      scan_copy: keep byte-per-code codes for the XLA scan (default: on CPU).
-    """
-
-    page_size: int = ref.PAGE_SIZE
-    delta: float = 8.0
-    delta_unit: str = "nats"
-    top_k: int | None = None
-    max_pages: int | None = None
-    implementation: str | None = None
-    scan_copy: bool | None = None
-
-    def __post_init__(self):
-        _check_backend(self.page_size, self.top_k, "FFDCache")
-        _check_delta(self.delta, self.delta_unit, "FFDCache")
-        _check_count(self.max_pages, "max_pages", "FFDCache")
-        resolve_implementation(self.implementation, "FFDCache")
-        if self.scan_copy not in (None, True, False):
-            raise checks.error("FFDCache", "scan_copy", "None or a bool", repr(self.scan_copy))
-
-    def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
-        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "FFDCache.init")
-        scan = jax.default_backend() == "cpu" if self.scan_copy is None else self.scan_copy
-        return ref.init_ffd_cache(batch_size, max_len, num_kv_heads, head_dim, dtype,
-                                  self.page_size, scan_copy=scan)
-
-    def update(self, layer_cache, k, v, start):
-        ref.check_cache(layer_cache, "FFDCache.update")
-        b, kh, n, p, d = layer_cache["resid"].shape
-        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
-                            where="FFDCache.update")
-        return ref.update_ffd_cache(layer_cache, k, v, start)
-
-    def attend(self, layer_cache, q, start):
-        ref.check_cache(layer_cache, "FFDCache.attend")
-        b, kh, n, p, d = layer_cache["resid"].shape
-        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
-                            where="FFDCache.attend")
-        t = q.shape[2]
-        if t == 1:
-            out = ffd_decode(q[:, :, 0], layer_cache, start + 1, delta=self.delta,
-                             delta_unit=self.delta_unit, top_k=self.top_k, max_pages=self.max_pages,
-                             implementation=self.implementation)
-            return out[:, :, None]
-        k = ref.refined_keys(layer_cache, start + t)
-        v = layer_cache["v"].reshape(b, kh, n * p, d)
-        return kvc.grouped_attention(q, k, v, kvc.causal_cache_mask(start, t, n * p))
-
-
-@dataclasses.dataclass(frozen=True)
-class QuestCache:
-    """Quest KV-cache backend: dense [B, K, S, D] keys/values plus per-page min/max key metadata;
-    decode attends the ``top_k`` pages with the largest logit upper bound and the unfinished page."""
-
-    page_size: int = ref.PAGE_SIZE
-    top_k: int = 8
-
-    def __post_init__(self):
-        _check_backend(self.page_size, self.top_k, "QuestCache")
-
-    def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
-        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "QuestCache.init")
-        ref.check_layout(max_len, head_dim, self.page_size, "QuestCache.init")
-        shape = (batch_size, num_kv_heads, max_len, head_dim)
-        meta = (batch_size, num_kv_heads, max_len // self.page_size, head_dim)
-        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
-                "kmin": jnp.zeros(meta, jnp.float32), "kmax": jnp.zeros(meta, jnp.float32)}
-
-    def update(self, layer_cache, k, v, start):
-        b, kh, s, d = layer_cache["k"].shape
-        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
-                            where="QuestCache.update")
-        dense = kvc.DenseKVCache().update({"k": layer_cache["k"], "v": layer_cache["v"]}, k, v,
-                                          start)
-        p = self.page_size
-        b, kh, s, d = dense["k"].shape
-        n, t = s // p, k.shape[2]
-        nw = (p - 1 + t) // p + 1
-
-        def row(kmin, kmax, keys, st):  # keys [K, S, D]
-            pages = keys.reshape(kh, n, p, d)
-            ids = st // p + jnp.arange(nw)
-            ok = ids < n
-            got = pages[:, jnp.minimum(ids, n - 1)].astype(jnp.float32)  # [K, NW, p, D]
-            ids = jnp.where(ok, ids, n)
-            return (kmin.at[:, ids].set(got.min(2), mode="drop"),
-                    kmax.at[:, ids].set(got.max(2), mode="drop"))
-
-        kmin, kmax = jax.vmap(row)(layer_cache["kmin"], layer_cache["kmax"], dense["k"], start)
-        return {**dense, "kmin": kmin, "kmax": kmax}
-
-    def attend(self, layer_cache, q, start):
-        b, kh, s, d = layer_cache["k"].shape
-        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
-                            where="QuestCache.attend")
-        t = q.shape[2]
-        if t == 1:
-            out, _ = ref.quest_decode(q[:, :, 0], layer_cache["k"], layer_cache["v"],
-                                      layer_cache["kmin"], layer_cache["kmax"], start + 1,
-                                      top_k=self.top_k, page_size=self.page_size)
-            return out[:, :, None]
-        mask = kvc.causal_cache_mask(start, t, layer_cache["k"].shape[2])
-        return kvc.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
+        return getattr(cache, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

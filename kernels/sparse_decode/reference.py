@@ -56,12 +56,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernels import checks
+from kernels import checks, common
+from kernels.common import merge_partials, softmax_partial  # noqa: F401  (used by the kernels' paths)
 
 PAGE_SIZE = 128
 CODES_PER_WORD = 16
 F8 = jnp.float8_e4m3fn
-_SHIFTS = 2 * jnp.arange(CODES_PER_WORD, dtype=jnp.uint32)
 
 
 # -- 2-bit packing and page quantization -------------------------------------------------------
@@ -74,27 +74,20 @@ def nan_max(x: jax.Array, axis: int) -> jax.Array:
 
 
 def pack_codes(codes: jax.Array) -> jax.Array:
-    """Packs 2-bit codes, uint8/int [..., D] with values in 0..3, into int32 words [..., D / 16].
+    """Packs 2-bit codes, uint8/int [..., D] with values in 0..3, into int32 words [..., D / 16]
+    (:func:`kernels.common.pack_codes` with 32-bit words).
 
     Channel ``d`` goes to word ``d % W`` at bit ``2 * (d // W)``, W = D / 16 (planar order).
 
     Raises:
       ValueError: D not a multiple of 16.
     """
-    d = codes.shape[-1]
-    if d % CODES_PER_WORD:
-        raise ValueError(f"pack_codes: head dim {d} must be a multiple of {CODES_PER_WORD}")
-    w = d // CODES_PER_WORD
-    c = codes.astype(jnp.uint32).reshape(*codes.shape[:-1], CODES_PER_WORD, w)
-    words = jnp.sum(c << _SHIFTS[:, None], axis=-2, dtype=jnp.uint32)  # disjoint bits: sum == or
-    return lax.bitcast_convert_type(words, jnp.int32)
+    return common.pack_codes(codes, 2, word_bits=32)
 
 
 def unpack_codes(words: jax.Array) -> jax.Array:
     """Inverse of :func:`pack_codes`: int32 [..., W] -> uint8 [..., 16 * W] codes in 0..3."""
-    u = lax.bitcast_convert_type(words, jnp.uint32)
-    c = (u[..., None, :] >> _SHIFTS[:, None]) & 3
-    return c.reshape(*words.shape[:-1], CODES_PER_WORD * words.shape[-1]).astype(jnp.uint8)
+    return common.unpack_codes(words, 2)
 
 
 def quantize_pages(k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -429,26 +422,6 @@ def tail_partial(qg: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array)
     tail_page = jnp.minimum(lengths // p, cache["v"].shape[2] - 1)  # a full cache has no tail
     v = jnp.take_along_axis(cache["v"], tail_page[:, None, None, None, None], axis=2)[:, :, 0]
     return softmax_partial(logits, jnp.where(ok[:, None, :, None], v, 0))
-
-
-def softmax_partial(logits: jax.Array, v: jax.Array):
-    """(acc, m, l) of logits [..., G, N] against values [..., N, D]: ``m = max``, ``l = sum exp``,
-    ``acc = sum exp(logit - m) v``; an all ``-inf`` row gives (0, -inf, 0)."""
-    m = logits.max(-1)
-    e = jnp.exp(logits - jnp.where(jnp.isfinite(m), m, 0.0)[..., None])
-    acc = jnp.einsum("...gn,...nd->...gd", e, v.astype(jnp.float32))
-    return acc, m, e.sum(-1)
-
-
-def merge_partials(acc: jax.Array, m: jax.Array, l: jax.Array, axis: int) -> jax.Array:
-    """Log-sum-exp merge of split partials stacked on ``axis`` (of ``m``/``l``; ``acc`` has the
-    extra trailing D): returns the normalised output ``sum_s e^{m_s - M} acc_s / sum_s e^{m_s - M} l_s``.
-    A NaN partial makes the output NaN; all-empty partials give 0/0 = NaN (never the case for FFD,
-    which always attends at least one token)."""
-    mm = m.max(axis=axis, keepdims=True)
-    w = jnp.exp(m - jnp.where(jnp.isinf(mm), 0.0, mm))  # exp(-inf) = 0 for empty splits
-    num = jnp.sum(w[..., None] * acc, axis=axis)
-    return num / jnp.sum(w * l, axis=axis)[..., None]
 
 
 def ffd_page_max(qg: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array) -> jax.Array:

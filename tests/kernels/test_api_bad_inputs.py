@@ -17,6 +17,7 @@ import pytest
 from kernels.kv_quant import api as kvq
 from kernels.kv_quant import reference as kvq_ref
 from kernels.sparse_decode import api as sd
+from kernels.sparse_decode import cache as sd_cache
 from kernels.sparse_decode import reference as sd_ref
 
 B, K, H, D, P_SIZE, S = 2, 2, 4, 16, 4, 16
@@ -35,9 +36,9 @@ KNEW = _f32(B, K, 3, D)
 VNEW = _f32(B, K, 3, D)
 START = jnp.array([0, 2], jnp.int32)
 
-FFD = sd.FFDCache(page_size=P_SIZE)
+FFD = sd_cache.FFDCache(page_size=P_SIZE)
 FFD_CACHE = sd_ref.init_ffd_cache(B, S, K, D, jnp.float32, P_SIZE)
-QUEST = sd.QuestCache(page_size=P_SIZE, top_k=2)
+QUEST = sd_cache.QuestCache(page_size=P_SIZE, top_k=2)
 QUEST_CACHE = QUEST.init(B, S, K, D, jnp.float32)
 QVG = kvq.QVGCache(config=kvq_ref.QVGConfig(bits=4, stages=1, block=16, num_centroids=2, chunk=4,
                                             kmeans_iters=1))
@@ -115,13 +116,13 @@ def _cases():
         "ffd_decode-bogus-implementation")
 
     # -- sparse_decode: backends ------------------------------------------------------------------
-    add(sd.FFDCache, (), {"implementation": "bogus"}, "implementation", "FFDCache-bogus-impl")
-    add(sd.FFDCache, (), {"page_size": 4.5}, "page_size must", "FFDCache-float-page")
-    add(sd.FFDCache, (), {"delta": np.float32(-1.0)}, "delta must", "FFDCache-np-negative-delta")
-    add(sd.FFDCache, (), {"delta_unit": "bits"}, "delta_unit must", "FFDCache-bad-unit")
-    add(sd.FFDCache, (), {"scan_copy": "yes"}, "scan_copy must", "FFDCache-scan_copy-string")
-    add(sd.QuestCache, (), {"top_k": 2.5}, "top_k must", "QuestCache-float-top_k")
-    add(sd.QuestCache, (), {"page_size": 0}, "page_size must", "QuestCache-zero-page")
+    add(sd_cache.FFDCache, (), {"implementation": "bogus"}, "implementation", "FFDCache-bogus-impl")
+    add(sd_cache.FFDCache, (), {"page_size": 4.5}, "page_size must", "FFDCache-float-page")
+    add(sd_cache.FFDCache, (), {"delta": np.float32(-1.0)}, "delta must", "FFDCache-np-negative-delta")
+    add(sd_cache.FFDCache, (), {"delta_unit": "bits"}, "delta_unit must", "FFDCache-bad-unit")
+    add(sd_cache.FFDCache, (), {"scan_copy": "yes"}, "scan_copy must", "FFDCache-scan_copy-string")
+    add(sd_cache.QuestCache, (), {"top_k": 2.5}, "top_k must", "QuestCache-float-top_k")
+    add(sd_cache.QuestCache, (), {"page_size": 0}, "page_size must", "QuestCache-zero-page")
     add(FFD.init, (-1, S, K, D, jnp.float32), {}, "batch_size must", "FFDCache.init-negative-batch")
     add(FFD.update, (FFD_CACHE, KNEW, VNEW, jnp.int32(0)), {}, "start must", "FFDCache.update-scalar")
     add(FFD.attend, (FFD_CACHE, Q4, jnp.int32(3)), {}, "start must", "FFDCache.attend-scalar")
@@ -198,4 +199,4 @@ def test_good_input_still_passes_the_checks():
                       (QUEST, QUEST_CACHE)):
         cache = be.update(cache, KNEW, VNEW, START)
         assert be.attend(cache, Q4, START + 3).shape == Q4.shape
-    assert sd.FFDCache(top_k=np.int64(2)).top_k == 2  # NumPy integers are integers
+    assert sd_cache.FFDCache(top_k=np.int64(2)).top_k == 2  # NumPy integers are integers

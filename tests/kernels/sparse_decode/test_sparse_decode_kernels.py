@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernels.common import grouped_attention  # the test's reference only
 from kernels.sparse_decode import api
+from kernels.sparse_decode import cache as sd_cache
 from kernels.sparse_decode import reference as ref
-from models.kv_cache import grouped_attention  # the test's reference only
 
 _update = jax.jit(ref.update_ffd_cache)
 
@@ -269,15 +270,15 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="delta"):
         api.ffd_decode(q, cache, jnp.array([10]), delta=-1.0)
     with pytest.raises(ValueError, match="delta"):
-        api.FFDCache(delta=-0.5)
+        sd_cache.FFDCache(delta=-0.5)
     with pytest.raises(ValueError, match="divide"):
         ref.init_ffd_cache(1, 100, 2, 32, jnp.float32, 16)
     with pytest.raises(ValueError, match="divide"):
-        api.QuestCache(page_size=16).init(1, 100, 2, 32, jnp.float32)
+        sd_cache.QuestCache(page_size=16).init(1, 100, 2, 32, jnp.float32)
     with pytest.raises(ValueError, match=r"implementation 'cuda'.*'auto'.*pallas_gpu"):
         api.ffd_decode(q, cache, jnp.array([10]), implementation="cuda")
     with pytest.raises(ValueError, match="implementation"):
-        api.FFDCache(implementation="triton")
+        sd_cache.FFDCache(implementation="triton")
     with pytest.raises(ValueError, match="q must be a floating-point"):
         api.ffd_decode(jnp.ones((b, 4, d), jnp.int32), cache, jnp.array([10]))
     with pytest.raises(ValueError, match="delta_unit"):

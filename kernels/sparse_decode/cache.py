@@ -1,0 +1,149 @@
+"""Sparse-decode KV-cache backends: FFD and Quest, registered as ``"ffd"`` and ``"quest"``.
+
+Dimensions: B batch, H query heads, K kv heads, T new tokens, D head dim, p page size, P pages,
+S = P * p capacity.
+
+Both implement the :class:`kernels.common.KVCacheBackend` protocol, so ``Transformer.decode`` and
+``models.sampling.generate`` run with ``models.kv_cache.get_backend("ffd")`` / ``"quest"``.
+Prefill (T > 1) attends densely (causal) over the cache contents; the sparse rules apply to decode
+steps (T = 1), the regime the papers target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from kernels import checks, common
+from kernels.sparse_decode import api
+from kernels.sparse_decode import reference as ref
+
+
+def _check_backend(page_size: int, top_k: int | None, name: str) -> None:
+    checks.integer(page_size, "page_size", name, minimum=1)
+    checks.integer(top_k, "top_k", name, minimum=1, allow_none=True)
+
+
+@common.register_backend("ffd")
+@dataclasses.dataclass(frozen=True)
+class FFDCache:
+    """FFD KV-cache backend: paged 2-bit keys + float8 residual + bf16 values, sparse decode.
+
+    Attributes:
+      page_size: tokens per page p (must divide the cache capacity).
+      delta: top-delta margin (>= 0; ``inf`` = dense over refined keys), in ``delta_unit``.
+      delta_unit: ``"nats"`` or ``"log2"`` (the paper's base-2 unit), see
+        :func:`kernels.sparse_decode.api.ffd_decode`.
+      top_k: use the top-k-pages variant instead.
+      max_pages: attend at most this many pages by score (``None`` = no cap), see ``ffd_decode``.
+      implementation: see ``ffd_decode``.
+      scan_copy: keep byte-per-code codes for the XLA scan (default: on CPU).
+
+    Raises:
+      ValueError: on construction, a field outside the ranges above.
+    """
+
+    page_size: int = ref.PAGE_SIZE
+    delta: float = 8.0
+    delta_unit: str = "nats"
+    top_k: int | None = None
+    max_pages: int | None = None
+    implementation: str | None = None
+    scan_copy: bool | None = None
+
+    def __post_init__(self):
+        _check_backend(self.page_size, self.top_k, "FFDCache")
+        api.check_delta(self.delta, self.delta_unit, "FFDCache")
+        api.check_count(self.max_pages, "max_pages", "FFDCache")
+        api.resolve_implementation(self.implementation, "FFDCache")
+        if self.scan_copy not in (None, True, False):
+            raise checks.error("FFDCache", "scan_copy", "None or a bool", repr(self.scan_copy))
+
+    def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
+        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "FFDCache.init")
+        scan = jax.default_backend() == "cpu" if self.scan_copy is None else self.scan_copy
+        return ref.init_ffd_cache(batch_size, max_len, num_kv_heads, head_dim, dtype,
+                                  self.page_size, scan_copy=scan)
+
+    def update(self, layer_cache, k, v, start):
+        ref.check_cache(layer_cache, "FFDCache.update")
+        b, kh, n, p, d = layer_cache["resid"].shape
+        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
+                            where="FFDCache.update")
+        return ref.update_ffd_cache(layer_cache, k, v, start)
+
+    def attend(self, layer_cache, q, start):
+        ref.check_cache(layer_cache, "FFDCache.attend")
+        b, kh, n, p, d = layer_cache["resid"].shape
+        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
+                            where="FFDCache.attend")
+        t = q.shape[2]
+        if t == 1:
+            out = api.ffd_decode(q[:, :, 0], layer_cache, start + 1, delta=self.delta,
+                                 delta_unit=self.delta_unit, top_k=self.top_k,
+                                 max_pages=self.max_pages, implementation=self.implementation)
+            return out[:, :, None]
+        k = ref.refined_keys(layer_cache, start + t)
+        v = layer_cache["v"].reshape(b, kh, n * p, d)
+        return common.grouped_attention(q, k, v, common.causal_cache_mask(start, t, n * p))
+
+
+@common.register_backend("quest")
+@dataclasses.dataclass(frozen=True)
+class QuestCache:
+    """Quest KV-cache backend: dense [B, K, S, D] keys/values plus per-page min/max key metadata;
+    decode attends the ``top_k`` pages with the largest logit upper bound and the unfinished page.
+
+    Raises:
+      ValueError: on construction, ``page_size`` or ``top_k`` not an int >= 1.
+    """
+
+    page_size: int = ref.PAGE_SIZE
+    top_k: int = 8
+
+    def __post_init__(self):
+        _check_backend(self.page_size, self.top_k, "QuestCache")
+
+    def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
+        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "QuestCache.init")
+        ref.check_layout(max_len, head_dim, self.page_size, "QuestCache.init")
+        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        meta = (batch_size, num_kv_heads, max_len // self.page_size, head_dim)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+                "kmin": jnp.zeros(meta, jnp.float32), "kmax": jnp.zeros(meta, jnp.float32)}
+
+    def update(self, layer_cache, k, v, start):
+        b, kh, s, d = layer_cache["k"].shape
+        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
+                            where="QuestCache.update")
+        dense = common.DENSE.update({"k": layer_cache["k"], "v": layer_cache["v"]}, k, v, start)
+        p = self.page_size
+        n, t = s // p, k.shape[2]
+        nw = (p - 1 + t) // p + 1
+
+        def row(kmin, kmax, keys, st):  # keys [K, S, D]
+            pages = keys.reshape(kh, n, p, d)
+            ids = st // p + jnp.arange(nw)
+            ok = ids < n
+            got = pages[:, jnp.minimum(ids, n - 1)].astype(jnp.float32)  # [K, NW, p, D]
+            ids = jnp.where(ok, ids, n)
+            return (kmin.at[:, ids].set(got.min(2), mode="drop"),
+                    kmax.at[:, ids].set(got.max(2), mode="drop"))
+
+        kmin, kmax = jax.vmap(row)(layer_cache["kmin"], layer_cache["kmax"], dense["k"], start)
+        return {**dense, "kmin": kmin, "kmax": kmax}
+
+    def attend(self, layer_cache, q, start):
+        b, kh, s, d = layer_cache["k"].shape
+        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
+                            where="QuestCache.attend")
+        t = q.shape[2]
+        if t == 1:
+            out, _ = ref.quest_decode(q[:, :, 0], layer_cache["k"], layer_cache["v"],
+                                      layer_cache["kmin"], layer_cache["kmax"], start + 1,
+                                      top_k=self.top_k, page_size=self.page_size)
+            return out[:, :, None]
+        mask = common.causal_cache_mask(start, t, layer_cache["k"].shape[2])
+        return common.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
