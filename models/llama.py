@@ -42,6 +42,7 @@ from flax import nnx
 from kernels import checks
 from models import kv_cache as kvc
 from models.rope import RotaryEmbedding, apply_rope
+from models.transformer import SwiGLU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,19 +215,6 @@ class Attention(nnx.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, t, -1)), layer_cache
 
 
-class MLP(nnx.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
-        e, f = cfg.d_model, cfg.mlp_dim
-        self.gate = _linear(rngs, e, f, cfg)
-        self.up = _linear(rngs, e, f, cfg)
-        self.down = _linear(rngs, f, e, cfg, std=1.0 / math.sqrt(f * 2 * cfg.num_layers))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
-
-
 def _norm(cfg: LlamaConfig, rngs: nnx.Rngs) -> nnx.RMSNorm:
     return nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=cfg.dtype,
                        param_dtype=cfg.param_dtype, rngs=rngs)
@@ -239,7 +227,8 @@ class Block(nnx.Module):
         self.norm1 = _norm(cfg, rngs)
         self.attn = Attention(cfg, layer, rngs=rngs)
         self.norm2 = _norm(cfg, rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_dim, num_layers=cfg.num_layers, dtype=cfg.dtype,
+                          param_dtype=cfg.param_dtype, rngs=rngs)
 
     def __call__(self, x, positions, mask):
         x = x + self.attn(self.norm1(x), positions, mask)

@@ -304,14 +304,23 @@ class Attention(nnx.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, t, -1)), layer_cache
 
 
-class MLP(nnx.Module):
-    """SwiGLU feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+class SwiGLU(nnx.Module):
+    """SwiGLU feed-forward (Shazeer 2020, eq. 6 without biases): ``down(silu(gate(x)) * up(x))``.
 
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-        e, f = cfg.d_model, cfg.hidden_dim
-        self.gate = _dense(rngs, e, f, cfg)
-        self.up = _dense(rngs, e, f, cfg)
-        self.down = _dense(rngs, f, e, cfg, std=1.0 / math.sqrt(f * 2 * cfg.num_layers))
+    x [..., E] -> [..., E] through a hidden width F. ``gate`` and ``up`` are initialised
+    N(0, 1/E), ``down`` N(0, 1/(2 N F)) for N layers (a residual branch scaled down with depth, as
+    GPT-2 does). Shared by :class:`Transformer` and :class:`models.llama.Llama`.
+    """
+
+    def __init__(self, d_model: int, hidden: int, *, num_layers: int, dtype, param_dtype,
+                 rngs: nnx.Rngs):
+        def linear(din: int, dout: int, std: float) -> nnx.Linear:
+            return nnx.Linear(din, dout, use_bias=False, kernel_init=nnx.initializers.normal(std),
+                              dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+        self.gate = linear(d_model, hidden, 1.0 / math.sqrt(d_model))
+        self.up = linear(d_model, hidden, 1.0 / math.sqrt(d_model))
+        self.down = linear(hidden, d_model, 1.0 / math.sqrt(hidden * 2 * num_layers))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
@@ -325,7 +334,8 @@ class Block(nnx.Module):
         self.norm1 = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=cfg.dtype, rngs=rngs)
         self.attn = Attention(cfg, rngs=rngs)
         self.norm2 = nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=cfg.dtype, rngs=rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp = SwiGLU(cfg.d_model, cfg.hidden_dim, num_layers=cfg.num_layers, dtype=cfg.dtype,
+                          param_dtype=jnp.float32, rngs=rngs)
         self.ada = (_dense(rngs, cfg.cond_width, 6 * cfg.d_model, cfg, zero=True)
                     if cfg.time_conditioning else None)
 
