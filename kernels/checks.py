@@ -60,7 +60,8 @@ def array(x: Any, name: str, where: str, *, ndim: int | None = None, kind: str |
     if kind is not None:
         label, ok = _KINDS[kind]
         if not ok(np.dtype(x.dtype)):
-            raise error(where, name, f"a {label} array", f"dtype {x.dtype}")
+            article = "an" if label[0] in "aeiou" else "a"
+            raise error(where, name, f"{article} {label} array", f"dtype {x.dtype}")
     if shape is not None:
         want = tuple(shape)
         got = tuple(x.shape)

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kernels import checks
 from models import attention as attn_lib
 from models import kv_cache as kvc
 from models.rope import apply_rope
@@ -397,8 +398,7 @@ class Transformer(nnx.Module):
     # -- helpers --------------------------------------------------------------------------------
 
     def _check_tokens(self, tokens: jax.Array, where: str) -> None:
-        if tokens.ndim != 2:
-            raise ValueError(f"{where}: tokens must be [B, L] integers, got shape {tokens.shape}")
+        checks.array(tokens, "tokens", where, ndim=2, kind="int")
         if tokens.shape[1] > self.cfg.max_len:
             raise ValueError(
                 f"{where}: sequence length {tokens.shape[1]} exceeds the model's "

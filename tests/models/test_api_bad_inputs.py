@@ -93,6 +93,11 @@ CASES.add("generate-prompt-id-out-of-vocab", _generate, jnp.array([[1, 2, 40], [
 CASES.add("generate-prompt-negative-id", _generate, jnp.array([[1, 2, -1], [0, 1, 2]], jnp.int32), match="prompt must")
 
 # -- llama ----------------------------------------------------------------------------------
+CASES.add("Transformer-float-tokens", nnx.merge(TGRAPH, TPARAMS), PROMPT.astype(jnp.float32),
+          match="Transformer.__call__: tokens must be an integer array, got dtype float32")
+CASES.add("Transformer-rank1-tokens", nnx.merge(TGRAPH, TPARAMS), PROMPT[0], match="tokens must be an array of rank 2")
+CASES.add("Transformer.decode-float-tokens", nnx.merge(TGRAPH, TPARAMS).decode, PROMPT.astype(jnp.float32),
+          kvc.DenseKVCache().init(B, S, K, D, jnp.float32), START, match="Transformer.decode: tokens must")
 CASES.add("Llama-float-tokens", LLAMA, PROMPT.astype(jnp.float32), match="tokens must")
 CASES.add("Llama-empty-tokens", LLAMA, PROMPT[:, :0], match="tokens must")
 CASES.add("Llama-id-out-of-vocab", LLAMA, jnp.array([[1, 2, 40]], jnp.int32), match="tokens must")
