@@ -23,17 +23,19 @@ class ByteTokenizer:
     """Bytes 0..255 are tokens 0..255; special tokens follow.
 
     Attributes:
-      vocab_size: 256 + number of special tokens.
+      num_bytes: 256, the ids of plain bytes (``0 .. num_bytes - 1``).
+      vocab_size: ``num_bytes`` + number of special tokens.
       mask_id: the ``[MASK]`` token id (256) used by masked / interpolating diffusion.
       bos_id: a beginning-of-sequence id (257).
     """
 
     SPECIALS = ("[MASK]", "[BOS]")
+    num_bytes = 256
 
     def __init__(self) -> None:
-        self.mask_id = 256
-        self.bos_id = 257
-        self.vocab_size = 256 + len(self.SPECIALS)
+        self.mask_id = self.num_bytes
+        self.bos_id = self.num_bytes + 1
+        self.vocab_size = self.num_bytes + len(self.SPECIALS)
 
     def encode(self, text: str | bytes) -> np.ndarray:
         """UTF-8 bytes of ``text`` as an int32 array [L]."""

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from core.data import ByteTokenizer
 from core.report import markdown_table
 from core.timing import best_seconds
 from experiments.bench.timing import pick_size
@@ -45,11 +46,12 @@ def run(size: str = "cpu") -> str:
     """
     s = pick_size(SIZES, size, "bench decode")
     batch, prompt_len, new_tokens = s["batch"], s["prompt_len"], s["new_tokens"]
-    cfg = TransformerConfig(vocab_size=258, max_len=prompt_len + new_tokens, d_model=s["d_model"],
+    tokenizer = ByteTokenizer()
+    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, max_len=prompt_len + new_tokens, d_model=s["d_model"],
                             num_layers=s["num_layers"], num_heads=s["num_heads"],
                             num_kv_heads=s["num_kv_heads"])
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
-    prompt = jax.random.randint(jax.random.key(0), (batch, prompt_len), 0, 256)
+    prompt = jax.random.randint(jax.random.key(0), (batch, prompt_len), 0, tokenizer.num_bytes)
 
     @functools.partial(jax.jit, static_argnames="n")
     def no_cache(params, prompt, n):
