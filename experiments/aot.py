@@ -194,12 +194,9 @@ def lm_decode(backend_name: str, context: int = DECODE_CONTEXT, batch: int = DEC
                                       scan_copy=False)
             what = f"FFD (page {sd.page_size}, delta {sd.delta} nats, XLA path)"
         elif backend_name == "qvg":
-            from experiments import kv_quant
-            from experiments.configs import kv_quant as kq_config
             from kernels.kv_quant import api as kq_api
 
-            kq = kq_config.get_config("paper")
-            qcfg = kv_quant._configs(kq, d)["qvg"]
+            qcfg = qvg_paper_config(d)
             backend = kq_api.QVGCache(config=qcfg, rope_base=mcfg.rope_base,
                                       implementation="reference")
             what = (f"QVG ({qcfg.bits}-bit, block {qcfg.block}, {qcfg.num_centroids} centroids, "
@@ -231,6 +228,105 @@ def lm_decode(backend_name: str, context: int = DECODE_CONTEXT, batch: int = DEC
         return StepSpec(step, args, (1,), forward_flops_per_token(mcfg, context) * batch, n,
                         f"{what} cache, B {batch} x 1 new token over {context} slots, lm paper "
                         f"model ({n / 1e6:.0f}M params, {mcfg.kv_heads} kv heads x D {d})")
+
+    return build
+
+
+def qvg_paper_config(head_dim: int):
+    """The kv_quant ``paper`` variant's QVG config for keys of ``head_dim`` (block clamped to it)."""
+    from experiments.configs import kv_quant as kq_config
+    from kernels.kv_quant import reference as kq_ref
+
+    c = kq_config.get_config("paper")
+    return kq_ref.qvg_preset("qvg", bits=c.bits, block=min(c.qvg_block, head_dim),
+                             num_centroids=c.num_centroids, chunk=c.chunk,
+                             kmeans_iters=c.kmeans_iters, seed=c.seed)
+
+
+# Meta Llama 3.1 8B's config.json (the fields the decoder reads; no weights are needed to compile).
+LLAMA3_8B = {
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "hidden_act": "silu", "tie_word_embeddings": False,
+}
+LLAMA_CONTEXT = 131072  # cache slots: 128k, the model's longest context
+LLAMA_MODEL_PARALLELISM = 8  # the `model` axis: one kv head per device (mesh data 2 x model 8)
+
+
+def llama_decode(backend_name: str, batch: int, context: int = LLAMA_CONTEXT) -> Callable:
+    """One-token decode of a Llama-3-8B-shaped model (bfloat16, :data:`LLAMA3_8B`) over a
+    ``context``-slot cache of ``backend_name``: ``"dense"``, ``"ffd"`` (sparse_decode's paper page
+    size and delta) or ``"qvg"`` (kv_quant's paper QVG at head dim 128). Parameters are placed by
+    ``core.sharding``'s FSDP + tensor-parallel rules on a (data, model 8) mesh (data 2 on 16
+    chips; ``model`` the gcd of 8 and the device count); every cache leaf [B, K, ...] has its rows
+    on ``data`` (when it divides B) and its 8 kv heads on ``model``. FFD and QVG run their Pallas
+    kernel (TPU or GPU, by the topology; the XLA / jnp path on CPU) inside ``shard_map``
+    (``kernels.*.sharded``): a ``pallas_call`` is not partitioned by XLA itself."""
+
+    def build(devices) -> StepSpec:
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from core import sharding
+        from models import kv_cache as kvc
+        from models.hf_checkpoint import config_from_hf
+        from models.llama import Llama
+        from models.transformer import PARAM_AXES
+
+        cfg = config_from_hf(LLAMA3_8B, where="Llama-3-8B config", dtype=jnp.bfloat16,
+                             max_len=context)
+        import math
+
+        mesh = sharding.make_mesh(math.gcd(LLAMA_MODEL_PARALLELISM, len(devices)), devices=devices)
+        kernel = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu"}.get(
+            devices[0].platform, "xla")
+        if backend_name == "dense":
+            backend, what = kvc.DenseKVCache(), "dense bf16"
+        elif backend_name == "ffd":
+            from experiments.configs import sparse_decode as sd_config
+            from kernels.sparse_decode.sharded import ShardedFFDCache
+
+            sd = sd_config.get_config("paper")
+            backend = ShardedFFDCache(page_size=sd.page_size, delta=sd.delta, implementation=kernel,
+                                      scan_copy=False, mesh=mesh)
+            what = f"FFD (page {sd.page_size}, delta {sd.delta} nats, {kernel} in shard_map)"
+        elif backend_name == "qvg":
+            from kernels.kv_quant.sharded import ShardedQVGCache
+
+            qcfg = qvg_paper_config(cfg.dim_per_head)
+            backend = ShardedQVGCache(config=qcfg, rope_base=cfg.rope, mesh=mesh,
+                                      implementation="reference" if kernel == "xla" else kernel)
+            what = (f"QVG ({qcfg.bits}-bit, block {qcfg.block}, {qcfg.num_centroids} centroids, "
+                    f"chunk {qcfg.chunk}, {kernel} in shard_map)")
+        else:
+            raise ValueError(f"llama_decode: backend {backend_name!r} is not dense, ffd or qvg")
+        model = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+        graphdef, params = nnx.split(model)
+        cache = jax.eval_shape(lambda: model.init_cache(batch, context, backend))
+        p_sh = sharding.param_shardings(params, PARAM_AXES, mesh, sharding.PARAM_RULES,
+                                        logical_sizes={"heads": cfg.num_heads,
+                                                       "kv_heads": cfg.kv_heads})
+        rows = sharding.DATA if batch % mesh.shape[sharding.DATA] == 0 else None
+        heads = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(rows, sharding.MODEL))
+        per_row = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(rows))
+
+        def step(params, cache, tokens, start):
+            return nnx.merge(graphdef, params).decode(tokens, cache, start, backend)
+
+        args = (aot_steps.abstract(params, p_sh), aot_steps.abstract(cache, heads),
+                jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=per_row),
+                jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=per_row))
+        n = sum(int(x.size) for x in jax.tree.leaves(params))
+        flops = 2.0 * n + 4.0 * cfg.num_layers * cfg.num_heads * cfg.dim_per_head * context
+        return StepSpec(step, args, (1,), flops * batch, n,
+                        f"{what} cache, B {batch} x 1 new token over {context} slots, Llama-3-8B "
+                        f"shape ({n / 1e9:.2f}B params, bf16, {cfg.kv_heads} kv heads x D "
+                        f"{cfg.dim_per_head}), mesh data {mesh.shape[sharding.DATA]} x model "
+                        f"{mesh.shape[sharding.MODEL]}")
 
     return build
 
@@ -460,6 +556,9 @@ STEPS: dict[str, tuple[Callable[[Sequence[Any]], StepSpec], str]] = {
     "judge_btl/fit": (judge_btl_fit, "judge-aware BTL Newton fit"),
     "benchmark_game/n3": (benchmark_game_sweep(3), "pure-equilibrium sweep, 3 providers"),
     "benchmark_game/n5": (benchmark_game_sweep(5), "pure-equilibrium sweep, 5 providers"),
+    **{f"llama3_8b/decode-{b}@128k-b{n}": (llama_decode(b, n), f"Llama-3-8B decode, {b} cache, "
+                                           f"batch {n}, 128k context")
+       for b in ("dense", "ffd", "qvg") for n in (1, 8)},
 }
 
 # Steps of the paper variants not yet registered here (listed in AOT.md so that the gap is visible).
@@ -713,15 +812,43 @@ def parse_list(text: str, valid: Sequence[str], what: str) -> list[str]:
     return names
 
 
+def select_rows(steps: Sequence[str], topologies: Sequence[str], only: Sequence[str]
+                ) -> list[tuple[str, str]]:
+    """The (step, topology) pairs of ``steps x topologies`` that a pattern of ``only`` names:
+    shell-style patterns (``fnmatch``) matched against the step name or ``<step>@<topology>``,
+    e.g. ``llama3_8b/*``, ``lm/decode-ffd@v5e:4x4`` or ``*@h100:1x2x8``.
+
+    Raises:
+      ValueError: a pattern that matches no pair (naming it).
+    """
+    import fnmatch
+
+    pairs = [(s, t) for s in steps for t in topologies]
+    for pattern in only:
+        if not any(fnmatch.fnmatchcase(s, pattern) or fnmatch.fnmatchcase(f"{s}@{t}", pattern)
+                   for s, t in pairs):
+            raise ValueError(f"--only: {pattern!r} matches no row of the {len(steps)} steps x "
+                             f"{list(topologies)}; rows are named <step>@<topology>")
+    return [(s, t) for s, t in pairs if any(
+        fnmatch.fnmatchcase(s, p) or fnmatch.fnmatchcase(f"{s}@{t}", p) for p in only)]
+
+
 def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool = False,
-        retry_failed: bool = False, log: Callable[[str], None] = print) -> list[dict]:
+        retry_failed: bool = False, only: Sequence[str] = (),
+        log: Callable[[str], None] = print) -> list[dict]:
     """Compiles every step x topology not already in ``<out>.json`` (all of them with ``fresh``;
-    also those that failed with ``retry_failed``) and rewrites ``out`` and ``<out>.json``
-    atomically after each compile. Returns the rows."""
+    also those that failed with ``retry_failed``; with ``only``, exactly the rows its patterns
+    name (:func:`select_rows`), whatever is stored for them) and rewrites ``out`` and
+    ``<out>.json`` atomically after each compile, merging into what is stored. Returns the rows.
+
+    Raises:
+      ValueError: an ``only`` pattern that names no row; a damaged ``<out>.json``.
+    """
     import hashlib
 
     import filelock
 
+    forced = set(select_rows(steps, topologies, only)) if only else None
     store = out + ".json"
     # Several runs may share one table (e.g. TPU and GPU topologies in two processes): each save
     # re-reads the store under a lock and merges this run's rows into it.
@@ -752,10 +879,13 @@ def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool =
     done = {(r["step"], r["topology"]) for r in rows if finished(r)}
     for s in steps:
         for t in topologies:
-            if (s, t) in done:
+            if forced is not None:
+                if (s, t) not in forced or (s, t) in mine:
+                    continue
+            elif (s, t) in done:
                 continue
             with lock:  # another run sharing the table may have compiled it meanwhile
-                if any((r["step"], r["topology"]) == (s, t) and (finished(r) or r not in rows)
+                if forced is None and any((r["step"], r["topology"]) == (s, t) and (finished(r) or r not in rows)
                        for r in load_rows(store)):
                     continue
             log(f"compiling {s} for {t} ...")
@@ -775,7 +905,8 @@ def main(argv: Sequence[str]) -> None:
     try:
         steps = parse_list(f.steps, list(STEPS), "steps") if f.steps != "all" else list(STEPS)
         topos = parse_list(f.topologies, aot_steps.topology_names(), "topologies")
-        run(f.out, steps, topos, fresh=f.fresh, retry_failed=f.retry_failed)
+        only = [p.strip() for p in f.only.split(",") if p.strip()]
+        run(f.out, steps, topos, fresh=f.fresh, retry_failed=f.retry_failed, only=only)
     except ValueError as e:
         print(f"aot: {e}", file=sys.stderr)
         sys.exit(2)
@@ -789,6 +920,9 @@ if __name__ == "__main__":
     flags.DEFINE_string("topologies", ",".join(DEFAULT_TOPOLOGIES),
                         f"comma list of: {', '.join(aot_steps.topology_names())}")
     flags.DEFINE_bool("fresh", False, "ignore the results kept from earlier runs")
+    flags.DEFINE_string("only", "", "comma list of row patterns (<step>@<topology>, shell-style: "
+                        "'llama3_8b/*', '*@h100:1x2x8'): compile exactly those rows again and merge "
+                        "them into the table")
     flags.DEFINE_bool("retry_failed", False, "compile again the steps that failed before (not "
                       "those refused for not fitting in HBM)")
     app.run(main)
