@@ -312,13 +312,15 @@ def test_rows_compiled_with_fallback_options_are_marked_and_explained():
            "status": "ok", "seconds": 20.0, "needed_bytes": 2 ** 30, "flops": None,
            "bytes_accessed": None, "shape": "PPM", "model_flops": None,
            "memory": {"argument": 1, "output": 1, "alias": 1, "temp": 2 ** 30, "generated_code": 0},
-           "compile_options": {"xla_gpu_enable_triton_gemm": False}, "fallback": "why it fell back"}
-    assert orchestrator.fit_cell(row) == "fits 1.0/60.0 GiB (fallback options)"
+           "compile_options": {"xla_gpu_enable_triton_gemm": False}, "fallback": "why it fell back",
+           "fallback_change": "`xla_gpu_enable_triton_gemm=False`"}
+    assert orchestrator.fit_cell(row) == "fits 1.0/60.0 GiB (fallback)"
     text = orchestrator.render([row], ["forecasting/train"], ["h100:1x2x8"])
-    section = text.split("## Compiled with fallback options")[1]
+    section = text.split("## Compiled with a fallback")[1]
     assert ("| forecasting/train | h100:1x2x8 | `xla_gpu_enable_triton_gemm=False` | "
             "why it fell back |") in section
-    plain = {k: v for k, v in row.items() if k not in ("compile_options", "fallback")}
+    plain = {k: v for k, v in row.items()
+             if k not in ("compile_options", "fallback", "fallback_change")}
     assert "fallback" not in orchestrator.render([plain], ["forecasting/train"], ["h100:1x2x8"])
 
 
@@ -332,3 +334,14 @@ def test_llama3_8b_decode_has_the_published_shape_and_shards_its_cache():
     assert spec.model_flops == pytest.approx(8 * (2 * spec.params + 4 * 32 * 32 * 128 * 131072))
     cache = spec.args[1]
     assert all(leaf.shape[:2] == (8, 8) for leaf in jax.tree.leaves(cache))
+
+
+def test_judge_btl_fits_in_float64_except_on_tpu_where_the_fallback_is_stated():
+    assert orchestrator.judge_btl_precision("cpu") == (True, None)
+    assert orchestrator.judge_btl_precision("gpu") == (True, None)
+    x64, (change, why) = orchestrator.judge_btl_precision("tpu")
+    assert not x64 and "float32" in change and "float64" in why and "\n" not in why
+    spec = orchestrator.STEPS["judge_btl/fit"][0](jax.devices()[:1])  # CPU: the experiment's fit
+    assert spec.x64 and spec.fallback is None and "float64 Newton" in spec.shape
+    with jax.enable_x64(True):
+        assert {leaf.dtype for leaf in jax.tree.leaves(spec.args)} == {np.dtype("int32"), np.dtype("float64")}
