@@ -16,6 +16,17 @@ Implementations (``TransformerConfig.attention``):
   (causal, bidirectional, Eso-LM's permuted orders), plain jnp on every platform.
 * ``"cudnn"``: ``jax.nn.dot_product_attention(implementation="cudnn")``, cuDNN's fused flash
   attention on NVIDIA GPUs, for the causal and bidirectional masks (an arbitrary mask raises).
+* ``"splash"``: :func:`splash_attention`, JAX's Pallas TPU splash attention
+  (``jax.experimental.pallas.ops.tpu.splash_attention``: block-sparse FlashAttention, Dao et al.
+  2022 "FlashAttention" and Dao 2023 "FlashAttention-2", with the static mask's all-zero blocks
+  skipped, as in Google's MaxText) for the causal and bidirectional masks; fused on chip, forward
+  and backward kernels (custom VJP), GQA by the kernel's grouped heads. A per-example custom mask
+  (Eso-LM's permuted orders) cannot be one of splash's static masks, and a dynamic mask would
+  cost a [B, H, L, S] boolean array per layer, so ``"custom"`` falls back to ``"blockwise"``
+  (:func:`fallback_reason` says so in one line). Under a multi-device mesh set with
+  ``jax.set_mesh`` the kernel runs inside ``jax.shard_map`` (rows over ``data``, heads over
+  ``model``; a Mosaic kernel is not partitioned by XLA); with no mesh in context it is called
+  directly (one device). TPU only (``interpret=True`` runs it on the CPU for tests).
 
 All return the same values as the reference to float tolerance (tests: values and gradients for every
 mask kind); softmax statistics are float32 whatever the input dtype.
@@ -29,7 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLEMENTATIONS = ("reference", "blockwise", "cudnn")
+IMPLEMENTATIONS = ("reference", "blockwise", "cudnn", "splash")
+SPLASH_LANES = 128  # splash tiles the sequence in multiples of the TPU lane width
 MASK_KINDS = ("causal", "full", "custom")
 
 
@@ -42,12 +54,32 @@ def check_implementation(implementation: str) -> None:
 
 def check_platform(implementation: str, platform: str | None = None) -> None:
     """Raises ValueError when ``implementation`` cannot run on ``platform`` (default: JAX's default
-    backend): ``"cudnn"`` needs an NVIDIA GPU. Call it before compiling (a config check)."""
+    backend): ``"cudnn"`` needs an NVIDIA GPU, ``"splash"`` a TPU. Call it before compiling (a
+    config check)."""
     check_implementation(implementation)
     platform = platform or jax.default_backend()
     if implementation == "cudnn" and platform not in ("gpu", "cuda"):
         raise ValueError(f"attention='cudnn' needs an NVIDIA GPU, but JAX runs on {platform!r}; use "
                          "attention='blockwise' (every platform) or 'reference'")
+    if implementation == "splash" and platform != "tpu":
+        raise ValueError(f"attention='splash' needs a TPU, but JAX runs on {platform!r}; use "
+                         "attention='blockwise' (every platform) or 'reference'")
+
+
+def fallback_reason(implementation: str, mask_kind: str) -> str | None:
+    """One line saying why ``implementation`` runs ``mask_kind`` by another implementation, or None
+    when it runs it itself: ``"splash"`` with a ``"custom"`` mask runs ``"blockwise"``.
+
+    Raises:
+      ValueError: an unknown implementation or mask kind.
+    """
+    check_implementation(implementation)
+    if mask_kind not in MASK_KINDS:
+        raise ValueError(f"fallback_reason: mask_kind={mask_kind!r} is not one of {MASK_KINDS}")
+    if implementation == "splash" and mask_kind == "custom":
+        return ("attention='splash' runs custom (per-example) masks with 'blockwise': splash's "
+                "masks are static, and a dynamic one would store a [B, H, L, S] bool per layer")
+    return None
 
 
 def _block_mask(mask_kind: str, mask, q_pos, k_pos, k_valid):
@@ -208,15 +240,101 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask_kind: 
     return out.reshape(b, h, l, d).astype(q.dtype)
 
 
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _splash_local(q, k, v, *, mask_kind: str, l: int, s: int, block: int, interpret: bool):
+    """The splash kernel on one device's rows and heads. q [B, H, Lp, D] (already scaled by
+    1/sqrt(D)), k/v [B, K, Sp, D] with Lp, Sp multiples of ``block``; the true lengths are l, s."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    h, lp, sp = q.shape[1], q.shape[2], k.shape[2]
+    head = sa.CausalMask((lp, sp)) if mask_kind == "causal" else sa.FullMask((lp, sp))
+    sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                          block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                          block_q_dq=block, block_kv_dq=block)
+    kernel = sa.make_splash_mha(sa.MultiHeadMask([head] * h), block_sizes=sizes, head_shards=1,
+                                q_seq_shards=1, interpret=interpret)
+    segments = None
+    if mask_kind == "full" and (lp > l or sp > s):
+        # padding keys form their own segment: real queries never see them, padding queries do
+        segments = sa.SegmentIds(q=(jnp.arange(lp) >= l).astype(jnp.int32),
+                                 kv=(jnp.arange(sp) >= s).astype(jnp.int32))
+    # causal: padding keys sit after every real query, which the causal mask already hides
+    return jax.vmap(lambda q1, k1, v1: kernel(q1, k1, v1, segment_ids=segments))(q, k, v)
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask_kind: str = "causal",
+                     block_size: int = 512, interpret: bool = False) -> jax.Array:
+    """Exact softmax attention by JAX's Pallas TPU splash attention kernel (module docstring).
+
+    Args:
+      q: [B, H, L, D] queries (bfloat16 or float32); k, v: [B, K, S, D] with H = G * K (query head
+        h reads kv head h // G, as in the reference).
+      mask_kind: ``"causal"`` (needs L = S) or ``"full"`` (bidirectional). Custom masks are not
+        supported here (:func:`attention` runs them by :func:`blockwise_attention`).
+      block_size: query and key tile of the forward and backward kernels, rounded up to a multiple
+        of 128 (the TPU lane width) and capped at the padded length; L and S are zero-padded to a
+        multiple of it (padding keys are masked, padding queries dropped).
+      interpret: run the Pallas kernels in interpret mode (any platform, slow: tests).
+
+    Returns:
+      [B, H, L, D] in ``q``'s dtype; the kernel accumulates in float32 (scores, softmax statistics
+      and output), with q @ k and p @ v multiplied in the input dtype. Differentiable in q, k and v
+      (the kernel's custom VJP: FlashAttention-2 backward from the saved log-sum-exp).
+
+    Raises:
+      ValueError: shapes that do not fit together, a mask kind other than causal / full,
+        ``block_size < 1``.
+    """
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
+        raise ValueError(f"splash_attention: q must be [B, H, L, D] and k, v [B, K, S, D] of one "
+                         f"shape, got q {q.shape}, k {k.shape}, v {v.shape}")
+    b, h, l, d = q.shape
+    kh, s = k.shape[1], k.shape[2]
+    if k.shape[0] != b or k.shape[3] != d or h % kh:
+        raise ValueError(f"splash_attention: q {q.shape} and k {k.shape} disagree on batch or head "
+                         "dim, or H is not a multiple of K")
+    if mask_kind not in ("causal", "full"):
+        raise ValueError(f"splash_attention: mask_kind={mask_kind!r} is not one of ('causal', "
+                         "'full'); custom masks run by blockwise_attention")
+    if mask_kind == "causal" and l != s:
+        raise ValueError(f"splash_attention: a causal mask needs L = S, got L={l}, S={s}")
+    if block_size < 1:
+        raise ValueError(f"splash_attention: block_size={block_size} must be >= 1")
+    block = min(_round_up(block_size, SPLASH_LANES), _round_up(max(l, s), SPLASH_LANES))
+    lp, sp = _round_up(l, block), _round_up(s, block)
+    scale = 1.0 / np.sqrt(d)
+    qs = jnp.pad((q.astype(jnp.float32) * scale).astype(q.dtype),
+                 ((0, 0), (0, 0), (0, lp - l), (0, 0)))
+    ks = jnp.pad(k.astype(q.dtype), ((0, 0), (0, 0), (0, sp - s), (0, 0)))
+    vs = jnp.pad(v.astype(q.dtype), ((0, 0), (0, 0), (0, sp - s), (0, 0)))
+    local = functools.partial(_splash_local, mask_kind=mask_kind, l=l, s=s, block=block,
+                              interpret=interpret)
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1:
+        # A Mosaic kernel is not partitioned by XLA: run it per device on its rows and heads.
+        names = mesh.axis_names
+        rows = "data" if "data" in names and b % mesh.shape["data"] == 0 else None
+        heads = "model" if "model" in names and kh % mesh.shape["model"] == 0 else None
+        spec = jax.sharding.PartitionSpec(rows, heads, None, None)
+        local = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                              check_vma=False)
+    return local(qs, ks, vs)[:, :, :l]
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str, mask_kind: str,
-              mask: jax.Array | None = None, block_size: int = 512) -> jax.Array:
+              mask: jax.Array | None = None, block_size: int = 512,
+              interpret: bool = False) -> jax.Array:
     """Full-sequence attention by the named implementation (see the module docstring).
 
     Args:
       q: [B, H, L, D]; k, v: [B, K, S, D].
       implementation: one of :data:`IMPLEMENTATIONS`.
       mask_kind: ``"causal"``, ``"full"`` or ``"custom"``; mask: bool [B or 1, L, S] for custom.
-      block_size: key block of the blockwise implementation.
+      block_size: key block of the blockwise implementation, query and key tile of splash.
+      interpret: run splash's Pallas kernels in interpret mode (tests on the CPU).
 
     Returns:
       [B, H, L, D] in ``q``'s dtype.
@@ -227,7 +345,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str, 
     from models.kv_cache import grouped_attention
 
     check_implementation(implementation)
-    if implementation == "blockwise":
+    if implementation == "splash" and fallback_reason(implementation, mask_kind) is None:
+        return splash_attention(q, k, v, mask_kind=mask_kind, block_size=block_size,
+                                interpret=interpret)
+    if implementation in ("blockwise", "splash"):
         return blockwise_attention(q, k, v, mask_kind=mask_kind, mask=mask, block_size=block_size)
     if implementation == "cudnn":
         if mask_kind == "custom":
@@ -248,4 +369,4 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str, 
 
 
 __all__ = ["IMPLEMENTATIONS", "MASK_KINDS", "attention", "blockwise_attention",
-           "check_implementation", "check_platform"]
+           "check_implementation", "check_platform", "fallback_reason", "splash_attention"]

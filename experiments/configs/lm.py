@@ -69,7 +69,7 @@ RULES = {
     "model.max_len": cfg_lib.integer(lo=2),
     "model.mlp_dim": cfg_lib.integer(lo=0),  # 0 = the default width
     "model.dtype": cfg_lib.one_of("float32", "bfloat16", "float16"),
-    "model.attention": cfg_lib.one_of("reference", "blockwise", "cudnn"),
+    "model.attention": cfg_lib.one_of("reference", "blockwise", "cudnn", "splash"),
     "model.attention_block": cfg_lib.integer(lo=1),
     "model.remat": cfg_lib.one_of("none", "full", "minimal", "dots"),
     "seq_len": cfg_lib.integer(lo=2),  # next-token loss needs two positions

@@ -1,5 +1,6 @@
-"""Blockwise (flash-style) attention and the model's attention / remat switches against the jnp
-reference: values and gradients for every mask kind, ragged block sizes, GQA and bf16."""
+"""Blockwise (flash-style) attention, splash attention (Pallas TPU kernels in interpret mode) and
+the model's attention / remat switches against the jnp reference: values and gradients for every
+mask kind, ragged block sizes, GQA and bf16."""
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +81,47 @@ def test_blockwise_bf16_within_bf16_resolution():
     np.testing.assert_allclose(np.asarray(lo, np.float32), ref, atol=3 * 2.0 ** -8 * 4)
 
 
+@pytest.mark.parametrize("kind, l", [("causal", 200), ("full", 200)])
+def test_splash_equals_reference_values_and_grads(kind, l):
+    """GQA (G = 2), L = 200 padded to two 128-wide tiles (the full mask then masks the padding
+    keys by segment ids; causal needs nothing); float32 inputs, so the
+    kernel's q @ k and p @ v are float32 too and agree with the reference to float32 rounding."""
+    b, h, k, d = 2, 4, 2, 32
+    q, kk, v, _ = _inputs(l, b, h, k, l, d)
+    cot = jnp.asarray(np.random.default_rng(1).normal(size=(b, h, l, d)), jnp.float32)
+
+    def ref(q, kk, v):
+        return grouped_attention(q, kk, v, _dense_mask(kind, None, l)[:, None, None])
+
+    def ours(q, kk, v):
+        return attn.attention(q, kk, v, implementation="splash", mask_kind=kind, block_size=128,
+                              interpret=True)
+
+    out, vjp = jax.jit(lambda *a: jax.vjp(ours, *a))(q, kk, v)
+    np.testing.assert_allclose(out, ref(q, kk, v), rtol=2e-5, atol=2e-6)
+    g_ref = jax.vjp(ref, q, kk, v)[1](cot)
+    for a, r in zip(jax.jit(vjp)(cot), g_ref, strict=True):
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5 * float(jnp.max(jnp.abs(r))))
+
+
+def test_splash_bf16_within_bf16_resolution_and_custom_masks_run_blockwise():
+    q, kk, v, custom = _inputs(5, 1, 4, 1, 128, 64)  # MQA: four query heads on one kv head
+    ref = attn.blockwise_attention(q, kk, v, mask_kind="causal")
+    lo = attn.splash_attention(*(x.astype(jnp.bfloat16) for x in (q, kk, v)), mask_kind="causal",
+                               interpret=True)
+    assert lo.dtype == jnp.bfloat16
+    # inputs, q / sqrt(D) (exact: D = 64), the probabilities fed to p @ v and the output are
+    # rounded to bf16 (relative 2^-8 each)
+    np.testing.assert_allclose(np.asarray(lo, np.float32), ref, atol=4 * 2.0 ** -8 * 4)
+    # custom masks cannot be splash's static masks: they run blockwise, with the same values
+    via_splash = attn.attention(q, kk, v, implementation="splash", mask_kind="custom", mask=custom)
+    np.testing.assert_array_equal(via_splash, attn.blockwise_attention(
+        q, kk, v, mask_kind="custom", mask=custom))
+    assert "blockwise" in attn.fallback_reason("splash", "custom")
+    assert attn.fallback_reason("splash", "causal") is None
+    assert attn.fallback_reason("blockwise", "custom") is None
+
+
 def test_blockwise_bad_input():
     q, kk, v, custom = _inputs(0, 1, 2, 1, 8, 4)
     with pytest.raises(ValueError, match="mask_kind"):
@@ -96,6 +138,17 @@ def test_blockwise_bad_input():
         attn.check_platform("cudnn", "cpu")
     attn.check_platform("cudnn", "gpu")
     attn.check_platform("blockwise", "tpu")
+    with pytest.raises(ValueError, match="needs a TPU"):
+        attn.check_platform("splash", "gpu")
+    attn.check_platform("splash", "tpu")
+    with pytest.raises(ValueError, match="custom masks run by blockwise"):
+        attn.splash_attention(q, kk, v, mask_kind="custom")
+    with pytest.raises(ValueError, match="causal mask needs L = S"):
+        attn.splash_attention(q, kk[:, :, :4], v[:, :, :4], mask_kind="causal")
+    with pytest.raises(ValueError, match="multiple of K"):
+        attn.splash_attention(q[:, :1], jnp.concatenate([kk, kk], 1), jnp.concatenate([v, v], 1))
+    with pytest.raises(ValueError, match="mask_kind"):
+        attn.fallback_reason("splash", "sliding")
     with pytest.raises(ValueError, match="custom masks"):
         attn.attention(q, kk, v, implementation="cudnn", mask_kind="custom", mask=custom)
     with pytest.raises(ValueError, match="remat"):
