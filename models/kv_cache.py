@@ -5,15 +5,19 @@ Dimensions: B batch, H query heads, K kv heads, G = H / K, S cache slots, T new 
 The protocol (:class:`KVCacheBackend`: ``init`` / ``update`` / ``attend``), the dense backend
 (:class:`DenseKVCache`), :func:`grouped_attention` and :func:`causal_cache_mask` live in
 :mod:`kernels.common` with the backend registry, and are re-exported here. Every backend module
-registers its classes there (``@register_backend("ffd")``); this module imports the kernel packages
-(``models`` -> ``kernels``, the allowed direction) so that :func:`get_backend` finds ``"dense"``,
-``"ffd"``, ``"quest"``, ``"qvg"`` and ``"kivi"``.
+registers its classes there (``@register_backend("ffd")``); this module imports the ``cache`` module
+of every kernel package (``models`` -> ``kernels``, the allowed direction) so that
+:func:`get_backend` finds ``"dense"``, ``"ffd"``, ``"quest"``, ``"qvg"`` and ``"kivi"``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
+import pkgutil
 
+import kernels
 from kernels import common
 from kernels.common import (  # noqa: F401  (re-exported: the models' names for these)
     DENSE,
@@ -22,14 +26,16 @@ from kernels.common import (  # noqa: F401  (re-exported: the models' names for 
     causal_cache_mask,
     grouped_attention,
 )
-from kernels.kv_quant import api as _kv_quant_api
-from kernels.sparse_decode import cache as _sparse_decode_cache  # noqa: F401  (registers ffd, quest)
 
-# kernels.kv_quant.api defines its backends without registering them; registered here until it
-# does so itself (registering the same class twice is a no-op)
-for _name, _cls in (("qvg", _kv_quant_api.QVGCache), ("kivi", _kv_quant_api.KIVICache)):
-    if _name not in common.registered_backends():
-        common.register_backend(_name)(_cls)
+
+def _import_kernel_backends() -> None:
+    """Imports ``kernels/<op>/cache.py`` of every kernel package, so that its backends register."""
+    for info in pkgutil.iter_modules(kernels.__path__):
+        if info.ispkg and importlib.util.find_spec(f"kernels.{info.name}.cache") is not None:
+            importlib.import_module(f"kernels.{info.name}.cache")
+
+
+_import_kernel_backends()
 
 
 def get_backend(name: str, **kwargs) -> KVCacheBackend:
