@@ -185,7 +185,7 @@ def test_training_reduces_loss_and_gaussian_prior_fits_noise_scale():
 def test_experiment_loader_reads_gzip_and_names_missing_file(tmp_path):
     import gzip
 
-    from experiments.forecasting import load_table
+    from core.data.series import load_table
 
     path = tmp_path / "rates.txt.gz"
     with gzip.open(path, "wt") as f:
@@ -219,7 +219,7 @@ def _write(tmp_path, rows, name="ETTh9.csv"):
 
 
 def test_dropped_rows_are_refused_with_file_and_line(tmp_path):
-    from experiments.forecasting import load_table
+    from core.data.series import load_table
 
     rows = _hourly_rows()
     kept = rows[:100] + rows[160:]        # 60 rows (say, NaN rows) dropped: a 61-hour step
@@ -231,7 +231,7 @@ def test_dropped_rows_are_refused_with_file_and_line(tmp_path):
 
 
 def test_duplicated_rows_are_refused(tmp_path):
-    from experiments.forecasting import load_table
+    from core.data.series import load_table
 
     rows = _hourly_rows()
     dup = rows[:74] + rows[50:74] + rows[74:]      # 24 rows repeated: time jumps back 23 hours
@@ -256,7 +256,7 @@ def test_duplicated_rows_are_refused(tmp_path):
 
 
 def test_fill_gaps_linear_inserts_and_reports_rows(tmp_path):
-    from experiments.forecasting import load_table
+    from core.data.series import load_table
 
     rows = _hourly_rows()
     kept = rows[:100] + rows[160:]
