@@ -35,6 +35,7 @@ from algorithms.kv_budget import entrokv
 from core import report
 from experiments import common, measured_model
 from experiments.configs import kv_quant as kv_quant_config
+from kernels import common as kcommon
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
 from models import capture
@@ -70,10 +71,10 @@ def _roundtrip(name, cfg, k, v, key, pre_rope_base=None):
     """Quantize-dequantize k, v [B, K, N, D]; keys un-rotated first when ``pre_rope_base``."""
     if name == "kivi":
         return ref.kivi_roundtrip(k, v, cfg)
-    kk = k if pre_rope_base is None else ref.rope_slots(k, pre_rope_base, 0, sign=-1)
+    kk = k if pre_rope_base is None else kcommon.rope_slots(k, pre_rope_base, 0, sign=-1)
     k_hat = ref.qvg_roundtrip(kk, cfg, key)
     if pre_rope_base is not None:
-        k_hat = ref.rope_slots(k_hat, pre_rope_base, 0)
+        k_hat = kcommon.rope_slots(k_hat, pre_rope_base, 0)
     return k_hat, ref.qvg_roundtrip(v, cfg, jax.random.fold_in(key, 1))
 
 

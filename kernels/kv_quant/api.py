@@ -1,25 +1,24 @@
-"""Quantized KV-cache backends for :meth:`models.transformer.Transformer.decode` (QVG, KIVI).
+"""Quantized-KV attention: the dispatch table of the kv_quant op (QVG and KIVI).
 
-Dimensions: B batch, K kv heads, H = G * K query heads, T new tokens, D head dim, N chunk tokens,
-NC chunks, SP = NC * N padded slots, R = G * T query rows per kv head.
+Dimensions: B batch, K kv heads, R = G * T query rows per kv head, T new tokens, D head dim,
+N chunk tokens, NC chunks, SP = NC * N slots.
 
-Both caches are streaming: the current, incomplete chunk of N tokens is held in full precision (the
-"window"); when it fills, it is quantized as a whole (QVG: k-means smoothing + residual INTn per
-chunk, Quant VideoGen Sec. 3.4's chunk-wise policy; KIVI: the residual of R tokens, Sec. 4.2) and
-a new window starts. Attention is the log-sum-exp merge of attention over the quantized chunks and
-over the window. QVG stores keys before RoPE (Sec. 3) and re-rotates them to their slot positions
-when attending; KIVI stores post-RoPE keys like the original.
+Implementations (``implementation=``):
 
-``attend`` over the QVG chunks dispatches (``implementation=``) to the jnp reference
-(``"reference"``, the CPU default), the Pallas TPU kernel (``"pallas_tpu"``) or the Pallas GPU
-kernel (``"pallas_gpu"``); ``"auto"`` picks by the default backend.
+* ``"reference"``: the jnp specification (:mod:`kernels.kv_quant.reference`): dequantize the whole
+  cache to float32, then attend;
+* ``"xla"``: dequantization fused into the attention (:mod:`kernels.kv_quant.xla`): one chunk of
+  packed codes per loop step, no float copy of the cache; the CPU path;
+* ``"pallas_tpu"``, ``"pallas_gpu"``: QVG kernels that dequantize in VMEM / registers
+  (:mod:`kernels.kv_quant.pallas_tpu`, :mod:`kernels.kv_quant.pallas_gpu`);
+* ``"auto"`` (or None): Pallas on TPU / GPU, ``"xla"`` elsewhere; KIVI has no Pallas kernel and
+  uses ``"xla"`` on every backend.
+
+The cache backends that call these live in :mod:`kernels.kv_quant.cache` (``QVGCache``,
+``KIVICache``, registered as ``"qvg"`` and ``"kivi"``).
 """
 
 from __future__ import annotations
-
-import abc
-import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,25 +27,27 @@ from kernels import checks
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
 
-IMPLEMENTATIONS = ("auto", "reference", "pallas_tpu", "pallas_gpu")
+IMPLEMENTATIONS = ("auto", "reference", "xla", "pallas_tpu", "pallas_gpu")
+KIVI_IMPLEMENTATIONS = ("auto", "reference", "xla")
 
 
-def resolve_implementation(implementation: str) -> str:
-    """``"auto"`` -> Pallas on TPU / GPU, the jnp reference elsewhere.
+def resolve_implementation(implementation: str | None) -> str:
+    """``"auto"`` / None -> Pallas on TPU / GPU, the fused XLA path elsewhere.
 
     Raises:
       ValueError: unknown name.
     """
+    implementation = "auto" if implementation is None else implementation
     checks.one_of(implementation, "implementation", "kv_quant", IMPLEMENTATIONS)
     if implementation != "auto":
         return implementation
     platform = jax.default_backend()
-    return {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(platform, "reference")
+    return {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(platform, "xla")
 
 
 def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, cfg: QVGConfig,
                         start: jax.Array, num_quantized: jax.Array, num_new: int,
-                        rope_base: float | None, implementation: str = "auto",
+                        rope_base, implementation: str | None = "auto",
                         interpret: bool = False) -> tuple[jax.Array, jax.Array]:
     """Attention of query rows over QVG-quantized chunks, dequantizing on the fly.
 
@@ -57,9 +58,10 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
       start: int32 [B]; row r of batch b sits at position start[b] + r % T.
       num_quantized: int32 [B]; slots below it are quantized (the rest are ignored here).
       num_new: T.
-      rope_base: RoPE base if keys were stored before RoPE, else None.
+      rope_base: RoPE base (a float or an object with ``inv_freq``) if keys were stored before
+        RoPE, else None.
       implementation: see :func:`resolve_implementation`.
-      interpret: run a Pallas kernel in interpret mode (CPU tests); ignored by the reference.
+      interpret: run a Pallas kernel in interpret mode (CPU tests); ignored otherwise.
 
     Returns:
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
@@ -76,11 +78,15 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     checks.integer(num_new, "num_new", where, minimum=1)
     impl = resolve_implementation(implementation)
     nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
-    if impl == "pallas_gpu" and implementation == "auto" and not _pow2(n, q.shape[-1]):
-        impl = "reference"  # Triton tiles need power-of-two chunk and head dim
+    if impl == "pallas_gpu" and implementation in ("auto", None) and not _pow2(n, q.shape[-1]):
+        impl = "xla"  # Triton tiles need power-of-two chunk and head dim
     if impl == "reference":
-        valid = _quantized_mask(start, num_quantized, q.shape[2], num_new, nc * n)
+        valid = quantized_mask(start, num_quantized, q.shape[2], num_new, nc * n)
         return ref.qvg_chunk_attention_reference(q, k_code, v_code, cfg.bits, valid, rope_base)
+    if impl == "xla":
+        from kernels.kv_quant import xla
+        return xla.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized, num_new,
+                                       rope_base)
     if impl == "pallas_tpu":
         from kernels.kv_quant import pallas_tpu
         return pallas_tpu.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized,
@@ -90,343 +96,59 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
                                           rope_base, interpret=interpret)
 
 
+def kivi_attention(q: jax.Array, k_code: ref.KIVICode, window_k: jax.Array,
+                   v_code: ref.KIVICode, ring: jax.Array, cfg: KIVIConfig, start: jax.Array,
+                   num_new: int, implementation: str | None = "auto") -> jax.Array:
+    """KIVI decode attention over the cache's layout (:class:`kernels.kv_quant.cache.KIVICache`).
+
+    Args:
+      q: float [B, K, R, D] query rows (R = G * T, row r is new token r % T).
+      k_code: key codes, fields [B, K, NC, ...] (per channel, chunks of N = ``cfg.residual``).
+      window_k: [B, K, N, D] exact keys of the incomplete chunk.
+      v_code: value codes, fields [B, K, SP, ...] (per token).
+      ring: [B, K, N, D] the exact last N values (position p at slot p mod N).
+      cfg: the KIVI config; start: int [B]; num_new: T.
+      implementation: ``"reference"``, ``"xla"``, or ``"auto"`` / None (= ``"xla"``).
+
+    Returns:
+      float32 [B, K, R, D].
+
+    Raises:
+      ValueError: ``q`` not float [B, K, R, D] matching the codes, ``start`` not int [B], or an
+        unknown implementation.
+    """
+    where = "kivi_attention"
+    b, kh = k_code.codes.shape[:2]
+    checks.array(q, "q", where, ndim=4, kind="float", shape=(b, kh, None, None), nonempty=True)
+    checks.array(start, "start", where, kind="int", shape=(b,))
+    checks.integer(num_new, "num_new", where, minimum=1)
+    implementation = "auto" if implementation is None else implementation
+    checks.one_of(implementation, "implementation", where, KIVI_IMPLEMENTATIONS)
+    start = start.astype(jnp.int32)
+    if implementation == "reference":
+        return ref.kivi_cache_attention_reference(q, k_code, window_k, v_code, ring, cfg, start,
+                                                  num_new)
+    from kernels.kv_quant import xla
+    return xla.kivi_attention(q, k_code, window_k, v_code, ring, cfg, start, num_new)
+
+
 def _pow2(*sizes: int) -> bool:
     return all(x > 0 and x & (x - 1) == 0 for x in sizes)
 
 
-def _quantized_mask(start, num_quantized, rows, t, slots):
-    pos = start[:, None] + jnp.arange(rows) % t  # [B, R]
+def quantized_mask(start: jax.Array, num_quantized: jax.Array, rows: int, num_new: int,
+                   slots: int) -> jax.Array:
+    """bool [B, 1, R, SP]: row r (position ``start + r % T``) sees slot s iff
+    ``s < num_quantized`` and ``s <= pos``."""
+    pos = start[:, None] + jnp.arange(rows) % num_new  # [B, R]
     s = jnp.arange(slots)
     return ((s[None, None, :] < num_quantized[:, None, None])
             & (s[None, None, :] <= pos[:, :, None]))[:, None]
 
 
-@dataclasses.dataclass(frozen=True)
-class _ChunkedQuantCache(abc.ABC):
-    """Shared streaming logic; subclasses define the chunk quantizer and the quantized attention."""
-
-    @abc.abstractmethod
-    def _chunk(self) -> int:
-        """Tokens per quantized chunk."""
-
-    @abc.abstractmethod
-    def _check(self, head_dim: int) -> None:
-        """Raises ValueError if the cache cannot serve this head dimension."""
-
-    @abc.abstractmethod
-    def _quantize(self, x: jax.Array, key: jax.Array, is_key: bool) -> Any:
-        """Quantizes one chunk of keys (``is_key``) or values."""
-
-    def _pre_rope(self) -> bool:
-        return False
-
-    def _chunked_values(self) -> bool:
-        """Whether values are quantized in chunks together with the keys (QVG). A subclass that
-        returns False stores values its own way and defines ``_init_values(batch_size, max_len,
-        num_kv_heads, head_dim, dtype) -> {"v", "wv"}`` and ``_update_values(layer_cache, v,
-        start) -> {"v", "wv"}`` (KIVI's sliding window) and its own ``attend``."""
-        return True
-
-    def _quantize_pair(self, quant, xk, xv, keys):
-        return quant(xk, keys, True), quant(xv, keys, False)
-
-    def _rope_base(self) -> float:
-        return 10_000.0
-
-    # -- protocol -------------------------------------------------------------------------------
-
-    def _layout(self, layer_cache, where: str) -> tuple[int, int, int, int]:
-        """(B, K, capacity SP = NC * N, D) of a layer cache, which must be one of this backend's."""
-        if not isinstance(layer_cache, dict) or "wk" not in layer_cache or "k" not in layer_cache:
-            got = sorted(layer_cache) if isinstance(layer_cache, dict) else type(layer_cache)
-            raise checks.error(where, "layer_cache", f"a {type(self).__name__} layer cache (from "
-                               "init)", got)
-        b, kh, _, d = layer_cache["wk"].shape
-        nc = jax.tree.leaves(layer_cache["k"])[0].shape[2]
-        return b, kh, nc * self._chunk(), d
-
-    def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
-        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype,
-                          f"{type(self).__name__}.init")
-        self._check(head_dim)
-        n = self._chunk()
-        nc = -(-max_len // n)
-        proto = jnp.zeros((n, head_dim), jnp.float32)
-        chunked_v = self._chunked_values()
-        cache = {}
-        for name, is_key in (("k", True), ("v", False))[:2 if chunked_v else 1]:
-            shapes = jax.eval_shape(lambda x, ik=is_key: self._quantize(x, jax.random.key(0), ik),
-                                    proto)
-            cache[name] = jax.tree.map(
-                lambda s: jnp.zeros((batch_size, num_kv_heads, nc) + s.shape, s.dtype), shapes)
-        window = jnp.zeros((batch_size, num_kv_heads, n, head_dim), dtype)
-        cache["wk"] = window
-        if chunked_v:
-            cache["wv"] = window
-        else:
-            cache.update(self._init_values(batch_size, max_len, num_kv_heads, head_dim, dtype))
-        return cache
-
-    def update(self, layer_cache, k, v, start):
-        where = f"{type(self).__name__}.update"
-        b, kh, cap, d = self._layout(layer_cache, where)
-        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=cap, head_dim=d,
-                            where=where)
-        b, kh, t, d = k.shape
-        n = self._chunk()
-        start = start.astype(jnp.int32)
-        first = start // n  # chunk index of the window
-        off = start - first * n
-        nj = (n + t) // n  # static: chunks that can complete in this call
-        n_full = (start + t) // n - first  # [B] chunks completed now
-
-        def buffer(w, new, o):  # w [K, N, D], new [K, T, D] -> [K, (nj + 1) N, D]
-            buf = jnp.zeros((kh, (nj + 1) * n, d), w.dtype).at[:, :n].set(w)
-            return jax.lax.dynamic_update_slice(buf, new.astype(w.dtype), (0, o, 0))
-
-        chunked_v = self._chunked_values()
-        bufk = jax.vmap(buffer)(layer_cache["wk"], k, off)
-        bufv = jax.vmap(buffer)(layer_cache["wv"], v, off) if chunked_v else None
-
-        def quantize_completed(stores):
-            sk, sv = stores
-            xk = bufk[:, :, :nj * n].astype(jnp.float32)
-            if self._pre_rope():
-                xk = ref.rope_slots(xk, self._rope_base(), first * n, sign=-1)
-            xk = xk.reshape(b, kh, nj, n, d)
-            base = jax.random.key(getattr(self, "seed", 0))
-            chunk_id = first[:, None, None] + jnp.arange(nj)[None, None, :]  # [B, 1, nj]
-            head_id = jnp.arange(kh)[None, :, None]
-            keys = jax.vmap(jax.vmap(jax.vmap(lambda c, h: jax.random.fold_in(
-                jax.random.fold_in(base, c), h))))(
-                jnp.broadcast_to(chunk_id, (b, kh, nj)), jnp.broadcast_to(head_id, (b, kh, nj)))
-            quant = jax.vmap(jax.vmap(jax.vmap(self._quantize, (0, 0, None)), (0, 0, None)),
-                             (0, 0, None))
-            if chunked_v:
-                xv = bufv[:, :, :nj * n].astype(jnp.float32).reshape(b, kh, nj, n, d)
-                ck, cv = self._quantize_pair(quant, xk, xv, keys)
-            else:
-                ck, cv = quant(xk, keys, True), None
-            for j in range(nj):
-                ok = j < n_full  # [B]
-                sk = _masked_chunk_write(sk, ck, j, first + j, ok)
-                if chunked_v:
-                    sv = _masked_chunk_write(sv, cv, j, first + j, ok)
-            return sk, sv
-
-        sk, sv = jax.lax.cond(jnp.any(n_full > 0), quantize_completed, lambda s: s,
-                              (layer_cache["k"], layer_cache["v"] if chunked_v else None))
-
-        def new_window(buf, m):
-            return jax.lax.dynamic_slice_in_dim(buf, m * n, n, axis=1)
-
-        out = {"k": sk, "wk": jax.vmap(new_window)(bufk, n_full)}
-        if chunked_v:
-            out.update(v=sv, wv=jax.vmap(new_window)(bufv, n_full))
-        else:
-            out.update(self._update_values(layer_cache, v, start))
-        return out
-
-    def _check_attend(self, layer_cache, q, start):
-        where = f"{type(self).__name__}.attend"
-        b, kh, cap, d = self._layout(layer_cache, where)
-        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=cap, head_dim=d, where=where)
-
-    def attend(self, layer_cache, q, start):
-        self._check_attend(layer_cache, q, start)
-        b, h, t, d = q.shape
-        kh = layer_cache["wk"].shape[1]
-        n = self._chunk()
-        start = start.astype(jnp.int32)
-        length = start + t
-        nq = (length // n) * n  # [B] quantized slots
-        qr = q.reshape(b, kh, (h // kh) * t, d)
-        o1, l1 = self._attend_quantized(qr, layer_cache, start, nq, t)
-        rows = qr.shape[2]
-        pos = start[:, None] + jnp.arange(rows) % t  # [B, R]
-        slot = nq[:, None] + jnp.arange(n)  # [B, N]
-        valid = (slot[:, None, :] <= pos[:, :, None])[:, None]
-        o2, l2 = ref.partial_attention(qr, layer_cache["wk"], layer_cache["wv"], valid)
-        out = ref.merge_partials(o1, l1, o2, l2)
-        return out.reshape(b, h, t, d).astype(q.dtype)
-
-
-def _masked_chunk_write(store, codes, j, index, ok):
-    """store fields [B, K, NC, ...] <- codes fields [B, K, nj, ...][:, :, j] at chunk ``index[b]``
-    for the rows where ``ok[b]``."""
-    def write_row(st, cd, idx, okb):
-        def leaf(s, c):  # s [K, NC, ...], c [K, nj, ...]
-            old = jax.lax.dynamic_index_in_dim(s, idx, axis=1, keepdims=False)
-            new = jnp.where(okb, c[:, j], old)
-            return jax.lax.dynamic_update_index_in_dim(s, new, idx, axis=1)
-        return jax.tree.map(leaf, st, cd)
-
-    return jax.vmap(write_row)(store, codes, index, ok)
-
-
-@dataclasses.dataclass(frozen=True)
-class QVGCache(_ChunkedQuantCache):
-    """QVG-quantized KV cache backend (``get_backend("qvg", config=..., ...)``).
-
-    Attributes:
-      config: :class:`QVGConfig` (bits, stages, block, centroids, chunk, k-means iterations).
-      rope_base: the model's RoPE base (keys are stored before RoPE when ``config.pre_rope``).
-      implementation: quantized attention path, see :func:`resolve_implementation`.
-      seed: k-means++ seeding (folded with chunk and head indices).
-    """
-
-    config: QVGConfig = QVGConfig()
-    rope_base: float = 10_000.0
-    implementation: str = "auto"
-    seed: int = 0
-
-    def __post_init__(self):
-        if not isinstance(self.config, QVGConfig):
-            raise checks.error("QVGCache", "config", "a QVGConfig", repr(self.config))
-        from models.rope import RotaryEmbedding  # a base, or the model's RoPE with its scaling
-
-        if not isinstance(self.rope_base, RotaryEmbedding):
-            checks.number(self.rope_base, "rope_base", "QVGCache", minimum=0.0, open_min=True)
-        checks.integer(self.seed, "seed", "QVGCache")
-        checks.one_of(self.implementation, "implementation", "QVGCache", IMPLEMENTATIONS)
-
-    def _chunk(self):
-        return self.config.chunk
-
-    def _check(self, head_dim):
-        self.config.check_head_dim(head_dim)
-
-    def _pre_rope(self):
-        return self.config.pre_rope
-
-    def _rope_base(self):
-        return self.rope_base
-
-    def _quantize(self, x, key, is_key):
-        del is_key
-        return ref.qvg_quantize_chunk(x, self.config, key)
-
-    def _quantize_pair(self, quant, xk, xv, keys):
-        # One batched quantizer for keys and values (same method): half the compiled graph.
-        both = quant(jnp.concatenate([xk, xv], axis=0),
-                     jnp.concatenate([keys, jax.vmap(jax.vmap(jax.vmap(
-                         lambda k: jax.random.fold_in(k, 1))))(keys)], axis=0), True)
-        b = xk.shape[0]
-        return jax.tree.map(lambda a: a[:b], both), jax.tree.map(lambda a: a[b:], both)
-
-    def _attend_quantized(self, qr, layer_cache, start, nq, t):
-        rope = self.rope_base if self.config.pre_rope else None
-        return qvg_chunk_attention(qr, layer_cache["k"], layer_cache["v"], self.config, start, nq,
-                                   t, rope, self.implementation)
-
-
-@dataclasses.dataclass(frozen=True)
-class KIVICache(_ChunkedQuantCache):
-    """KIVI KV cache backend (``get_backend("kivi", config=KIVIConfig(...))``), after Liu et al.
-    (2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache", Sec. 3.3 and Alg. 1).
-
-    Keys are quantized per channel, ``residual`` tokens at a time (statistics over groups of
-    ``group`` tokens); until a chunk of keys is complete it stays in full precision. Values are
-    quantized per token (blocks of ``block`` channels) and the most recent ``residual`` values are
-    always exact: a sliding full-precision window, the oldest value leaving it at each new token.
-    Because per-token quantization does not depend on other tokens, each value is quantized once on
-    arrival (into a per-token store) and its exact copy kept in a ring buffer of ``residual`` slots;
-    attention reads the exact copy for the last ``residual`` positions of each row and the
-    dequantized one before them: the same numbers as quantizing a value when it leaves the window.
-    (The store also holds codes for the window's tokens: ``residual * D * bits`` bits per head more
-    than the paper's layout.) Attention over the quantized part is dequantize-then-dense (jnp).
-
-    Cache fields: ``k`` (key chunks), ``wk`` [B, K, N, D] (the incomplete key chunk), ``v``
-    (per-token value codes over SP slots), ``wv`` [B, K, R, D] (ring of exact values, position p at
-    slot p mod R), with N = R = ``residual``.
-    """
-
-    config: KIVIConfig = KIVIConfig()
-
-    def _chunk(self):
-        return self.config.chunk
-
-    def _check(self, head_dim):
-        self.config.check_head_dim(head_dim)
-
-    def _quantize(self, x, key, is_key):
-        del key
-        return ref.kivi_quantize_chunk(x, self.config, per_channel=is_key)
-
-    def _chunked_values(self):
-        return False
-
-    def _init_values(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
-        n = self._chunk()
-        slots = -(-max_len // n) * n  # SP: the same padded slots as the key chunks
-        shapes = jax.eval_shape(lambda x: self._quantize(x, None, False),
-                                jnp.zeros((1, head_dim), jnp.float32))
-        store = jax.tree.map(
-            lambda s: jnp.zeros((batch_size, num_kv_heads, slots) + s.shape[1:], s.dtype), shapes)
-        ring = jnp.zeros((batch_size, num_kv_heads, self.config.residual, head_dim), dtype)
-        return {"v": store, "wv": ring}
-
-    def _update_values(self, layer_cache, v, start):
-        b, kh, t, d = v.shape
-        r = self.config.residual
-        quant = jax.vmap(jax.vmap(lambda x: self._quantize(x.astype(jnp.float32), None, False)))
-        codes = quant(v)  # fields [B, K, T, ...]: one token per row
-
-        def write_row(store, code, s):
-            return jax.tree.map(lambda a, c: jax.lax.dynamic_update_slice_in_dim(a, c, s, axis=1),
-                                store, code)
-
-        store = jax.vmap(write_row)(layer_cache["v"], codes, start)
-        # Only the last min(T, R) new values can still be in the window; their ring slots differ.
-        keep = min(t, r)
-        tail = v[:, :, t - keep:].astype(layer_cache["wv"].dtype)
-        slot = (start[:, None] + (t - keep) + jnp.arange(keep)[None, :]) % r  # [B, keep]
-        ring = jax.vmap(lambda w, x, i: w.at[:, i].set(x))(layer_cache["wv"], tail, slot)
-        return {"v": store, "wv": ring}
-
-    def _dequantize(self, code, per_channel):
-        """float32 [B, K, SP, D] from key chunks (fields [B, K, NC, ...], ``per_channel``) or from
-        the per-token value store (fields [B, K, SP, ...]: one chunk of SP tokens per head)."""
-        lead = 3 if per_channel else 2
-        shape = code.codes.shape[:lead]
-        flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[lead:]), code)
-        x = jax.vmap(lambda c: ref.kivi_dequantize_chunk(c, self.config, per_channel))(flat)
-        return x.reshape(shape[0], shape[1], -1, x.shape[-1])
-
-    def __post_init__(self):
-        if not isinstance(self.config, KIVIConfig):
-            raise checks.error("KIVICache", "config", "a KIVIConfig", repr(self.config))
-
-    def attend(self, layer_cache, q, start):
-        self._check_attend(layer_cache, q, start)
-        b, h, t, d = q.shape
-        kh = layer_cache["wk"].shape[1]
-        n = r = self.config.residual
-        start = start.astype(jnp.int32)
-        length = start + t
-        nq = (length // n) * n  # [B] slots with quantized keys
-        qr = q.reshape(b, kh, (h // kh) * t, d)
-        rows = qr.shape[2]
-        ring = layer_cache["wv"].astype(jnp.float32)
-
-        def ring_values(slots):  # slots [B, M] -> [B, K, M, D] exact values at those positions
-            return jax.vmap(lambda w, i: w[:, i % r])(ring, slots)
-
-        k_q = self._dequantize(layer_cache["k"], True)
-        sp = k_q.shape[2]
-        all_slots = jnp.broadcast_to(jnp.arange(sp), (b, sp))
-        exact = (all_slots >= (length - r)[:, None])[:, None, :, None]  # the sliding window
-        v_q = jnp.where(exact, ring_values(all_slots),
-                        self._dequantize(layer_cache["v"], False).astype(jnp.float32))
-        o1, l1 = ref.partial_attention(qr, k_q, v_q, _quantized_mask(start, nq, rows, t, sp))
-        pos = start[:, None] + jnp.arange(rows) % t  # [B, R]
-        slot = nq[:, None] + jnp.arange(n)  # [B, N]: the incomplete key chunk (all in the window)
-        valid = (slot[:, None, :] <= pos[:, :, None])[:, None]
-        o2, l2 = ref.partial_attention(qr, layer_cache["wk"], ring_values(slot), valid)
-        out = ref.merge_partials(o1, l1, o2, l2)
-        return out.reshape(b, h, t, d).astype(q.dtype)
-
-
-def cache_bytes(layer_caches: list[Any]) -> int:
-    """Bytes held by a list of per-layer caches (every leaf, windows included)."""
-    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(layer_caches)))
+def __getattr__(name: str):
+    """The cache backends, importable from here as before they moved to ``cache``."""
+    if name in ("QVGCache", "KIVICache", "cache_bytes"):
+        from kernels.kv_quant import cache
+        return getattr(cache, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernels import common
+
 Loader = Callable[..., jax.Array]
 
 
@@ -105,10 +107,9 @@ def finalize(acc: jax.Array, m: jax.Array, l: jax.Array):
 
 
 def rope_tables(slots: int, d: int, base: float, chunk: int) -> tuple[jax.Array, jax.Array]:
-    """cos, sin float32 [NC, N, D / 2] of slot positions 0..slots-1 (as ``reference.rope_slots``)."""
-    from models.rope import rope_angles
-
-    ang = rope_angles(jnp.arange(slots), d, base).reshape(slots // chunk, chunk, d // 2)
+    """cos, sin float32 [NC, N, D / 2] of slot positions 0..slots-1 (as
+    :func:`kernels.common.rope_slots`)."""
+    ang = common.rope_angles(jnp.arange(slots), d, base).reshape(slots // chunk, chunk, d // 2)
     return jnp.cos(ang), jnp.sin(ang)
 
 

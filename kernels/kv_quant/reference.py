@@ -48,7 +48,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernels import checks
+from kernels import checks, common
 
 SCALE_DTYPE = jnp.bfloat16
 CENTROID_DTYPE = jnp.bfloat16
@@ -168,35 +168,6 @@ class KIVIConfig:
 
 
 # ----------------------------------------------------------------------------------------------
-# Bit packing
-
-
-def pack_codes(codes: jax.Array, bits: int) -> jax.Array:
-    """Packs unsigned codes [..., D] in [0, 2^bits) into uint8 [..., D * bits / 8] (planar layout).
-
-    Raises:
-      ValueError: bits not in {2, 4, 8} or D not a multiple of 8 / bits.
-    """
-    _check_bits(bits, "pack_codes")
-    ppb, d = 8 // bits, codes.shape[-1]
-    if d % ppb:
-        raise ValueError(f"pack_codes: last dim {d} is not a multiple of {ppb}")
-    planes = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], ppb, d // ppb)
-    out = jnp.zeros(planes.shape[:-2] + (d // ppb,), jnp.uint8)
-    for j in range(ppb):
-        out = out | (planes[..., j, :] << jnp.uint8(bits * j))
-    return out
-
-
-def unpack_codes(packed: jax.Array, bits: int) -> jax.Array:
-    """Inverse of :func:`pack_codes`: uint8 [..., P] -> uint8 codes [..., P * 8 / bits]."""
-    _check_bits(bits, "unpack_codes")
-    mask = jnp.uint8((1 << bits) - 1)
-    return jnp.concatenate([(packed >> jnp.uint8(bits * j)) & mask for j in range(8 // bits)],
-                           axis=-1)
-
-
-# ----------------------------------------------------------------------------------------------
 # Symmetric per-token block INTn (QVG's residual quantizer)
 
 
@@ -244,12 +215,12 @@ def quantize_symmetric(x: jax.Array, bits: int, block: int) -> tuple[jax.Array, 
     s = scale.astype(jnp.float32)[..., None]
     q = jnp.where(s > 0, jnp.clip(jnp.round(xb / jnp.where(s > 0, s, 1.0)), -qmax, qmax), 0.0)
     codes = (q + 2 ** (bits - 1)).astype(jnp.uint8).reshape(x.shape)
-    return pack_codes(codes, bits), scale
+    return common.pack_codes(codes, bits), scale
 
 
 def dequantize_symmetric(packed: jax.Array, scales: jax.Array, bits: int) -> jax.Array:
     """float32 [..., D] from :func:`quantize_symmetric`'s output."""
-    q = unpack_codes(packed, bits).astype(jnp.float32) - 2 ** (bits - 1)
+    q = common.unpack_codes(packed, bits).astype(jnp.float32) - 2 ** (bits - 1)
     nb = scales.shape[-1]
     s = jnp.repeat(scales.astype(jnp.float32), q.shape[-1] // nb, axis=-1)
     return q * s
@@ -479,12 +450,12 @@ def kivi_quantize_chunk(x: jax.Array, cfg: KIVIConfig, per_channel: bool) -> KIV
         q, scale, zero = _asym(x.reshape(n // cfg.group, cfg.group, d), cfg.bits, axis=1)
     else:
         q, scale, zero = _asym(x.reshape(n, d // cfg.block, cfg.block), cfg.bits, axis=2)
-    return KIVICode(pack_codes(q.reshape(n, d).astype(jnp.uint8), cfg.bits), scale, zero)
+    return KIVICode(common.pack_codes(q.reshape(n, d).astype(jnp.uint8), cfg.bits), scale, zero)
 
 
 def kivi_dequantize_chunk(code: KIVICode, cfg: KIVIConfig, per_channel: bool) -> jax.Array:
     """float32 [N, D] from :func:`kivi_quantize_chunk`."""
-    q = unpack_codes(code.codes, cfg.bits).astype(jnp.float32)
+    q = common.unpack_codes(code.codes, cfg.bits).astype(jnp.float32)
     n, d = q.shape
     s, z = code.scale.astype(jnp.float32), code.zero.astype(jnp.float32)
     if per_channel:
@@ -546,38 +517,6 @@ def effective_bits(cfg: QVGConfig | KIVIConfig, head_dim: int, context_len: int 
 # Attention over a dequantized cache (the specification the kernels match)
 
 
-def partial_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
-                      ) -> tuple[jax.Array, jax.Array]:
-    """Softmax attention with its log-sum-exp, for merging partial results.
-
-    Args:
-      q: [B, K, R, D] (R = G * T query rows per kv head); k, v: [B, K, S, D]; mask: bool
-        broadcastable to [B, K, R, S].
-
-    Returns:
-      (out float32 [B, K, R, D] (0 where a row sees nothing), lse float32 [B, K, R] (-inf there)).
-    """
-    d = q.shape[-1]
-    s = jnp.einsum("bkrd,bksd->bkrs", q.astype(jnp.float32), k.astype(jnp.float32)) / math.sqrt(d)
-    s = jnp.where(mask, s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    p = jnp.exp(s - m_safe)
-    l = jnp.sum(p, axis=-1, keepdims=True)
-    out = jnp.einsum("bkrs,bksd->bkrd", p, v.astype(jnp.float32)) / jnp.where(l > 0, l, 1.0)
-    lse = jnp.where(l[..., 0] > 0, m_safe[..., 0] + jnp.log(jnp.where(l[..., 0] > 0, l[..., 0], 1.0)),
-                    -jnp.inf)
-    return out, lse
-
-
-def merge_partials(o1: jax.Array, lse1: jax.Array, o2: jax.Array, lse2: jax.Array) -> jax.Array:
-    """Combines two partial attentions over disjoint key sets (float32 [..., R, D])."""
-    m = jnp.maximum(lse1, lse2)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    w1, w2 = jnp.exp(lse1 - m)[..., None], jnp.exp(lse2 - m)[..., None]
-    return (o1 * w1 + o2 * w2) / jnp.maximum(w1 + w2, 1e-30)
-
-
 def qvg_chunk_attention_reference(q: jax.Array, k_code: QVGCode, v_code: QVGCode, bits: int,
                                   valid: jax.Array, rope_base: float | None = None
                                   ) -> tuple[jax.Array, jax.Array]:
@@ -591,13 +530,14 @@ def qvg_chunk_attention_reference(q: jax.Array, k_code: QVGCode, v_code: QVGCode
       rope_base: if set, keys were stored before RoPE and are rotated to slot positions here.
 
     Returns:
-      (out float32 [B, K, R, D], lse float32 [B, K, R]) as in :func:`partial_attention`.
+      (out float32 [B, K, R, D], lse float32 [B, K, R]) as in
+      :func:`kernels.common.partial_attention`.
     """
     k = _dequant_chunks(k_code, bits)
     v = _dequant_chunks(v_code, bits)
     if rope_base is not None:
-        k = rope_slots(k, rope_base)
-    return partial_attention(q, k, v, valid)
+        k = common.rope_slots(k, rope_base)
+    return common.partial_attention(q, k, v, valid)
 
 
 def _dequant_chunks(code: QVGCode, bits: int) -> jax.Array:
@@ -607,13 +547,51 @@ def _dequant_chunks(code: QVGCode, bits: int) -> jax.Array:
     return x.reshape(b, kh, nc * x.shape[1], x.shape[2])
 
 
-def rope_slots(k: jax.Array, base: float, offset: jax.Array | int = 0, sign: int = 1) -> jax.Array:
-    """RoPE on k [B, K, S, D] at positions ``offset + 0..S-1`` (``sign=-1`` undoes it)."""
-    from models.rope import apply_rope
+def kivi_cache_attention_reference(q: jax.Array, k_code: KIVICode, window_k: jax.Array,
+                                   v_code: KIVICode, ring: jax.Array, cfg: KIVIConfig,
+                                   start: jax.Array, num_new: int) -> jax.Array:
+    """KIVI decode attention over the cache's layout: dequantize everything, then attend.
 
-    b, _, s, _ = k.shape
-    pos = jnp.broadcast_to(jnp.asarray(offset, jnp.int32).reshape(-1, 1) + jnp.arange(s), (b, s))
-    return apply_rope(k.transpose(0, 2, 1, 3), sign * pos, base).transpose(0, 2, 1, 3)
+    With ``length = start + T`` and N = ``cfg.residual``: slots below ``nq = floor(length / N) N``
+    have quantized keys (per channel, chunks of N), the slots after them the exact keys of the
+    incomplete chunk; values are exact for the last N positions (the ring, position p at slot
+    p mod N) and dequantized per token before them (KIVI, Sec. 3.3 and Alg. 1).
+
+    Args:
+      q: float [B, K, R, D] (R = G * T, row r is new token r % T, at ``start + r % T``).
+      k_code: :class:`KIVICode` fields [B, K, NC, ...]; window_k: [B, K, N, D]; v_code:
+        :class:`KIVICode` fields [B, K, SP, ...] (one token per slot); ring: [B, K, N, D].
+      start: int32 [B]; num_new: T.
+
+    Returns:
+      float32 [B, K, R, D].
+    """
+    b, kh, rows, d = q.shape
+    n = cfg.residual
+    length = start + num_new
+    nq = (length // n) * n
+    nc = k_code.codes.shape[2]
+    k_q = jax.vmap(lambda c: kivi_dequantize_chunk(c, cfg, True))(
+        jax.tree.map(lambda a: a.reshape(-1, *a.shape[3:]), k_code)).reshape(b, kh, nc * n, d)
+    v_q = jax.vmap(lambda c: kivi_dequantize_chunk(c, cfg, False))(  # one chunk of SP per head
+        jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), v_code)).reshape(b, kh, nc * n, d)
+    sp = nc * n
+    ringf = ring.astype(jnp.float32)
+
+    def ring_values(slots):  # slots [B, M] -> [B, K, M, D] exact values at those positions
+        return jax.vmap(lambda w, i: w[:, i % n])(ringf, slots)
+
+    all_slots = jnp.broadcast_to(jnp.arange(sp), (b, sp))
+    exact = (all_slots >= (length - n)[:, None])[:, None, :, None]  # the sliding window
+    v_q = jnp.where(exact, ring_values(all_slots), v_q)
+    pos = start[:, None] + jnp.arange(rows) % num_new  # [B, R]
+    s = jnp.arange(sp)
+    mask = ((s[None, None, :] < nq[:, None, None]) & (s[None, None, :] <= pos[:, :, None]))[:, None]
+    o1, l1 = common.partial_attention(q, k_q, v_q, mask)
+    slot = nq[:, None] + jnp.arange(n)  # [B, N]: the incomplete key chunk (all in the window)
+    valid = (slot[:, None, :] <= pos[:, :, None])[:, None]
+    o2, l2 = common.partial_attention(q, window_k, ring_values(slot), valid)
+    return common.merge_lse(o1, l1, o2, l2)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kernels import common
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
 from models import kv_cache as kvc
@@ -42,9 +43,9 @@ def test_lloyd_step_from_bad_start_decreases_objective():
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_pack_unpack_invertible(bits):
     codes = jax.random.randint(jax.random.key(bits), (5, 3, 16), 0, 2 ** bits).astype(jnp.uint8)
-    packed = ref.pack_codes(codes, bits)
+    packed = common.pack_codes(codes, bits)
     assert packed.shape == (5, 3, 16 * bits // 8) and packed.dtype == jnp.uint8
-    np.testing.assert_array_equal(ref.unpack_codes(packed, bits), codes)
+    np.testing.assert_array_equal(common.unpack_codes(packed, bits), codes)
 
 
 @pytest.mark.parametrize("bits", [2, 4])
@@ -52,7 +53,7 @@ def test_symmetric_codes_in_range_and_error_bounded(bits):
     x = jax.random.normal(jax.random.key(0), (32, 16)) * 3.0
     packed, scales = ref.quantize_symmetric(x, bits, 8)
     assert scales.dtype == jnp.bfloat16 and scales.shape == (32, 2)
-    codes = np.asarray(ref.unpack_codes(packed, bits)).astype(int) - 2 ** (bits - 1)
+    codes = np.asarray(common.unpack_codes(packed, bits)).astype(int) - 2 ** (bits - 1)
     qmax = 2 ** (bits - 1) - 1
     assert codes.min() >= -qmax and codes.max() <= qmax  # INT2 uses {-1, 0, 1}
     x_hat = ref.dequantize_symmetric(packed, scales, bits)
@@ -117,7 +118,7 @@ def _dense_of_qvg(layer, cfg, length, rope_base):
     """Dequantize a QVGCache layer into dense [B, K, S, D] keys (RoPE'd) and values."""
     k = ref._dequant_chunks(layer["k"], cfg.bits)
     v = ref._dequant_chunks(layer["v"], cfg.bits)
-    k = ref.rope_slots(k, rope_base)
+    k = common.rope_slots(k, rope_base)
     n = cfg.chunk
     nq = (length // n) * n
     k = k.at[:, :, nq:nq + n].set(layer["wk"][:, :, : k.shape[2] - nq])
