@@ -256,8 +256,19 @@ def _ridge_diag(n_models: int, n_judges: int, config: FitConfig, dtype) -> jax.A
 def objective(x: jax.Array, table: ComparisonTable, config: FitConfig) -> jax.Array:
     """Negative penalised log-likelihood at the full vector ``x`` [D], float [] (nats)."""
     n, nj = table.n_models, table.n_judges
-    nll = -loglik(unflatten(x, n, nj), table, config.tie_model)
+    d = jnp.exp(x[n + table.judge]) * (x[table.i] - x[table.j])
+    nll = jnp.sum(_phi(d, x[-1], _row_counts(table), config.tie_model))
     return nll + 0.5 * jnp.sum(_ridge_diag(n, nj, config, x.dtype) * x * x)
+
+
+def _phi(d: jax.Array, tau: jax.Array, cnt: jax.Array, tie_model: str) -> jax.Array:
+    """Row negative log-likelihood ``phi(d, tau)`` [M] (closed form for ``"half"``: one pass, as in
+    the line search, where it is evaluated once per trial step)."""
+    if tie_model == "half":
+        n = jnp.sum(cnt, axis=-1)
+        y = cnt[:, 0] + 0.5 * cnt[:, 2]
+        return -(y * jax.nn.log_sigmoid(d) + (n - y) * jax.nn.log_sigmoid(-d))
+    return -jnp.sum(cnt * outcome_logprobs(d, tau, tie_model), axis=-1)
 
 
 def _phi_derivs(d: jax.Array, tau: jax.Array, cnt: jax.Array, tie_model: str):
@@ -304,26 +315,43 @@ def derivatives(x: jax.Array, table: ComparisonTable, config: FitConfig):
     A row depends on ``x`` only through ``d = exp(alpha_k) (s_i - s_j)`` and ``tau``, so by the chain
     rule its gradient in ``u = (s_i, s_j, alpha_k, tau)`` is ``phi_d grad d + phi_tau e_tau`` and its
     Hessian ``phi_dd grad d grad d^T + phi_d hess d + phi_dtau (grad d e_tau^T + e_tau grad d^T)
-    + phi_tautau e_tau e_tau^T``. These per-row 4-vectors and 4x4 blocks are segment-summed into the
-    gradient [D] and Hessian [D, D] (O(M) work plus the D^2 buffer).
+    + phi_tautau e_tau e_tau^T``, with ``grad d = (gamma, -gamma, d, 0)`` and ``hess d`` holding
+    ``+-gamma`` in the ``(s, alpha)`` entries and ``d`` in the ``(alpha, alpha)`` entry. The 4x4
+    block has five distinct entries (up to sign), so the Hessian [D, D] is assembled block by block
+    from per-row scalars: the score block from one [N, N] segment sum of ``phi_dd gamma^2`` (its
+    diagonal the row sums: a Laplacian), the score-judge block from two [N, J] segment sums, the judge
+    block and the tie entries from [J] and [N] sums. This is the same matrix as scattering the 4x4
+    blocks (``_scatter_blocks``) with about a third of the scattered values, the cost of an iteration.
 
     Returns:
       (f [], g [D], H [D, D]), float.
     """
     n, nj = table.n_models, table.n_judges
-    idx = _row_index(table)
-    d, gd, hd = _local_geometry(x, table)
+    i, j, k = table.i, table.j, table.judge
+    gamma = jnp.exp(x[n + k])
+    d = gamma * (x[i] - x[j])
     phi, p_d, p_t, p_dd, p_dt, p_tt = _phi_derivs(d, x[-1], _row_counts(table), config.tie_model)
-    e = jnp.zeros(4, x.dtype).at[3].set(1.0)
-    g_rows = p_d[:, None] * gd + p_t[:, None] * e
-    h_rows = (p_dd[:, None, None] * gd[:, :, None] * gd[:, None, :] + p_d[:, None, None] * hd
-              + p_dt[:, None, None] * (gd[:, :, None] * e[None, None, :] + e[None, :, None] * gd[:, None, :])
-              + p_tt[:, None, None] * (e[:, None] * e[None, :]))
-    dim = x.shape[0]
     ridge = _ridge_diag(n, nj, config, x.dtype)
     f = jnp.sum(phi) + 0.5 * jnp.sum(ridge * x * x)
-    g = jax.ops.segment_sum(g_rows.reshape(-1), idx.reshape(-1), dim) + ridge * x
-    h = _scatter_blocks(h_rows, idx, dim)
+
+    def per_model(v):  # v [M] at s_i, -v at s_j
+        return jax.ops.segment_sum(v, i, n) - jax.ops.segment_sum(v, j, n)
+
+    g = jnp.concatenate([per_model(p_d * gamma), jax.ops.segment_sum(p_d * d, k, nj),
+                         jnp.sum(p_t)[None]]) + ridge * x
+    w = jax.ops.segment_sum(p_dd * gamma * gamma, i * n + j, n * n).reshape(n, n)
+    w = w + w.T
+    h_ss = jnp.diag(jnp.sum(w, axis=1)) - w
+    q = p_dd * gamma * d + p_d * gamma
+    h_sa = (jax.ops.segment_sum(q, i * nj + k, n * nj) - jax.ops.segment_sum(q, j * nj + k, n * nj)
+            ).reshape(n, nj)
+    h_aa = jnp.diag(jax.ops.segment_sum(p_dd * d * d + p_d * d, k, nj))
+    h_st = per_model(p_dt * gamma)
+    h_at = jax.ops.segment_sum(p_dt * d, k, nj)
+    col_t = jnp.concatenate([h_st, h_at])[:, None]
+    h = jnp.block([[h_ss, h_sa, col_t[:n]],
+                   [h_sa.T, h_aa, col_t[n:]],
+                   [col_t.T, jnp.sum(p_tt)[None, None]]])
     return f, g, h + jnp.diag(ridge)
 
 
@@ -424,11 +452,16 @@ def _newton(x0: jax.Array, table: ComparisonTable, config: FitConfig, basis: jax
             return t, k + 1, obj(theta + t * step)
 
         one = jnp.ones((), dtype)
+        # A predicted decrease below the rounding of the objective cannot be checked by comparing
+        # objectives: the search would halve the step on rounding noise and stall a few 1e-14 nats
+        # short of tol. There the quadratic model is exact to that rounding, so the full Newton step
+        # is taken without a search.
+        full = ~small & (dec < 1e2 * eps * jnp.maximum(jnp.abs(f), 1.0))
         # Converged: skip the search (the first trial is then not evaluated either).
-        start = (one, jnp.where(small, config.max_halvings, 0),
+        start = (one, jnp.where(small | full, config.max_halvings, 0),
                  jax.lax.cond(small, lambda: f, lambda: obj(theta + step)))
         t, _, fn = jax.lax.while_loop(ls_cond, ls_body, start)
-        accept = ~small & jnp.isfinite(fn) & (fn <= f)
+        accept = ~small & jnp.isfinite(fn) & ((fn <= f) | full)
         theta = jnp.where(accept, theta + t * step, theta)
         # No decrease at all: the objective is flat to rounding; converged if the decrement is at
         # the level of that rounding, otherwise stuck (reported as not converged).

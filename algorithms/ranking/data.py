@@ -130,10 +130,10 @@ def aggregate(
     for name, arr in (("right", right_a), ("outcome", out_a), ("judge", judge_a)):
         if arr.shape[0] != c:
             raise ValueError(f"aggregate: {name} has {arr.shape[0]} entries, left has {c}")
-    w = np.ones(c, dtype) if weights is None else np.asarray(weights, dtype)
-    if w.shape != (c,):
+    w = None if weights is None else np.asarray(weights, dtype)
+    if w is not None and w.shape != (c,):
         raise ValueError(f"aggregate: weights have shape {w.shape}, expected ({c},)")
-    if not np.all(np.isfinite(w)) or np.any(w < 0):
+    if w is not None and (not np.all(np.isfinite(w)) or np.any(w < 0)):
         raise ValueError("aggregate: weights must be finite and non-negative")
     max_model = int(max(left_a.max(), right_a.max()))
     n_models = max_model + 1 if n_models is None else int(n_models)
@@ -155,19 +155,20 @@ def aggregate(
 
     i = np.minimum(left_a, right_a)
     j = np.maximum(left_a, right_a)
-    swapped = left_a > right_a
-    # Outcome seen from the canonical order: 0 = i wins, 1 = j wins, 2 = tie.
-    oc = np.where(out_a == TIE, 2, np.where((out_a == LEFT) ^ swapped, 0, 1))
+    # Outcome seen from the canonical order: 0 = i wins, 1 = j wins, 2 = tie (LEFT = 0 and
+    # RIGHT = 1 swap when the pair was given in the other order; integer ops, no temporaries).
+    oc = out_a ^ ((left_a > right_a) & (out_a != TIE))
     cell = (i * n_models + j) * n_judges + judge_a
     n_cells = n_models * n_models * n_judges
     if n_cells <= _DENSE_CELL_LIMIT:
+        # Without weights the integer bincount is about twice as fast as the weighted one.
         counts = np.bincount(cell * 3 + oc, weights=w, minlength=3 * n_cells).reshape(n_cells, 3)
         keys = np.flatnonzero(counts.any(axis=1))
         counts = counts[keys]
     else:
         keys, inv = np.unique(cell, return_inverse=True)
         counts = np.zeros((keys.shape[0], 3), np.float64)
-        np.add.at(counts, (inv, oc), w)
+        np.add.at(counts, (inv, oc), 1.0 if w is None else w)
     ri, rest = np.divmod(keys, n_models * n_judges)
     rj, rk = np.divmod(rest, n_judges)
     counts = counts.astype(dtype)
