@@ -45,14 +45,18 @@ def _config(path, **overrides):
     return config
 
 
-def _must_not_run(*_):
+def _must_not_run(*_, **__):
     raise AssertionError("a simulation part ran before the data file was validated")
+
+
+STUDIES = ("simulation_study", "recovery_replicates", "coverage_study", "choix_agreement")
 
 
 @pytest.fixture
 def no_simulation(monkeypatch):
-    for part in ("simulation_part", "coverage_part", "choix_part", "timing_part"):
-        monkeypatch.setattr(judge_btl, part, _must_not_run)
+    for part in STUDIES:
+        monkeypatch.setattr(judge_btl.studies, part, _must_not_run)
+    monkeypatch.setattr(judge_btl.speed, "speed_comparison", _must_not_run)
 
 
 def test_all_ties_file_is_an_error_before_any_work(tmp_path, no_simulation):
@@ -83,18 +87,24 @@ def test_json_array_file_with_unknown_outcomes(tmp_path, no_simulation):
 
 
 def _stub_parts(monkeypatch, tmp_path):
-    """Replaces the simulation, coverage, choix and timing parts by fixed numbers."""
+    """Replaces the simulation, replicate, coverage, choix and timing studies by fixed numbers."""
+    n = 3
     sim = dict(heldout=dict(judge_aware=-0.1, btl=-0.2), score_rmse=0.3, score_rmse_btl=0.4,
-               gamma_true=np.ones(3), gamma_hat=np.ones(3), rank_ci_width=111.0,
-               rank_ci_covers_truth=0.5, iterations=7, figure=str(tmp_path / "sim.png"))
-    (tmp_path / "sim.png").write_bytes(b"")
-    monkeypatch.setattr(judge_btl, "simulation_part", lambda *a: sim)
-    monkeypatch.setattr(judge_btl, "coverage_part", lambda *a: dict(
+               rmse_aligned=dict(judge_aware=0.05, btl=0.06), scale=dict(judge_aware=1.1, btl=0.8),
+               gamma_true=np.ones(3), gamma_hat=np.ones(3), gamma_se=np.ones(3), scores_hat=np.zeros(n),
+               scores_se=np.ones(n), rank_ci_width=111.0, rank_ci_covers_truth=0.5, iterations=7)
+    monkeypatch.setattr(judge_btl.studies, "simulation_study", lambda *a, **k: sim)
+    monkeypatch.setattr(judge_btl.studies, "simulation_truth", lambda *a, **k: judge_btl.studies.btl.Params(
+        np.linspace(-1, 1, n), np.zeros(3), np.zeros(())))
+    monkeypatch.setattr(judge_btl.studies, "recovery_replicates", lambda *a, **k: dict(
+        rmse_judge_aware=0.01, rmse_btl=0.02, judge_aware_better=1.0, num_used=2, num_dropped=0))
+    monkeypatch.setattr(judge_btl.studies, "coverage_study", lambda *a, **k: dict(
         scores=0.95, differences=0.95, log_discrimination=0.95, converged=1.0, num_datasets=8,
         comparisons_per_dataset=10.0))
-    monkeypatch.setattr(judge_btl, "choix_part", lambda *a: 1e-12)
-    monkeypatch.setattr(judge_btl, "timing_part", lambda *a: dict(
+    monkeypatch.setattr(judge_btl.studies, "choix_agreement", lambda *a, **k: 1e-12)
+    monkeypatch.setattr(judge_btl.speed, "speed_comparison", lambda *a, **k: dict(
         fit_seconds=222.0, compile_seconds=1.0, choix_seconds=444.0, choix_times={"ilsr": 444.0},
+        speedup_vs_choix=2.0, breakdown=dict(aggregate=1.0, transfer=0.1, solve=2.0, per_iteration=0.5),
         converged=True, iterations=3, rows=10, gamma_recovery_max_abs=0.0))
 
 
@@ -105,6 +115,10 @@ def test_without_data_the_headline_comes_from_the_simulation(tmp_path, monkeypat
     assert m["real_data"] is None and m["headline"]["heldout_source"] == "simulation"
     assert m["headline"]["heldout_loglik_judge_aware"] == -0.1 and m["headline"]["speedup_vs_choix"] == 2.0
     assert "No comparisons file" in section.body
+    # The common-scale recovery numbers are top-level keys and part of the claim.
+    assert (m["sim_rmse_judge_aware"], m["sim_rmse_btl"]) == (0.05, 0.06)
+    assert m["claim"]["checks"]["sim_rmse_judge_aware < sim_rmse_btl"] is True
+    assert m["claim"]["checks"]["headline.speedup_vs_choix >= 10"] is False
 
 
 def test_real_data_numbers_are_kept_apart_and_named(tmp_path, monkeypatch):
