@@ -18,7 +18,7 @@ AOT_VENV  := .venv-aot
 AOT_PY    := $(AOT_VENV)/bin/python
 AOT_STAMP := $(AOT_VENV)/.installed
 
-.PHONY: run test test-multidevice test-aot aot-env aot bench lint install clean
+.PHONY: run test test-multidevice test-aot aot-env aot device-check bench lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,26 @@ aot: $(AOT_FULL_STAMP)
 	JAX_PLATFORMS=cpu $(AOT_PY) -m experiments.aot --out=AOT.md \
 	  $(if $(AOT_STEPS),--steps=$(AOT_STEPS),) $(if $(AOT_TOPOLOGIES),--topologies=$(AOT_TOPOLOGIES),) \
 	  $(if $(AOT_RETRY),--retry_failed,) $(if $(AOT_FRESH),--fresh,)
+
+# On a GPU machine: every Pallas GPU kernel against its reference, FFD and QVG timed against dense
+# -> DEVICE.md (under 8 minutes on one H200). Its own venv with the JAX of the compile checks and its
+# CUDA 12 wheels (pip `jax[cuda12]`: the plugin, PJRT and NVIDIA's CUDA libraries, about 3 GB) plus
+# numpy; the project runs from the source tree (PYTHONPATH). Without internet, first `pip download` those wheels
+# elsewhere into a folder and pass it: make device-check DEVICE_WHEELS=<folder>. Python >= 3.11.
+DEVICE_VENV    := .venv-device
+DEVICE_PY      := $(DEVICE_VENV)/bin/python
+DEVICE_JAX     := 0.10.2
+DEVICE_SIZE    ?= paper
+DEVICE_WHEELS  ?=
+DEVICE_PKGS    := 'jax[cuda12]==$(DEVICE_JAX)' numpy
+device-check:
+	@test -x $(DEVICE_PY) || $(PYTHON) -m venv $(DEVICE_VENV)
+	@$(DEVICE_PY) -m pip install --quiet $(if $(DEVICE_WHEELS),--no-index --find-links=$(DEVICE_WHEELS),) \
+	  $(DEVICE_PKGS) >$(DEVICE_VENV)/pip.log 2>&1 || { echo "device-check: cannot install \
+	$(DEVICE_PKGS) (see $(DEVICE_VENV)/pip.log); without internet run \
+	'pip download $(DEVICE_PKGS) -d wheels' on a machine with it and pass DEVICE_WHEELS=wheels" >&2; \
+	  exit 1; }
+	PYTHONPATH=$(CURDIR) $(DEVICE_PY) -m experiments.device_check --size=$(DEVICE_SIZE) --out=DEVICE.md
 
 run: $(STAMP)
 	$(PY) -m experiments.main --variant=$(VARIANT) --workdir=$(WORKDIR) \
