@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core import aot_steps
+from core import aot, aot_steps
 
 DEFAULT_TOPOLOGIES = ("v5e:4x4", "v6e:4x4", "h100:1x2x8", "h200:1x2x8")
 
@@ -599,7 +599,11 @@ def one_line(err: BaseException, limit: int = 240) -> str:
 
 def compile_row(step: str, topology: str) -> dict:
     """Builds and compiles ``step`` for ``topology``; a dict for the table (``status`` ``"ok"``
-    or ``"error"`` with ``reason``). Never raises for a failed build or compile."""
+    or ``"error"`` with ``reason``). Never raises for a failed build or compile.
+
+    Raises:
+      core.aot.CompileExtrasMissing: the topology's compile extras are missing (no row is made).
+    """
     import jax
 
     topo = aot_steps.pod_topology(topology)
@@ -612,6 +616,8 @@ def compile_row(step: str, topology: str) -> dict:
         row.update(shape=spec.shape, params=spec.params, model_flops=spec.model_flops)
         with jax.enable_x64(spec.x64):
             result = aot_steps.compile_step(spec.fn, spec.args, donate_argnums=spec.donate_argnums)
+    except aot.CompileExtrasMissing:
+        raise  # the machine cannot compile for this topology at all: not a row of the table
     except Exception as e:  # noqa: BLE001 (a failed compile is a row, not a crash)
         row.update(status="error", reason=one_line(e), seconds=time.perf_counter() - t0)
         return row
@@ -868,13 +874,18 @@ def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool =
     ``<out>.json`` atomically after each compile, merging into what is stored. Returns the rows.
 
     Raises:
-      ValueError: an ``only`` pattern that names no row; a damaged ``<out>.json``.
+      ValueError: an ``only`` pattern that names no row; a damaged ``<out>.json``; an unknown
+        topology.
+      core.aot.CompileExtrasMissing: a topology's compile extras are not installed (checked
+        before anything is written; one line naming the ``pip install``).
     """
     import hashlib
 
     import filelock
 
     forced = set(select_rows(steps, topologies, only)) if only else None
+    for t in topologies:  # before anything is written: a machine that cannot compile for them
+        aot.require_extras(aot_steps.pod_topology(t).chip, repr(t))
     store = out + ".json"
     # Several runs may share one table (e.g. TPU and GPU topologies in two processes): each save
     # re-reads the store under a lock and merges this run's rows into it.
@@ -933,7 +944,7 @@ def main(argv: Sequence[str]) -> None:
         topos = parse_list(f.topologies, aot_steps.topology_names(), "topologies")
         only = [p.strip() for p in f.only.split(",") if p.strip()]
         run(f.out, steps, topos, fresh=f.fresh, retry_failed=f.retry_failed, only=only)
-    except ValueError as e:
+    except (ValueError, aot.CompileExtrasMissing) as e:
         print(f"aot: {e}", file=sys.stderr)
         sys.exit(2)
 

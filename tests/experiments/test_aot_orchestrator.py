@@ -171,6 +171,7 @@ def test_run_writes_table_atomically_and_keeps_failures(tmp_path, monkeypatch):
     both end up in the table; the JSON store is merged on the next run."""
     mesh_devices = tuple(jax.devices()[:1])
     monkeypatch.setattr(aot_steps, "pod_devices", lambda name: mesh_devices)
+    monkeypatch.setattr(aot_steps.aot, "require_extras", lambda name, what=None: None)
     n = 128
 
     def tiny(devices):
@@ -345,3 +346,19 @@ def test_judge_btl_fits_in_float64_except_on_tpu_where_the_fallback_is_stated():
     assert spec.x64 and spec.fallback is None and "float64 Newton" in spec.shape
     with jax.enable_x64(True):
         assert {leaf.dtype for leaf in jax.tree.leaves(spec.args)} == {np.dtype("int32"), np.dtype("float64")}
+
+
+def test_missing_compile_extras_stop_the_run_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(aot_steps.aot, "extras_available", lambda name: name.startswith("tpu"))
+    out = tmp_path / "AOT.md"
+    with pytest.raises(aot_steps.aot.CompileExtrasMissing) as e:
+        orchestrator.run(str(out), ["lm/train"], ["v5e:4x4", "h100:1x2x8"], log=lambda s: None)
+    msg = str(e.value)
+    assert "\n" not in msg and "'h100:1x2x8'" in msg and "jax-cuda12-plugin" in msg
+    assert list(tmp_path.iterdir()) == []
+    # compile_row does not turn the missing extras into a row either
+    with pytest.raises(aot_steps.aot.CompileExtrasMissing):
+        orchestrator.compile_row("lm/train", "h100:1x2x8")
+    with pytest.raises(ValueError, match="unknown pod topology 'v7:4x4'"):
+        orchestrator.run(str(out), ["lm/train"], ["v7:4x4"], log=lambda s: None)
+    assert list(tmp_path.iterdir()) == []
