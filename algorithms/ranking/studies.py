@@ -89,7 +89,9 @@ def simulation_truth(num_models: int, gammas, score_spread: float, seed: int) ->
     return btl.Params(s - s.mean(), a - a.mean(), np.zeros(()))
 
 
-def _sample(truth: btl.Params, num: int, key) -> Comparisons:
+def simulate_comparisons(truth: btl.Params, num: int, key) -> Comparisons:
+    """C = ``num`` comparisons from ``truth`` (:func:`algorithms.ranking.simulate.sample_comparisons`
+    in float64, key ``key``) as host arrays."""
     with jax.enable_x64(True):
         return Comparisons(*(np.asarray(a) for a in simulate.sample_comparisons(key, truth, num)))
 
@@ -108,7 +110,7 @@ def simulation_study(truth: btl.Params, num_comparisons: int, heldout_fraction: 
       ``rank_ci_width``, ``rank_ci_covers_truth`` and ``iterations``.
     """
     n, nj = truth.scores.shape[0], truth.log_discrimination.shape[0]
-    comps = _sample(truth, num_comparisons, jax.random.key(seed))
+    comps = simulate_comparisons(truth, num_comparisons, jax.random.key(seed))
     pad = n * (n - 1) // 2 * nj
     test = np.random.default_rng(seed).random(comps.left.shape[0]) < heldout_fraction
     t_tr = table_of(comps, np.flatnonzero(~test), n, nj, pad)
@@ -153,7 +155,7 @@ def recovery_replicates(truth: btl.Params, num_comparisons: int, num_datasets: i
     s_true, pad = np.asarray(truth.scores), n * (n - 1) // 2 * nj
     aw, pl = [], []
     for key in jax.random.split(jax.random.key(seed), num_datasets):
-        comps = _sample(truth, num_comparisons, key)
+        comps = simulate_comparisons(truth, num_comparisons, key)
         table = table_of(comps, np.arange(comps.left.shape[0]), n, nj, pad)
         try:
             fit = btl.fit(table, btl.FitConfig())
@@ -209,7 +211,7 @@ def choix_agreement(num_models: int, num_comparisons: int, seed: int) -> float:
     import choix
 
     truth = btl.Params(np.random.default_rng(seed).normal(size=num_models), np.zeros(1), np.zeros(()))
-    comps = _sample(truth, num_comparisons, jax.random.key(seed + 3))
+    comps = simulate_comparisons(truth, num_comparisons, jax.random.key(seed + 3))
     ours = btl.fit(data.aggregate(comps.left, comps.right, comps.outcome), btl.FitConfig(judge_aware=False))
     ref = choix.ilsr_pairwise(num_models, winner_loser_pairs(comps), alpha=0.0, tol=1e-13,
                               max_iter=100_000)

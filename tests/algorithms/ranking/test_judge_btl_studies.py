@@ -59,7 +59,7 @@ def test_simulation_study_separates_scale_from_ordering():
 
 def test_cross_validation_picks_a_grid_point():
     truth = studies.simulation_truth(6, studies.judge_panel(2, 1, 2.0, 0.5, 0.2), 1.0, seed=0)
-    comps = studies._sample(truth, 3000, jax.random.key(0))
+    comps = studies.simulate_comparisons(truth, 3000, jax.random.key(0))
     grid = (0.5, 5.0)
     best, scores = studies.cross_validate_ridge(comps, np.arange(3000), 6, 4, grid, 3, 60,
                                                 np.random.default_rng(0))
