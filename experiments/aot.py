@@ -775,6 +775,11 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
 
 # What was found out about a failure, by a substring of its reason (measured on this machine).
 FAILURE_NOTES = {
+    "cudaErrorInvalidDevice": (
+        "with the Triton GEMM fallback the compile gets past the tiling, then a later XLA:GPU pass "
+        "calls the CUDA runtime, which has no device here (the same in two runs); the same step "
+        "compiles for h200 with the fallback: which pass, and why only for the H100 description, "
+        "is not yet isolated"),
     "tuple parameter that is being flattened": (
         "float64 on TPU is emulated: the same fit compiles for one v5e chip (225 s at 1000 rows) "
         "and in float32 on the 16-chip mesh (10 s); `judge_btl_precision` compiles it in float32 "
@@ -816,7 +821,10 @@ NOTES = (
     "counts a loop body once (layer scans, blockwise attention), so the roofline uses the larger "
     "of XLA's FLOP count and the model's share per chip (shown as \"model: ...\" when larger); "
     "XLA's byte count is its estimate of HBM traffic after fusion (a loop body again counted "
-    "once). Kernel compiles (single device, Pallas TPU and GPU) are the compile tests: "
+    "once). The Llama-3-8B decode rows run FFD's and QVG's Pallas kernels inside `shard_map` "
+    "(`kernels/*/sharded.py`); the `lm` decode rows use their XLA paths. Recompile chosen rows "
+    "with `python -m experiments.aot --only='<step>@<topology>,...'` (shell patterns; merged into "
+    "this table). Kernel compiles (single device, Pallas TPU and GPU) are the compile tests: "
     "`make test-aot` (`tests/**/test_*_compile.py`).")
 
 
