@@ -51,11 +51,13 @@ $(AOT_FULL_STAMP): $(AOT_STAMP) pyproject.toml
 
 # Every experiment's `paper` step compiled for TPU and GPU pods from abstract values -> AOT.md (not
 # part of `make test`). Results are kept in AOT.md.json and merged: AOT_STEPS / AOT_TOPOLOGIES
-# (comma lists) compile a subset; AOT_RETRY=1 compiles failed rows again; AOT_FRESH=1 starts over.
+# (comma lists) compile a subset; AOT_RETRY=1 compiles failed rows again; AOT_FRESH=1 starts over;
+# AOT_ONLY='<step>@<topology>,...' (shell patterns, e.g. 'llama3_8b/*@v5e:4x4') recompiles exactly
+# those rows and merges them into AOT.md.
 aot: $(AOT_FULL_STAMP)
 	JAX_PLATFORMS=cpu $(AOT_PY) -m experiments.aot --out=AOT.md \
 	  $(if $(AOT_STEPS),--steps=$(AOT_STEPS),) $(if $(AOT_TOPOLOGIES),--topologies=$(AOT_TOPOLOGIES),) \
-	  $(if $(AOT_RETRY),--retry_failed,) $(if $(AOT_FRESH),--fresh,)
+	  $(if $(AOT_RETRY),--retry_failed,) $(if $(AOT_FRESH),--fresh,) $(if $(AOT_ONLY),--only='$(AOT_ONLY)',)
 
 # On a GPU machine: every Pallas GPU kernel against its reference, FFD and QVG timed against dense
 # -> DEVICE.md (under 8 minutes on one H200). Its own venv with the JAX of the compile checks and its
