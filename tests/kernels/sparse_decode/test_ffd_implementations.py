@@ -249,6 +249,22 @@ class FFDContract:
         dense = ref.dense_decode(q, k, v, lengths)
         assert float(jnp.abs(out - dense).max()) < 0.1  # the needle carries the softmax
 
+    def test_paper_delta_in_base2_units(self):
+        """The authors' delta (base-2 logits) passed as is with delta_unit="log2" selects and
+        attends exactly what its value in nats (times ln 2) does."""
+        config = (2, 2, 4, 64, 16, 5, jnp.float32)
+        b, kh, g, d, p, n, _ = config
+        q = jax.random.normal(jax.random.key(11), (b, kh * g, d)) * 2.0
+        k = jax.random.normal(jax.random.key(12), (b, kh, n * p, d))
+        v = jax.random.normal(jax.random.key(13), (b, kh, n * p, d))
+        lengths = jnp.array([n * p - 5, 3 * p], jnp.int32)
+        cache = _make_cache(k, v, lengths, p, jnp.float32, self.scan_copy)
+        out2, keep2 = self.decode(q, cache, lengths, delta=2.0, delta_unit="log2")
+        oute, keepe = self.decode(q, cache, lengths, delta=2.0 * math.log(2.0))
+        assert not np.asarray(keep2).all(), "delta 2 (base 2) should skip a page here"
+        np.testing.assert_array_equal(np.asarray(keep2), np.asarray(keepe))
+        np.testing.assert_array_equal(np.asarray(out2), np.asarray(oute))
+
     def test_nan_key_gives_nan_row(self):
         """A NaN key within a row's length (on a page the rule would skip, or on a reference page)
         makes the query heads of that row and kv head NaN, as dense attention does; the other kv
