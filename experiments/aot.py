@@ -706,6 +706,12 @@ def fit_cell(row: dict | None) -> str:
             f"{mark}")
 
 
+def _fallback_change(row: dict) -> str:
+    """What a fallback row changed: the builder's words, else the compile options."""
+    return row.get("fallback_change") or ", ".join(
+        f"`{k}={v}`" for k, v in row.get("compile_options", {}).items())
+
+
 def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str],
            header: str = "") -> str:
     """``AOT.md``'s text: the steps x topologies fit table, the details of each compiled row, the
@@ -752,8 +758,8 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
                 "(`core.aot.FALLBACKS`: XLA's defaults refused the program with a known symptom "
                 "of compiling without a device) or a change the step's builder states.",
                 "", "| step | topology | what changed | why |", "|---|---|---|---|"]
-        out += [f"| {r['step']} | {r['topology']} | {r.get('fallback_change', '')} | "
-                f"{r['fallback']} |" for r in fell_back]
+        out += [f"| {r['step']} | {r['topology']} | {_fallback_change(r)} | {r['fallback']} |"
+                for r in fell_back]
     bad = [r for r in rows if r["status"] != "ok"]
     if bad:
         out += ["", "## Failed or refused", "", "| step | topology | reason | note |",
