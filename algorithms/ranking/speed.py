@@ -46,7 +46,8 @@ def speed_comparison(num_models: int, num_judges: int, num_comparisons: int,
       repeats: rounds of :func:`core.timing.best_seconds` (best of, alternating fit and ``choix``).
 
     Returns:
-      dict: ``fit_seconds`` (aggregation + compiled fit, blocked on), ``choix_seconds`` (fastest),
+      dict: ``fit_seconds`` (aggregation + compiled fit, blocked on), ``choix_seconds`` (fastest;
+      NaN, as is the speed-up, when ``choix_estimators`` is empty: nothing to compare with),
       ``choix_times`` {name: seconds}, ``speedup_vs_choix``, ``compile_seconds``, ``breakdown``
       (seconds of ``aggregate``, ``transfer`` of the table to the device, ``solve``, and
       ``per_iteration``: the solve over its Newton iterations), ``converged``, ``iterations``,

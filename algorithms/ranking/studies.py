@@ -150,7 +150,12 @@ def recovery_replicates(truth: btl.Params, num_comparisons: int, num_datasets: i
       dict: ``rmse_judge_aware`` and ``rmse_btl`` (means over the data sets used),
       ``judge_aware_better`` (fraction of data sets where its aligned RMSE is lower), ``num_used``,
       ``num_dropped``.
+
+    Raises:
+      ValueError: ``num_datasets < 1``, or no data set with a finite MLE.
     """
+    if num_datasets < 1:
+        raise ValueError(f"recovery_replicates: num_datasets={num_datasets}; expected >= 1")
     n, nj = truth.scores.shape[0], truth.log_discrimination.shape[0]
     s_true, pad = np.asarray(truth.scores), n * (n - 1) // 2 * nj
     aw, pl = [], []
@@ -163,6 +168,9 @@ def recovery_replicates(truth: btl.Params, num_comparisons: int, num_datasets: i
             continue
         aw.append(aligned_rmse(fit.params.scores, s_true)[0])
         pl.append(aligned_rmse(btl.fit(table, btl.FitConfig(judge_aware=False)).params.scores, s_true)[0])
+    if not aw:
+        raise ValueError(f"recovery_replicates: none of the {num_datasets} data sets has a finite "
+                         "judge-aware MLE; use more comparisons per judge")
     aw, pl = np.asarray(aw), np.asarray(pl)
     return dict(rmse_judge_aware=float(np.mean(aw)), rmse_btl=float(np.mean(pl)),
                 judge_aware_better=float(np.mean(aw < pl)), num_used=int(aw.size),
@@ -177,7 +185,13 @@ def coverage_study(truth: btl.Params, per_cell: int, num_datasets: int, level: f
     Returns:
       dict: ``scores``, ``differences``, ``log_discrimination`` (coverage fractions), ``converged``
       (fraction of data sets used), ``num_datasets``, ``comparisons_per_dataset``.
+
+    Raises:
+      ValueError: ``num_datasets`` or ``per_cell`` < 1, or no data set with a finite MLE.
     """
+    if num_datasets < 1 or per_cell < 1:
+        raise ValueError(f"coverage_study: num_datasets={num_datasets}, per_cell={per_cell}; "
+                         "expected both >= 1")
     n, nj = truth.scores.shape[0], truth.log_discrimination.shape[0]
     cfg = btl.FitConfig()
     with jax.enable_x64(True):
@@ -200,6 +214,9 @@ def coverage_study(truth: btl.Params, per_cell: int, num_datasets: int, level: f
         keys = jax.random.split(jax.random.key(seed), num_datasets)
         cs, cd, ca, ok = (np.asarray(a) for a in jax.lax.map(one, keys, batch_size=50))
         total = float(np.sum(design.wins))
+    if not ok.any():
+        raise ValueError(f"coverage_study: none of the {num_datasets} data sets has a finite MLE; "
+                         "raise per_cell")
     return dict(scores=float(np.mean(cs[ok])), differences=float(np.mean(cd[ok])),
                 log_discrimination=float(np.mean(ca[ok])), converged=float(ok.mean()),
                 num_datasets=int(num_datasets), comparisons_per_dataset=total)
