@@ -205,9 +205,10 @@ def _body(config, m) -> str:
         f"compilation {tim['fit_compile_seconds']:.1f} s apart.", "",
         f"Simulation ({config.sim.num_models} models, {len(sim['gamma_true'])} judges, "
         f"{config.sim.num_comparisons:,} comparisons). Scores are identified up to a shift and, with the "
-        "discriminations, a common scale (here sum alpha = 0, set by the near-random judges' poorly "
-        f"estimated alpha): in that convention the judge-aware RMSE is {sim['score_rmse']:.3f} (scale off "
-        f"by {sim['scale']['judge_aware']:.3f}), against {sim['score_rmse_btl']:.3f} for plain BTL rescaled "
+        "discriminations, a common scale (here sum alpha = 0, which ties it to every judge's alpha, the "
+        "barely identified adversarial one's included): in that convention the judge-aware RMSE is "
+        f"{sim['score_rmse']:.3f} (least-squares factor to the truth's scale "
+        f"{sim['scale']['judge_aware']:.3f}), against {sim['score_rmse_btl']:.3f} for plain BTL rescaled "
         "with the truth's spread. On a common scale (least-squares scale alignment, both fits): "
         f"judge-aware {m['sim_rmse_judge_aware']:.4f}, plain BTL {m['sim_rmse_btl']:.4f}. Over "
         f"{rep['panel']['num_used']} replicate data sets: {rep['panel']['rmse_judge_aware']:.4f} vs "
