@@ -102,6 +102,15 @@ def budgets_and_keep(qk: list[tuple[jax.Array, jax.Array]], cfg: entrokv.EntroKV
     return budgets, keep
 
 
+def head_entropies(qk: list[tuple[jax.Array, jax.Array]], cfg: entrokv.EntroKVConfig
+                   ) -> jax.Array:
+    """Normalised attention entropy of every (layer, kv head): float32 [B, L * K] in [0, 1], the
+    quantity EntroKV's budgets are proportional to (after the blend with the prior), in the
+    order of :func:`budgets_and_keep`'s budgets."""
+    probs = [entrokv.observation_probs(q, k, cfg.window) for q, k in qk]
+    return jnp.concatenate([entrokv.head_entropy(pr, valid) for pr, valid in probs], axis=1)
+
+
 def _teacher_forced_nll(graphdef, params, tokens, backend, prompt_len, keep):
     model = nnx.merge(graphdef, params)
     b, l = tokens.shape

@@ -1,17 +1,25 @@
-"""Benchmark: decode attention over a QVG-quantized KV cache against the dense bf16 cache.
+"""Benchmark: decode attention over QVG- and KIVI-quantized KV caches against the dense bf16 cache.
 
     python -m experiments.bench.kv_quant [smoke|cpu|accelerator]
 
 Dimensions: S cache slots, D head dim, K kv heads, G queries per kv head. One new query token
-attends to a full cache of S slots, through :class:`kernels.kv_quant.api.QVGCache` (INT2, one
-k-means stage; on the CPU the jnp reference dequantizes then attends, on GPU/TPU ``auto`` picks
-the Pallas kernel) and through the dense cache (:class:`models.kv_cache.DenseKVCache`, bf16), timed
-in the same run. Reports the time ratio, the bytes both caches allocate (the QVG cache keeps a
-full-precision window of one chunk) and the true storage bits per element
-(:func:`kernels.kv_quant.reference.effective_bits`).
+attends to a full cache of S slots through :class:`kernels.kv_quant.cache.QVGCache` (INT2, one
+k-means stage, keys stored before RoPE) and :class:`kernels.kv_quant.cache.KIVICache` (INT2), each
+with the fused XLA path (``implementation="xla"``, the CPU default: one chunk of packed codes
+dequantized per loop step) and with the jnp reference (dequantize the whole cache, then attend),
+and through the dense bf16 cache (:class:`kernels.common.DenseKVCache`), all timed in alternation
+in one run (:func:`core.timing.best_seconds`). On GPU / TPU ``auto`` picks the Pallas kernel for
+QVG. The caches are filled the way a model fills them, one chunk per ``update`` call.
 
-Sizes (``SIZES``): ``cpu`` (default; S 4096, D 64, K 4, G 4) takes about 20 s on a 2-core CPU;
-``accelerator`` (S 65536, D 128, K 8, G 4) is meant for a GPU/TPU; ``smoke`` runs in seconds.
+Reported per cache: time and time / dense; the bytes a decode step reads (the whole cache: packed
+codes, scales, zeros, assignments, centroids and the full-precision windows) and dense bf16 bytes /
+those bytes (the paper's baseline dtype); the true storage bits per element
+(:func:`kernels.kv_quant.reference.effective_bits`). A breakdown row times the fused QVG path
+without the RoPE rotation of its pre-RoPE keys. The machine's read bandwidth
+(:func:`core.timing.read_bandwidth_gbs`) is measured beside, with the bandwidth dense reaches.
+
+Sizes (``SIZES``): ``cpu`` (default; S 65536, D 128, K 8, G 4, a few minutes on a 2-core CPU);
+``accelerator`` (the same shape, more repeats) for a GPU / TPU; ``smoke`` runs in seconds.
 """
 
 from __future__ import annotations
@@ -22,64 +30,113 @@ import jax
 import jax.numpy as jnp
 
 from core.report import markdown_table
-from core.timing import best_seconds
+from core.timing import best_seconds, read_bandwidth_gbs
 from experiments.bench.timing import pick_size
-from kernels.kv_quant import api
+from kernels import common
+from kernels.kv_quant import api, cache
 from kernels.kv_quant import reference as ref
-from models import kv_cache as kvc
 
 SIZES = {
-    "smoke": dict(slots=256, head_dim=64, kv_heads=2, groups=2, chunk=64, num_centroids=16,
-                  repeats=1),
-    "cpu": dict(slots=4096, head_dim=64, kv_heads=4, groups=4, chunk=1024, num_centroids=64,
-                repeats=20),
+    "smoke": dict(slots=512, head_dim=64, kv_heads=2, groups=2, chunk=128, num_centroids=16,
+                  repeats=1, bandwidth_mb=16),
+    "cpu": dict(slots=65536, head_dim=128, kv_heads=8, groups=4, chunk=1024, num_centroids=64,
+                repeats=3, bandwidth_mb=256),
     "accelerator": dict(slots=65536, head_dim=128, kv_heads=8, groups=4, chunk=1024,
-                        num_centroids=256, repeats=10),
+                        num_centroids=64, repeats=10, bandwidth_mb=1024),
 }
 
 
+def _fill(backend, b, slots, kv_heads, head_dim, k, v, step):
+    """A layer cache holding k, v [B, K, S, D], written ``step`` tokens per update call."""
+    layer = backend.init(b, slots, kv_heads, head_dim, jnp.bfloat16)
+    update = jax.jit(backend.update)
+    for s0 in range(0, slots, step):
+        layer = update(layer, k[:, :, s0:s0 + step], v[:, :, s0:s0 + step],
+                       jnp.full((b,), s0, jnp.int32))
+    return jax.block_until_ready(layer)
+
+
 def run(size: str = "cpu") -> str:
-    """Times QVG and dense decode attention at ``SIZES[size]``; returns a markdown section.
+    """Times QVG, KIVI and dense decode attention at ``SIZES[size]``; returns a markdown section.
 
     Raises:
       ValueError: unknown ``size``.
     """
     s = pick_size(SIZES, size, "bench kv_quant")
-    slots, head_dim, kv_heads = s["slots"], s["head_dim"], s["kv_heads"]
-    b, h = 1, kv_heads * s["groups"]
-    cfg = ref.QVGConfig(bits=2, stages=1, block=64, num_centroids=s["num_centroids"],
-                        chunk=s["chunk"], kmeans_iters=4)
-    be = api.QVGCache(config=cfg)
+    slots, d, kh, n = s["slots"], s["head_dim"], s["kv_heads"], s["chunk"]
+    b, h = 1, kh * s["groups"]
+    qcfg = ref.QVGConfig(bits=2, stages=1, block=64, num_centroids=s["num_centroids"], chunk=n,
+                         kmeans_iters=4)
+    kcfg = ref.KIVIConfig(bits=2, group=32, block=32, residual=128)
     ks = jax.random.split(jax.random.key(0), 3)
-    k = jax.random.normal(ks[0], (b, kv_heads, slots, head_dim))
-    v = jax.random.normal(ks[1], (b, kv_heads, slots, head_dim))
-    q = jax.random.normal(ks[2], (b, h, 1, head_dim))
+    k = jax.random.normal(ks[0], (b, kh, slots, d), jnp.bfloat16)
+    v = jax.random.normal(ks[1], (b, kh, slots, d), jnp.bfloat16)
+    q = jax.random.normal(ks[2], (b, h, 1, d), jnp.float32)
     start = jnp.full((b,), slots - 1, jnp.int32)
-    zero = jnp.zeros((b,), jnp.int32)
-    qlayer = jax.jit(be.update)(be.init(b, slots, kv_heads, head_dim, jnp.bfloat16), k, v, zero)
-    dense = kvc.DenseKVCache()
-    dlayer = jax.jit(dense.update)(dense.init(b, slots, kv_heads, head_dim, jnp.bfloat16), k, v, zero)
-    q_attend, d_attend = jax.jit(be.attend), jax.jit(dense.attend)
-    t = best_seconds({"qvg": lambda: q_attend(qlayer, q, start),
-                      "dense": lambda: d_attend(dlayer, q, start)}, s["repeats"])
-    t_q, t_d = t["qvg"], t["dense"]
-    bytes_q, bytes_d = api.cache_bytes([qlayer]), api.cache_bytes([dlayer])
-    bits = ref.effective_bits(cfg, head_dim, context_len=slots)
-    rows = [["dense bf16 (baseline)", f"{1e3 * t_d:.2f}", "1.00x", f"{bytes_d:,}", "1.00", "16"],
-            [f"QVG INT2 ({api.resolve_implementation('auto')})", f"{1e3 * t_q:.2f}",
-             f"{t_q / t_d:.2f}x", f"{bytes_q:,}", f"{bytes_q / bytes_d:.3f}",
-             f"{bits['effective']:.2f} ({bits['compression']:.1f}x smaller)"]]
+
+    dense = common.DENSE
+    backends = {
+        "qvg_xla": cache.QVGCache(config=qcfg, implementation="xla"),
+        "qvg_ref": cache.QVGCache(config=qcfg, implementation="reference"),
+        "kivi_xla": cache.KIVICache(config=kcfg, implementation="xla"),
+        "kivi_ref": cache.KIVICache(config=kcfg, implementation="reference"),
+    }
+    layers = {"dense": _fill(dense, b, slots, kh, d, k, v, slots)}
+    layers["qvg"] = _fill(backends["qvg_xla"], b, slots, kh, d, k, v, n)
+    layers["kivi"] = _fill(backends["kivi_xla"], b, slots, kh, d, k, v, kcfg.residual)
+    del k, v
+    attends = {name: jax.jit(be.attend) for name, be in backends.items()}
+    d_attend = jax.jit(dense.attend)
+    qr = q.reshape(b, kh, s["groups"], d)
+    nq = jnp.full((b,), slots, jnp.int32)
+    no_rope = jax.jit(lambda layer: api.qvg_chunk_attention(
+        qr, layer["k"], layer["v"], qcfg, start, nq, 1, None, implementation="xla"))
+    fns = {"dense": lambda: d_attend(layers["dense"], q, start),
+           "qvg_no_rope": lambda: no_rope(layers["qvg"])}
+    for name, fn in attends.items():
+        layer = layers[name.split("_")[0]]
+        fns[name] = (lambda fn=fn, layer=layer: fn(layer, q, start))
+    t = best_seconds(fns, s["repeats"])
+    same = {m: float(jnp.max(jnp.abs(fns[f"{m}_xla"]() - fns[f"{m}_ref"]()).astype(jnp.float32)))
+            for m in ("qvg", "kivi")}
+    bandwidth = read_bandwidth_gbs(s["bandwidth_mb"])
+
+    bytes_d = cache.cache_bytes([layers["dense"]])
+    bits = {"qvg": ref.effective_bits(qcfg, d, context_len=slots),
+            "kivi": ref.effective_bits(kcfg, d, context_len=slots)}
+    rows = [["dense bf16 (baseline)", f"{1e3 * t['dense']:.1f}", "1.00x", f"{bytes_d:,}", "1.0x",
+             "16"]]
+    labels = {"qvg_xla": "QVG INT2, fused XLA", "qvg_ref": "QVG INT2, reference",
+              "kivi_xla": "KIVI INT2, fused XLA", "kivi_ref": "KIVI INT2, reference"}
+    for name, label in labels.items():
+        m = name.split("_")[0]
+        nbytes = cache.cache_bytes([layers[m]])
+        rows.append([label, f"{1e3 * t[name]:.1f}", f"{t[name] / t['dense']:.2f}x",
+                     f"{nbytes:,}", f"{bytes_d / nbytes:.1f}x",
+                     f"{bits[m]['effective']:.2f}"])
+    rows.append(["QVG fused XLA without the RoPE rotation (breakdown)",
+                 f"{1e3 * t['qvg_no_rope']:.1f}", f"{t['qvg_no_rope'] / t['dense']:.2f}x", "", "",
+                 ""])
+    dense_gbs = bytes_d / t["dense"] / 1e9
     return "\n".join([
-        "## kv_quant: QVG-quantized decode attention vs dense (bf16)",
+        "## kv_quant: quantized decode attention (QVG, KIVI) vs dense bf16",
         "",
-        f"One new token against {slots} cached slots, D={head_dim}, {kv_heads} kv heads x "
-        f"{s['groups']} queries, QVG chunk {cfg.chunk} with {cfg.num_centroids} centroids "
-        f"(size `{size}`, best of {s['repeats']} interleaved calls after a warm-up). Time ratio > 1 means "
-        "slower than dense; allocated bytes include the QVG cache's full-precision window of one "
-        "chunk (empty here), true bits count codes, scales, assignments and centroids.",
+        f"One new token against {slots:,} cached slots, D={d}, {kh} kv heads x {s['groups']} "
+        f"queries; QVG chunk {n} with {qcfg.num_centroids} centroids, block {qcfg.block}, keys "
+        f"stored before RoPE; KIVI group {kcfg.group}, block {kcfg.block}, residual "
+        f"{kcfg.residual} (size `{size}`, best of {s['repeats']} interleaved calls after a "
+        f"warm-up, backend `{jax.default_backend()}`). Time / dense > 1 means slower than dense. "
+        "Bytes read per step: everything the cache holds (codes, scales, zeros, assignments, "
+        "centroids and the full-precision windows); dense / that is the reduction against the "
+        "paper's bf16 baseline. The fused path reads the packed codes as stored (the "
+        "reference writes and reads a float32 copy of the whole cache besides).",
         "",
-        markdown_table(["cache", "ms per decode step", "time / dense", "bytes allocated",
-                        "bytes / dense", "true bits per element"], rows),
+        markdown_table(["cache", "ms per decode step", "time / dense", "bytes read per step",
+                        "dense bf16 bytes / bytes", "true bits per element"], rows),
+        "",
+        f"Read bandwidth of this machine: {bandwidth:.1f} GB/s; dense bf16 attention reads "
+        f"{dense_gbs:.1f} GB/s ({dense_gbs / bandwidth:.0%} of it). Fused vs reference, largest "
+        f"output difference: QVG {same['qvg']:.1e}, KIVI {same['kivi']:.1e}.",
         "",
         f"Command: `python -m experiments.bench.kv_quant {size}`",
     ])

@@ -14,6 +14,7 @@ tokenizer (``lm_config`` is then unused):
 import ml_collections
 
 from core import config as cfg_lib
+from core import report
 from experiments.configs import lm as lm_config
 
 # The model this experiment decodes with is trained by the ``lm`` experiment.
@@ -53,6 +54,18 @@ def base() -> ml_collections.ConfigDict:
     # *.safetensors, tokenizer.json) measured instead, with context capped at its max_len
     c.checkpoint = ""
     c.text = ""  # UTF-8 text file of held-out windows; "" = the held-out Shakespeare plays
+    c.claim = report.claim_config(
+        method="QVG / KIVI / EntroKV",
+        statement="QVG INT2 >= 6x true compression with lower attention error than KIVI; EntroKV "
+                  ">= 98% of full-cache quality at a 30% budget, better than uniform budgets",
+        checks=("synthetic.qvg.compression >= 6", "synthetic.qvg.rel_err < synthetic.kivi.rel_err",
+                "qvg_compression >= 6", "qvg_rel_err < kivi_rel_err",
+                "entrokv_quality >= 0.98", "entrokv_quality > uniform_quality"),
+        ours="QVG {synthetic[qvg][compression]:.1f}x err {synthetic[qvg][rel_err]:.3f} vs KIVI "
+             "{synthetic[kivi][compression]:.1f}x err {synthetic[kivi][rel_err]:.3f} (synthetic); "
+             "LM "
+             "QVG {qvg_compression:.1f}x err {qvg_rel_err:.2f} vs KIVI {kivi_rel_err:.2f}; EntroKV "
+             "{entrokv_quality:.2%} vs uniform {uniform_quality:.2%}")
     return c
 
 
