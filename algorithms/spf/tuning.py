@@ -54,11 +54,11 @@ class BaselineGrids:
     adam_step: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
     adam_b1: tuple[float, ...] = (0.0, 0.5, 0.8, 0.9)
     adam_b2: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999)
-    pc_pred_weight: tuple[float, ...] = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+    pc_pred_weight: tuple[float, ...] = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
     pc_pred_lr: tuple[float, ...] = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
     pc_pred_iters: int = 5
     forgetting: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
-    rls_init_scale: tuple[float, ...] = (0.1, 1.0, 10.0, 100.0)
+    rls_init_scale: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 100.0)
 
     # the experiment config's field of each grid
     CONFIG_FIELDS: ClassVar[dict[str, str]] = {"step": "step_grid", "decay_power": "decay_power_grid",

@@ -38,11 +38,11 @@ def base() -> ml_collections.ConfigDict:
     c.adam_grid = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
     c.adam_b1_grid = (0.0, 0.5, 0.8, 0.9)
     c.adam_b2_grid = (0.5, 0.9, 0.99, 0.999)
-    c.pc_pred_weights = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)  # 0: no prediction (SGD)
+    c.pc_pred_weights = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # 0: no prediction (SGD)
     c.pc_pred_lr_grid = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
     c.pc_pred_iters = 5
     c.forgetting_grid = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
-    c.rls_init_scale_grid = (0.1, 1.0, 10.0, 100.0)
+    c.rls_init_scale_grid = (0.01, 0.1, 1.0, 10.0, 100.0)
     # SPF network and training (simulated episodes of the same drift family, fresh seeds)
     c.hidden = 32
     c.depth = 2
