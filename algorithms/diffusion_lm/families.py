@@ -14,8 +14,15 @@ time conditioning and attention. For any spec:
 
 Families: ``ar`` (causal, exact NLL), ``mdlm`` (masked, NELBO-weighted loss), ``mdlm_ce`` (masked,
 plain cross-entropy loss), ``duo`` (uniform state, closed-form NELBO, conditioned on
-``sigma = -log alpha_t``), ``esolm`` (AR <-> masked, ``alpha_0``), ``gidd`` (mask <-> uniform,
-``p_u``, clipped ELBO weights for training).
+``sigma = -log alpha_t``), ``esolm`` (AR <-> masked; trained as the authors' scaling runs do, with
+``alpha_0 = 1`` and the cross-entropy objective, ``alpha_0 < 1`` only at sampling), ``esolm_nelbo``
+(the ablation: trained with ``alpha_0 < 1`` and the NELBO, AR part included), ``gidd`` (mask <->
+uniform, ``p_u``, clipped ELBO weights for training).
+
+Time convention: every NELBO estimate here averages the integrand over ``t ~ U[t_min, 1]``
+(antithetic), i.e. it estimates ``(1 / (1 - t_min)) int_{t_min}^1 L_t dt``, not ``int_0^1``; the
+omitted slice near clean data is why such estimates can read slightly low (Duo's by about 0.3% at
+``t_min = 1e-3``). The integrands themselves are valid on all of [0, 1] (see :mod:`processes`).
 """
 
 from __future__ import annotations
@@ -33,13 +40,17 @@ from algorithms.diffusion_lm.losses import (
     duo_nelbo,
     masked_ce,
     masked_nelbo,
+    masked_weight,
     mixing_nelbo,
     shift_right,
 )
 from algorithms.diffusion_lm.processes import Process, antithetic_times, denoiser_log_probs
+from core.data.text import ByteTokenizer
 from models.transformer import TransformerConfig
 
-FAMILIES = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "gidd")
+FAMILIES = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "esolm_nelbo", "gidd")
+ESOLM = ("esolm", "esolm_nelbo")
+_BYTES = ByteTokenizer()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +59,15 @@ class FamilySpec:
 
     Attributes:
       name: one of :data:`FAMILIES`.
-      vocab_size: V (data ids ``0..num_classes-1`` plus ``[MASK]`` and ``[BOS]``).
+      vocab_size: V (data ids ``0..num_classes-1`` plus ``[MASK]`` and ``[BOS]``); the defaults
+        of the four ids are :class:`core.data.text.ByteTokenizer`'s.
       num_classes: N data ids.
       mask_id, bos_id: special ids (``>= num_classes``).
       eps: schedule floor (``alpha_1 = eps``), in (0, 1).
-      t_min: smallest training / evaluation time (MDLM's sampling eps).
-      alpha0: Eso-LM's clean fraction at ``t = 0``.
+      t_min: smallest training / evaluation time (MDLM's sampling eps): times are drawn from
+        ``U[t_min, 1]``, the stated convention of every NELBO estimate (module docstring).
+      alpha0: Eso-LM's clean fraction at ``t = 0`` when sampling (and, for ``esolm_nelbo``, when
+        training); ``esolm`` trains at ``alpha_0 = 1``.
       p_uniform: GIDD's uniform share.
       gidd_max_weight: clip of GIDD's ELBO weights in the training loss.
 
@@ -62,10 +76,10 @@ class FamilySpec:
     """
 
     name: str
-    vocab_size: int = 258
-    num_classes: int = 256
-    mask_id: int = 256
-    bos_id: int = 257
+    vocab_size: int = _BYTES.vocab_size
+    num_classes: int = _BYTES.vocab_size - len(_BYTES.SPECIALS)
+    mask_id: int = _BYTES.mask_id
+    bos_id: int = _BYTES.bos_id
     eps: float = 1e-3
     t_min: float = 1e-3
     alpha0: float = 0.5
@@ -78,21 +92,36 @@ class FamilySpec:
         if not self.num_classes <= self.bos_id < self.vocab_size:
             raise ValueError(f"FamilySpec: bos_id={self.bos_id} must be a non-data id in "
                              f"[{self.num_classes}, {self.vocab_size})")
-        _ = self.process  # validates the process parameters
+        if not 0.0 < self.t_min < 1.0:
+            raise ValueError(f"FamilySpec: t_min={self.t_min} must be in (0, 1)")
+        _ = self.sampling_process  # validates the process parameters
 
     @property
     def process(self) -> Process | None:
-        """The forward process (``None`` for AR)."""
+        """The forward process of training and of the validation NELBO (``None`` for AR)."""
         common = dict(vocab_size=self.vocab_size, num_classes=self.num_classes, eps=self.eps)
         if self.name == "ar":
             return None
-        if self.name in ("mdlm", "mdlm_ce"):
+        if self.name in ("mdlm", "mdlm_ce", "esolm"):  # esolm trains at alpha_0 = 1
             return Process("masked", mask_id=self.mask_id, **common)
-        if self.name == "esolm":
+        if self.name == "esolm_nelbo":
             return Process("masked", mask_id=self.mask_id, alpha0=self.alpha0, **common)
         if self.name == "duo":
             return Process("uniform", **common)
         return Process("gidd", mask_id=self.mask_id, p_uniform=self.p_uniform, **common)
+
+    @property
+    def sampling_process(self) -> Process | None:
+        """The process the sampler reverses: Eso-LM's families at ``alpha0``, else :attr:`process`."""
+        if self.name in ESOLM:
+            return dataclasses.replace(self.process, alpha0=self.alpha0)
+        return self.process
+
+    @property
+    def train_passes(self) -> tuple[int, ...]:
+        """Lengths (in units of L) of the forward passes of one training example: Eso-LM's NELBO
+        with ``alpha_0 < 1`` adds its 2L-token AR pass. For FLOPs accounting."""
+        return (1, 2) if self.name == "esolm_nelbo" and self.alpha0 < 1 else (1,)
 
     @property
     def time_conditioning(self) -> bool:
@@ -122,13 +151,22 @@ def _eso_apply(model):
 
 def per_token_terms(spec: FamilySpec, model, x: jax.Array, key: jax.Array, t: jax.Array
                     ) -> tuple[jax.Array, jax.Array]:
-    """(training integrand, true NELBO integrand), float32 [B, L] each, at times ``t`` [B]."""
+    """(training integrand, true NELBO integrand), float32 [B, L] each, at times ``t`` [B] in
+    [0, 1] (both >= 0; finite on [0, 1] except GIDD's at ``t = 0``, see :mod:`processes`).
+
+    ``esolm``'s training integrand is the plain cross-entropy on masked tokens (its NELBO weight
+    ``-alpha'_t / (1 - alpha_t)`` dropped, as for ``mdlm_ce``); its NELBO is that of
+    :attr:`FamilySpec.process` (``alpha_0 = 1``: masked diffusion in Eso-LM's attention order).
+    """
     if spec.name == "ar":
         nll = ar_nll(model(shift_right(x, spec.bos_id)), x)
         return nll, nll
     proc = spec.process
-    if spec.name == "esolm":
+    if spec.name in ESOLM:
         diff, ar = esolm.nelbo_terms(_eso_apply(model), proc, x, key, t)
+        if spec.name == "esolm":  # alpha_0 = 1: ar == 0; diff = weight * CE on masked tokens
+            weight = masked_weight(proc, t)[:, None]
+            return jnp.where(diff > 0, diff / weight, 0.0), diff
         return diff + ar, diff + ar
     z_t = proc.sample(key, x, t)
     logp = denoiser_log_probs(proc, _apply(spec, model, z_t, t), z_t)
@@ -189,8 +227,8 @@ def sample(spec: FamilySpec, graphdef: nnx.GraphDef, params: nnx.State, key: jax
         raise ValueError(f"sample: num_steps={num_steps} must be >= 1")
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"sample: batch_size={batch_size}, seq_len={seq_len} must be >= 1")
-    if spec.name == "mdlm_ce":  # same sampler as mdlm: share the compilation
-        spec = dataclasses.replace(spec, name="mdlm")
+    if spec.name in ("mdlm_ce", "esolm_nelbo"):  # same sampler as mdlm / esolm: share it
+        spec = dataclasses.replace(spec, name="mdlm" if spec.name == "mdlm_ce" else "esolm")
     return _sample(spec, graphdef, params, key, batch_size=batch_size, seq_len=seq_len,
                    num_steps=jnp.asarray(num_steps, jnp.int32))
 
@@ -200,8 +238,8 @@ def _sample(spec, graphdef, params, key, *, batch_size, seq_len, num_steps):
     model = nnx.merge(graphdef, params)
     if spec.name == "ar":
         return _ar_sample(spec, model, key, batch_size, seq_len)
-    proc = spec.process
-    if spec.name == "esolm":
+    proc = spec.sampling_process
+    if spec.name in ESOLM:
         return esolm.sample(_eso_apply(model), proc, key, batch_size, seq_len, num_steps)
     num_steps = jnp.asarray(num_steps, jnp.int32)
     k0, kl = jax.random.split(key)

@@ -54,15 +54,19 @@ def masked_weight(process: Process, t: jax.Array) -> jax.Array:
 
 def masked_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.Array,
                  t: jax.Array) -> jax.Array:
-    """MDLM's per-token continuous-time NELBO integrand at time ``t`` [B]. float32 [B, L] (>= 0)."""
-    return masked_weight(process, t)[:, None] * masked_ce(process, log_x_theta, x, z_t)
+    """MDLM's per-token continuous-time NELBO integrand at time ``t`` [B] in [0, 1]. float32
+    [B, L], >= 0 and finite on all of [0, 1] (at ``t = 0`` nothing is masked and the weight's
+    ``1/t`` never multiplies a term)."""
+    weight = masked_weight(process, t)[:, None]
+    return jnp.where(z_t == process.mask_id, weight * -_gather(log_x_theta, x), 0.0)
 
 
 def duo_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.Array,
               t: jax.Array) -> jax.Array:
     """Uniform-state per-token NELBO integrand (closed form, see the module docstring).
 
-    Returns float32 [B, L], >= 0, and exactly 0 where ``x_theta`` is the one-hot of ``x``.
+    Returns float32 [B, L], >= 0 and finite for ``t`` in [0, 1], exactly 0 where ``x_theta`` is
+    the one-hot of ``x`` (terms with ``xbar_j = 0``, at ``t = 0``, are 0: ``0 log 0 = 0``).
     """
     _check(process, "uniform", "duo_nelbo")
     n = process.num_classes
@@ -73,7 +77,8 @@ def duo_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.A
     xbar_th = n * alpha * x_theta + (1.0 - alpha)
     xbar_i, xbar_th_i = _gather(xbar, z_t)[..., None], _gather(xbar_th, z_t)[..., None]
     log_ratio = jnp.log(xbar_th_i) - jnp.log(xbar_th) + jnp.log(xbar) - jnp.log(xbar_i)
-    inner = (n / xbar_th_i - n / xbar_i)[..., 0] + jnp.sum(xbar / xbar_i * log_ratio, axis=-1)
+    terms = jnp.where(xbar > 0, xbar / xbar_i * log_ratio, 0.0)
+    inner = (n / xbar_th_i - n / xbar_i)[..., 0] + jnp.sum(terms, axis=-1)
     return (-dalpha / (n * alpha))[..., 0] * inner
 
 
@@ -83,7 +88,9 @@ def _xlogy_ratio(p: jax.Array, logp: jax.Array, logq: jax.Array) -> jax.Array:
 
 def mixing_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.Array,
                  t: jax.Array, max_weight: float | None = None) -> jax.Array:
-    """General interpolating-process NELBO integrand (GIDD form). float32 [B, L] (>= 0).
+    """General interpolating-process NELBO integrand (GIDD form). float32 [B, L], >= 0 for ``t``
+    in [0, 1] and finite where the process's rate is (everywhere but GIDD's ``t = 0``, where an
+    imperfect prediction gives ``+inf``; a divergence of 0 contributes 0 whatever the weight).
 
     Args:
       max_weight: clip ``w_t`` at this value (GIDD's clipped training weighting); ``None`` = the
@@ -100,7 +107,8 @@ def mixing_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: ja
     w = g / jnp.clip(_gather(q, z_t), 1e-30, None)
     if max_weight is not None:
         w = jnp.minimum(w, max_weight)
-    return w * (kl + is_div)
+    div = kl + is_div
+    return jnp.where(div > 0, w * div, 0.0)
 
 
 def ar_nll(logits: jax.Array, x: jax.Array) -> jax.Array:

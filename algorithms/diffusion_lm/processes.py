@@ -16,16 +16,26 @@ distribution over the vocabulary:
 * ``uniform`` (UDLM / Duo, Schiff et al. 2025, Sahoo et al. 2025): ``pi = Uniform(N)``,
   ``alpha_t = 1 - (1 - eps) t``;
 * ``gidd`` (GIDD mask <-> uniform): unnormalised weights ``a_t`` on ``x``, ``1 - a_t`` on
-  ``[MASK]`` and ``c_t`` spread uniformly, divided by ``1 + c_t``; ``a_t = 1 - (1 - eps) t``,
-  ``c_t = B sqrt(t (1 - t))`` with ``B = 2 p_u / (1 - p_u)`` so that the uniform share at ``t = 1/2``
-  is ``p_u``; ``p_u = 0`` is exactly the masked process.
+  ``[MASK]`` and ``c_t`` spread uniformly, divided by ``1 + c_t``; ``a_t = 1 - (1 - eps) t`` and
+  ``c_t = B sqrt(t a_t)``, GIDD's ``B sqrt(t (1 - t))`` with the schedule floor ``eps`` in the
+  ``(1 - t)`` factor, ``B`` set so that the uniform share at ``t = 1/2`` is ``p_u``; ``p_u = 0`` is
+  exactly the masked process. The floor matters near ``t = 1``: the rate into data ids is
+  ``>= 0`` iff ``d log c_t / dt >= d log a_t / dt``, which ``sqrt(t (1 - t))`` violates for
+  ``1 - t`` below about ``eps / 2`` (with ``a_1 = eps > 0``) and ``sqrt(t a_t)`` never does.
 
 ``beta_t pi_t`` is exposed as one vector ("prior mass") so a time-dependent ``pi_t`` (GIDD) needs
 no special case. From it follow the transition ``q(z_t | z_s) = alpha_{t|s} 1[z_t = z_s] +
 gamma_{t|s}(z_t)`` with ``gamma_{t|s} = beta_t pi_t - alpha_{t|s} beta_s pi_s``, the posterior
 ``q(z_s | z_t, x)`` (Bayes) and the continuous-time NELBO weight ``w_t(z, x) = g_t(z) / q_t(z|x)``,
 ``g_t = d/dt(beta_t pi_t) - (alpha'_t / alpha_t) beta_t pi_t`` (GIDD, Thm. 3.6; derived here from
-the reverse-rate form of the continuous-time ELBO), evaluated with ``jax.jvp``.
+the reverse-rate form of the continuous-time ELBO), in closed form per process.
+
+Time domain: every method takes ``t`` in [0, 1] (``t = 0`` clean data, ``t = 1`` the limit
+distribution) and raises ``ValueError`` for a concrete time outside it (traced times are the
+caller's contract). On the whole of [0, 1] the marginals are distributions, ``alpha_t`` decreases
+and every rate is ``>= 0``; all are finite except GIDD's at ``t = 0`` (``c_t ~ sqrt(t)``, so the
+rate into data ids is ``+inf``, an integrable singularity). The NELBO estimates of
+:mod:`families` average the integrand over ``t ~ U[t_min, 1]`` (see ``FamilySpec.t_min``).
 """
 
 from __future__ import annotations
@@ -35,8 +45,21 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 KINDS = ("masked", "uniform", "gidd")
+
+
+def _times(t: jax.Array, where: str) -> jax.Array:
+    """``t`` as float32; a concrete time outside [0, 1] raises ``ValueError`` naming ``where``."""
+    t = jnp.asarray(t, jnp.float32)
+    if not isinstance(t, jax.core.Tracer):
+        bad = np.asarray(t)
+        bad = bad[~((bad >= 0.0) & (bad <= 1.0))]
+        if bad.size:
+            raise ValueError(f"Process.{where}: times must lie in [0, 1] (t = 0 clean, t = 1 the "
+                             f"limit distribution), got t = {bad.ravel()[0]}")
+    return t
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,29 +114,52 @@ class Process:
     def _a(self, t: jax.Array) -> jax.Array:
         return 1.0 - (1.0 - self.eps) * t
 
+    @property
+    def _b(self) -> float:
+        # GIDD's B, set so that the uniform share c / (1 + c) at t = 1/2 is exactly p_u.
+        return self.p_uniform / (1.0 - self.p_uniform) / math.sqrt(0.5 * (1.0 - 0.5 * (1.0 -
+                                                                                      self.eps)))
+
     def _c(self, t: jax.Array) -> jax.Array:
-        b = 2.0 * self.p_uniform / (1.0 - self.p_uniform)
-        return b * jnp.sqrt(jnp.clip(t * (1.0 - t), 0.0, None))
+        return self._b * jnp.sqrt(t * self._a(t))
 
     def alpha(self, t: jax.Array) -> jax.Array:
-        """alpha_t (same shape as ``t``, float32); t in [0, 1]."""
-        t = jnp.asarray(t, jnp.float32)
+        """alpha_t (same shape as ``t``, float32) for ``t`` in [0, 1].
+
+        Raises:
+          ValueError: a concrete ``t`` outside [0, 1] (traced times are the caller's contract).
+        """
+        t = _times(t, "alpha")
         if self.kind == "gidd":
             return self._a(t) / (1.0 + self._c(t))
         return self.alpha0 * self._a(t)
 
     def alpha_prime(self, t: jax.Array) -> jax.Array:
-        """d alpha_t / dt (same shape as ``t``)."""
-        t = jnp.asarray(t, jnp.float32)
-        return jax.jvp(self.alpha, (t,), (jnp.ones_like(t),))[1]
+        """d alpha_t / dt (same shape as ``t``, float32, < 0) for ``t`` in [0, 1], in closed form;
+        finite except GIDD's ``-inf`` at ``t = 0`` (``c_t ~ sqrt(t)``).
+
+        Raises:
+          ValueError: a concrete ``t`` outside [0, 1].
+        """
+        t = _times(t, "alpha_prime")
+        da = -(1.0 - self.eps)
+        if self.kind != "gidd":
+            return jnp.full_like(t, self.alpha0 * da)
+        a, c = self._a(t), self._c(t)
+        dc = self._b * (a + t * da) / (2.0 * jnp.sqrt(t * a))        # +inf at t = 0
+        return (da * (1.0 + c) - a * dc) / (1.0 + c) ** 2
 
     def sigma(self, t: jax.Array) -> jax.Array:
-        """Noise level ``-log alpha_t`` (the time conditioning of Duo / GIDD)."""
+        """Noise level ``-log alpha_t`` (the time conditioning of Duo / GIDD); finite on [0, 1]."""
         return -jnp.log(self.alpha(t))
 
     def prior_mass(self, t: jax.Array) -> jax.Array:
-        """``beta_t pi_t``: float32 [..., V] for ``t`` [...]; sums to ``1 - alpha_t``."""
-        t = jnp.asarray(t, jnp.float32)[..., None]
+        """``beta_t pi_t``: float32 [..., V] for ``t`` [...] in [0, 1]; sums to ``1 - alpha_t``.
+
+        Raises:
+          ValueError: a concrete ``t`` outside [0, 1].
+        """
+        t = _times(t, "prior_mass")[..., None]
         ids = jnp.arange(self.vocab_size)
         is_data = (ids < self.num_classes).astype(jnp.float32)
         if self.kind == "uniform":
@@ -125,18 +171,39 @@ class Process:
         return ((1.0 - self._a(t)) * is_mask + c * is_data / self.num_classes) / (1.0 + c)
 
     def rate_mass(self, t: jax.Array) -> jax.Array:
-        """``g_t = d/dt(beta_t pi_t) - (alpha'_t / alpha_t) beta_t pi_t`` [..., V] (>= 0): the
-        forward jump rate into each state."""
-        t = jnp.asarray(t, jnp.float32)
-        mass, dmass = jax.jvp(self.prior_mass, (t,), (jnp.ones_like(t),))
-        return dmass - (self.alpha_prime(t) / self.alpha(t))[..., None] * mass
+        """The forward jump rate into each state, ``g_t = d/dt(beta_t pi_t) - (alpha'_t / alpha_t)
+        beta_t pi_t``: float32 [..., V] for ``t`` [...], in closed form.
+
+        ``g_t >= 0`` on the whole of [0, 1] for every process, and finite there except GIDD's
+        rate into data ids at ``t = 0`` (``+inf``: ``c_t ~ sqrt(t)``, an integrable singularity).
+        Closed forms: masked ``g[MASK] = -alpha'/alpha``; uniform ``g[j] = -alpha'/(N alpha)``;
+        GIDD ``g[MASK] = -a'/(a (1 + c))`` and ``g[j] = c (1/t - a'/a) / (2 N (1 + c))``.
+
+        Raises:
+          ValueError: a concrete ``t`` outside [0, 1].
+        """
+        t = _times(t, "rate_mass")[..., None]
+        ids = jnp.arange(self.vocab_size)
+        is_data = (ids < self.num_classes).astype(jnp.float32)
+        if self.kind != "gidd":
+            g = -self.alpha_prime(t) / self.alpha(t)
+            if self.kind == "uniform":
+                return g * is_data / self.num_classes
+            return g * (ids == self.mask_id).astype(jnp.float32)
+        a, c, da = self._a(t), self._c(t), 1.0 - self.eps
+        g_mask = da / (a * (1.0 + c))
+        # c (1/t - a'/a) with c / t = B sqrt(a / t): +inf (not nan) at t = 0.
+        g_data = (self._b * jnp.sqrt(a / t) + c * da / a) / (2.0 * self.num_classes * (1.0 + c))
+        if self.p_uniform == 0.0:
+            g_data = jnp.zeros_like(g_data)
+        return jnp.where(ids == self.mask_id, g_mask, jnp.where(is_data > 0, g_data, 0.0))
 
     # -- distributions ----------------------------------------------------------------------------
 
     def marginal(self, x_probs: jax.Array, t: jax.Array) -> jax.Array:
         """``q_t(. | x)`` [..., V] for ``x_probs`` [..., V] (one-hot or a distribution), ``t`` [...]
-        broadcastable to ``x_probs.shape[:-1]``."""
-        t = jnp.asarray(t, jnp.float32)
+        broadcastable to ``x_probs.shape[:-1]``, in [0, 1]."""
+        t = _times(t, "marginal")
         return self.alpha(t)[..., None] * x_probs + self.prior_mass(t)
 
     def posterior(self, z_t: jax.Array, x_probs: jax.Array, s: jax.Array, t: jax.Array
@@ -151,8 +218,8 @@ class Process:
           x_probs: float [..., V].
           s, t: float, broadcastable to ``z_t.shape``; ``0 <= s < t <= 1``.
         """
-        s = jnp.broadcast_to(jnp.asarray(s, jnp.float32), z_t.shape)
-        t = jnp.broadcast_to(jnp.asarray(t, jnp.float32), z_t.shape)
+        s = jnp.broadcast_to(_times(s, "posterior"), z_t.shape)
+        t = jnp.broadcast_to(_times(t, "posterior"), z_t.shape)
         a_ts = self.alpha(t) / self.alpha(s)
         gamma = self.prior_mass(t) - a_ts[..., None] * self.prior_mass(s)   # [..., V] over z_t
         gamma_zt = jnp.take_along_axis(gamma, z_t[..., None], axis=-1)      # [..., 1]
@@ -162,8 +229,9 @@ class Process:
         return joint / jnp.clip(joint.sum(-1, keepdims=True), 1e-30, None)
 
     def sample(self, key: jax.Array, x: jax.Array, t: jax.Array) -> jax.Array:
-        """Draws ``z_t ~ q_t(. | x)`` for int tokens ``x`` [B, L] and times ``t`` [B]. int32 [B, L]."""
-        t = jnp.asarray(t, jnp.float32)[:, None]
+        """Draws ``z_t ~ q_t(. | x)`` for int tokens ``x`` [B, L] and times ``t`` [B] in [0, 1].
+        int32 [B, L]."""
+        t = _times(t, "sample")[:, None]
         if self.kind == "masked":
             keep = jax.random.uniform(key, x.shape) < self.alpha(t)
             return jnp.where(keep, x, self.mask_id).astype(jnp.int32)

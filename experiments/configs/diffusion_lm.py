@@ -6,12 +6,13 @@ Models").
     python -m experiments.diffusion_lm --config=experiments/configs/diffusion_lm.py:paper --workdir=DIR  # accelerator
 
 Override fields with ``--config.<field>=value`` (e.g. ``--config.budgets='(1e10,2e10,4e10)'``) or
-``:tiny,field=value``.
+``:tiny,field=value``; grouped fields by their dotted path (``--config.optim.learning_rate=1e-3``).
 """
 
 import ml_collections
 
 from core import config as cfg_lib
+from core import report
 
 
 def base() -> ml_collections.ConfigDict:
@@ -31,25 +32,43 @@ def base() -> ml_collections.ConfigDict:
     c.model_parallelism = 1  # size of the mesh's model axis (tensor parallelism)
     c.param_sharding = "fsdp"  # "fsdp": FSDP over data + TP over model; "replicated"
     c.isoflop_families = ("ar", "mdlm", "mdlm_ce", "duo")
-    c.families = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "gidd")
+    c.families = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "esolm_nelbo", "gidd")
     c.budgets = (1e10, 2e10, 4e10)  # training FLOPs, C = 3 * F_fwd * tokens
-    c.learning_rate = 3e-3
-    c.warmup_steps = 20
-    c.weight_decay = 0.0
-    c.grad_clip = 1.0
+    # AdamW, linear warmup then constant (one run per size yields every budget).
+    c.optim = ml_collections.ConfigDict(dict(
+        learning_rate=3e-3, warmup_steps=20, weight_decay=0.0, grad_clip=1.0))
     c.ema_decay = 0.0  # 0 disables the parameter EMA
     c.eps = 1e-3  # schedule floor alpha_1 = eps
-    c.alpha0 = 0.5  # Eso-LM: clean fraction left to the diffusion phase
-    c.p_uniform = 0.1  # GIDD
-    c.gidd_max_weight = 2.0
+    # FamilySpec fields: t_min (times ~ U[t_min, 1] in every NELBO estimate), Eso-LM's clean
+    # fraction alpha0 (at sampling; esolm_nelbo also trains at it, esolm at 1), GIDD's uniform
+    # share p_uniform and its training-weight clip.
+    c.process = ml_collections.ConfigDict(dict(
+        t_min=1e-3, alpha0=0.5, p_uniform=0.1, gidd_max_weight=2.0))
     c.eval_windows = 128  # held-out windows per IsoFLOP evaluation (multiple of batch_size)
     c.eval_reps = 2  # time / mask draws per window at each evaluation
     c.final_eval_windows = 128
     c.final_eval_reps = 2
-    c.sample_steps = (8, 32)
-    c.sample_batches = 1  # batches of batch_size samples per setting
+    c.sampling = ml_collections.ConfigDict(dict(
+        steps=(8, 32),  # sampling steps of the diffusion families (AR: seq_len)
+        batches=1))  # batches of batch_size samples per setting
+    # The generative-perplexity evaluator: a larger causal LM trained once on the same split
+    # (algorithms.lm.training fields); it scores every family's samples.
+    c.evaluator = ml_collections.ConfigDict(dict(
+        model=ml_collections.ConfigDict(dict(
+            d_model=96, num_layers=3, num_heads=4, num_kv_heads=2, max_len=128, mlp_dim=0,
+            dtype="float32", attention="reference", attention_block=512, remat="none")),
+        seq_len=128, batch_size=32, steps=400, learning_rate=3e-3, warmup_steps=40,
+        weight_decay=0.1, grad_clip=1.0, log_every=50, checkpoint_every=200))
     c.log_every = 25
     c.bootstrap_samples = 500
+    c.claim = report.claim_config(
+        method="Discrete diffusion LMs (AR / MDLM / Duo / Eso-LM / GIDD)",
+        statement="ppl AR < masked < uniform; MDLM-CE ~12% more FLOPs-efficient",
+        checks=("val_bpb.ar < val_bpb.mdlm", "val_bpb.mdlm < val_bpb.duo",
+                "ce_vs_nelbo_flops_ratio.hi < 1"),
+        ours="bpb AR {val_bpb[ar]:.3f}, MDLM {val_bpb[mdlm]:.3f}, Duo {val_bpb[duo]:.3f}; "
+             "CE/NELBO FLOPs {ce_vs_nelbo_flops_ratio[ratio]:.2f} "
+             "[{ce_vs_nelbo_flops_ratio[lo]:.2f}, {ce_vs_nelbo_flops_ratio[hi]:.2f}]")
     return c
 
 
@@ -59,9 +78,13 @@ VARIANTS = {
     "smoke": {
         "seq_len": 16, "batch_size": 8, "sizes": ((8, 1, 1), (12, 1, 1), (16, 1, 1)),
         "reference_size": 1, "isoflop_families": ("ar", "mdlm", "mdlm_ce"),
-        "budgets": (2e7, 4e7, 8e7), "warmup_steps": 2, "eval_windows": 8, "eval_reps": 1,
-        "final_eval_windows": 8, "final_eval_reps": 1, "sample_steps": (2,), "log_every": 2,
-        "bootstrap_samples": 20,
+        "budgets": (2e7, 4e7, 8e7), "optim.warmup_steps": 2, "eval_windows": 8, "eval_reps": 1,
+        "final_eval_windows": 8, "final_eval_reps": 1, "sampling.steps": (2,), "log_every": 2,
+        "bootstrap_samples": 20, "evaluator.model.d_model": 16, "evaluator.model.num_layers": 1,
+        "evaluator.model.num_heads": 2, "evaluator.model.num_kv_heads": 1,
+        "evaluator.model.max_len": 16, "evaluator.seq_len": 16, "evaluator.batch_size": 8,
+        "evaluator.steps": 4, "evaluator.warmup_steps": 1, "evaluator.log_every": 2,
+        "evaluator.checkpoint_every": 2,
     },
     "paper": {
         # DiT-small backbone (12 layers, d=768, 12 heads), L=1024, AdamW 3e-4, warmup 2500, EMA.
@@ -69,16 +92,29 @@ VARIANTS = {
         "sizes": ((512, 8, 8), (640, 10, 10), (768, 12, 12), (1024, 16, 16)),
         "reference_size": 2,
         "budgets": (3e18, 1e19, 3e19),
-        "learning_rate": 3e-4, "warmup_steps": 2500, "weight_decay": 0.0, "ema_decay": 0.9999,
+        "optim.learning_rate": 3e-4, "optim.warmup_steps": 2500, "optim.weight_decay": 0.0,
+        "ema_decay": 0.9999,
         "eval_windows": 2048, "eval_reps": 2, "final_eval_windows": 4096, "final_eval_reps": 4,
-        "sample_steps": (16, 64, 256, 1024), "sample_batches": 1, "log_every": 100,
+        "sampling.steps": (16, 64, 256, 1024), "sampling.batches": 1, "log_every": 100,
         "bootstrap_samples": 2000,
         "backbone.dtype": "bfloat16", "backbone.attention": "blockwise", "backbone.remat": "minimal",
+        # the evaluator: GPT-2 medium-sized, as the papers score with a larger AR model
+        "evaluator.model.d_model": 1024, "evaluator.model.num_layers": 24,
+        "evaluator.model.num_heads": 16, "evaluator.model.num_kv_heads": 16,
+        "evaluator.model.max_len": 1024, "evaluator.seq_len": 1024, "evaluator.batch_size": 256,
+        "evaluator.steps": 50_000, "evaluator.learning_rate": 3e-4,
+        "evaluator.warmup_steps": 2000, "evaluator.log_every": 100,
+        "evaluator.checkpoint_every": 1000, "evaluator.model.dtype": "bfloat16",
+        "evaluator.model.attention": "blockwise", "evaluator.model.remat": "minimal",
     },
 }
 
 
-FAMILIES = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "gidd")  # algorithms.diffusion_lm.FAMILIES
+FAMILIES = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "esolm_nelbo", "gidd")  # families.FAMILIES
+
+_ATTENTION = ("reference", "blockwise", "cudnn")
+_REMAT = ("none", "full", "minimal", "dots")
+_DTYPES = ("float32", "bfloat16", "float16")
 
 # What each field accepts (checked once every override is in, before any work).
 RULES = {
@@ -90,30 +126,50 @@ RULES = {
     # (d_model, num_layers, num_heads); the IsoFLOP fit needs >= 3 sizes
     "sizes": cfg_lib.tuple_of(cfg_lib.tuple_of(cfg_lib.integer(lo=1), 3, 3), min_len=3),
     "reference_size": cfg_lib.integer(lo=0),
-    "backbone.dtype": cfg_lib.one_of("float32", "bfloat16", "float16"),
-    "backbone.attention": cfg_lib.one_of("reference", "blockwise", "cudnn"),
+    "backbone.dtype": cfg_lib.one_of(*_DTYPES),
+    "backbone.attention": cfg_lib.one_of(*_ATTENTION),
     "backbone.attention_block": cfg_lib.integer(lo=1),
-    "backbone.remat": cfg_lib.one_of("none", "full", "minimal", "dots"),
+    "backbone.remat": cfg_lib.one_of(*_REMAT),
     "model_parallelism": cfg_lib.integer(lo=1),
     "param_sharding": cfg_lib.one_of("fsdp", "replicated"),
     "isoflop_families": cfg_lib.tuple_of(cfg_lib.one_of(*FAMILIES)),
     "families": cfg_lib.tuple_of(cfg_lib.one_of(*FAMILIES)),
     "budgets": cfg_lib.tuple_of(cfg_lib.number(lo=0, lo_open=True), min_len=2),
-    "learning_rate": cfg_lib.number(lo=0, lo_open=True),
-    "warmup_steps": cfg_lib.integer(lo=0),
-    "weight_decay": cfg_lib.number(lo=0),
-    "grad_clip": cfg_lib.number(lo=0, lo_open=True),
+    "optim.learning_rate": cfg_lib.number(lo=0, lo_open=True),
+    "optim.warmup_steps": cfg_lib.integer(lo=0),
+    "optim.weight_decay": cfg_lib.number(lo=0),
+    "optim.grad_clip": cfg_lib.number(lo=0, lo_open=True),
     "ema_decay": cfg_lib.number(lo=0, hi=1, hi_open=True),  # 0 disables the EMA
     "eps": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
-    "alpha0": cfg_lib.number(lo=0, hi=1, lo_open=True),
-    "p_uniform": cfg_lib.number(lo=0, hi=1, hi_open=True),
-    "gidd_max_weight": cfg_lib.number(lo=0, lo_open=True),
+    "process.t_min": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
+    "process.alpha0": cfg_lib.number(lo=0, hi=1, lo_open=True),
+    "process.p_uniform": cfg_lib.number(lo=0, hi=1, hi_open=True),
+    "process.gidd_max_weight": cfg_lib.number(lo=0, lo_open=True),
     "eval_windows": cfg_lib.integer(lo=1),
     "eval_reps": cfg_lib.integer(lo=1),
     "final_eval_windows": cfg_lib.integer(lo=1),
     "final_eval_reps": cfg_lib.integer(lo=1),
-    "sample_steps": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
-    "sample_batches": cfg_lib.integer(lo=1),
+    "sampling.steps": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
+    "sampling.batches": cfg_lib.integer(lo=1),
+    "evaluator.model.d_model": cfg_lib.integer(lo=1),
+    "evaluator.model.num_layers": cfg_lib.integer(lo=1),
+    "evaluator.model.num_heads": cfg_lib.integer(lo=1),
+    "evaluator.model.num_kv_heads": cfg_lib.integer(lo=1),
+    "evaluator.model.max_len": cfg_lib.integer(lo=2),
+    "evaluator.model.mlp_dim": cfg_lib.integer(lo=0),  # 0 = the default width
+    "evaluator.model.dtype": cfg_lib.one_of(*_DTYPES),
+    "evaluator.model.attention": cfg_lib.one_of(*_ATTENTION),
+    "evaluator.model.attention_block": cfg_lib.integer(lo=1),
+    "evaluator.model.remat": cfg_lib.one_of(*_REMAT),
+    "evaluator.seq_len": cfg_lib.integer(lo=2),
+    "evaluator.batch_size": cfg_lib.integer(lo=1),
+    "evaluator.steps": cfg_lib.integer(lo=1),
+    "evaluator.learning_rate": cfg_lib.number(lo=0, lo_open=True),
+    "evaluator.warmup_steps": cfg_lib.integer(lo=0),
+    "evaluator.weight_decay": cfg_lib.number(lo=0),
+    "evaluator.grad_clip": cfg_lib.number(lo=0, lo_open=True),
+    "evaluator.log_every": cfg_lib.integer(lo=1),
+    "evaluator.checkpoint_every": cfg_lib.integer(lo=1),
     "log_every": cfg_lib.integer(lo=1),
     "bootstrap_samples": cfg_lib.integer(lo=1),
 }
@@ -148,17 +204,37 @@ def check_windows(config: ml_collections.ConfigDict) -> None:
 
 
 def check_families(config: ml_collections.ConfigDict) -> None:
-    """The AR model scores the samples of the other families, so ``families`` includes it.
+    """The headline compares AR, MDLM and Duo, so ``families`` includes them.
 
     Raises:
-      ValueError: ``"ar"`` not in ``families``.
+      ValueError: one of ``"ar"``, ``"mdlm"``, ``"duo"`` not in ``families``.
     """
-    if "ar" not in config.families:
+    missing = [f for f in ("ar", "mdlm", "duo") if f not in config.families]
+    if missing:
         raise ValueError(f"config field families = {config.families!r}: expected it to include "
-                         "'ar' (the AR model scores the samples)")
+                         f"{missing} (the claim orders AR < masked < uniform-state)")
 
 
-CROSS_CHECKS = (check_sizes, check_windows, check_families)
+def check_evaluator(config: ml_collections.ConfigDict) -> None:
+    """The evaluator scores samples of ``seq_len`` tokens and trains on ``evaluator.seq_len``
+    windows, both within its ``evaluator.model.max_len``; its heads divide as in the ``lm`` config.
+
+    Raises:
+      ValueError: naming the fields.
+    """
+    ev = config.evaluator
+    for field, n in (("seq_len", config.seq_len), ("evaluator.seq_len", ev.seq_len)):
+        if n > ev.model.max_len:
+            raise ValueError(f"config fields {field}={n} and evaluator.model.max_len="
+                             f"{ev.model.max_len}: expected {field} <= evaluator.model.max_len")
+    m = ev.model
+    if m.num_heads % m.num_kv_heads or m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2:
+        raise ValueError(f"config fields evaluator.model.d_model={m.d_model}, num_heads="
+                         f"{m.num_heads}, num_kv_heads={m.num_kv_heads}: expected num_kv_heads to "
+                         "divide num_heads and d_model / num_heads to be an even integer")
+
+
+CROSS_CHECKS = (check_sizes, check_windows, check_families, check_evaluator)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -9,7 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from algorithms.diffusion_lm import esolm, losses
-from algorithms.diffusion_lm.families import FamilySpec, train_loss, transformer_config
+from algorithms.diffusion_lm.families import (
+    FamilySpec,
+    per_token_terms,
+    train_loss,
+    transformer_config,
+)
 from algorithms.diffusion_lm.processes import Process, denoiser_log_probs
 from models.transformer import Transformer
 
@@ -200,3 +205,30 @@ def test_nelbo_is_nonnegative_and_finite_for_any_denoiser(seed, scale, t):
         nelbo = np.asarray(nelbo)
         assert np.all(np.isfinite(nelbo))
         assert nelbo.min() >= -1e-5 * max(1.0, np.abs(nelbo).max())
+
+
+def test_esolm_is_trained_the_authors_way_and_the_ablation_ours():
+    """``esolm``: alpha_0 = 1 and the cross-entropy objective in training (CE x weight = NELBO,
+    no AR pass), alpha_0 < 1 only in the sampler; ``esolm_nelbo``: alpha_0 < 1 and its NELBO."""
+    kw = dict(vocab_size=V, num_classes=N, mask_id=MASK, bos_id=8, alpha0=0.5)
+    paper, ablation = FamilySpec("esolm", **kw), FamilySpec("esolm_nelbo", **kw)
+    assert paper.process.alpha0 == 1.0 and paper.sampling_process.alpha0 == 0.5
+    assert ablation.process.alpha0 == ablation.sampling_process.alpha0 == 0.5
+    assert paper.train_passes == (1,) and ablation.train_passes == (1, 2)
+    model = Transformer(transformer_config(paper, L, d_model=16, num_layers=1, num_heads=2),
+                        rngs=nnx.Rngs(0))
+    x, _, t = _batch(8)
+    key = jax.random.key(9)
+    ce, nelbo = per_token_terms(paper, model, x, key, t)
+    weight = np.asarray(losses.masked_weight(paper.process, t))[:, None]
+    np.testing.assert_allclose(np.asarray(ce) * weight, nelbo, rtol=1e-5, atol=1e-7)
+    apply_fn = lambda tok, pos, mask: model(tok, positions=pos, mask=mask)  # noqa: E731
+    diff, ar = esolm.nelbo_terms(apply_fn, paper.process, x, key, t)
+    np.testing.assert_allclose(nelbo, diff, rtol=1e-6)
+    np.testing.assert_array_equal(ar, 0.0)
+    assert float(np.asarray(ce).sum()) > 0
+    train, nelbo_ab = per_token_terms(ablation, model, x, key, t)
+    np.testing.assert_array_equal(train, nelbo_ab)
+    diff, ar = esolm.nelbo_terms(apply_fn, ablation.process, x, key, t)
+    np.testing.assert_allclose(nelbo_ab, diff + ar, rtol=1e-6)
+    assert float(np.asarray(ar).sum()) > 0

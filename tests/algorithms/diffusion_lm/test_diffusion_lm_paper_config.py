@@ -6,16 +6,17 @@ import pytest
 from flax import nnx
 
 from algorithms.diffusion_lm.families import FamilySpec, transformer_config
+from algorithms.diffusion_lm.grid import family_spec, optimizer
 from algorithms.diffusion_lm.training import init_state, make_step
-from experiments import diffusion_lm as exp
+from core import config as cfg_lib
 from experiments.configs import diffusion_lm as dlm_config
 from models.transformer import Transformer, param_count
 
 
 def test_paper_variant_lowers_one_step_abstractly():
     config = dlm_config.get_config("paper")
-    assert config.seq_len == 1024 and config.learning_rate == 3e-4
-    assert config.warmup_steps == 2500 and config.ema_decay == 0.9999
+    assert config.seq_len == 1024 and config.optim.learning_rate == 3e-4
+    assert config.optim.warmup_steps == 2500 and config.ema_decay == 0.9999
     d, layers, heads = config.sizes[config.reference_size]
     assert (d, layers, heads) == (768, 12, 12)                   # DiT-small
     spec = FamilySpec("mdlm")
@@ -23,7 +24,7 @@ def test_paper_variant_lowers_one_step_abstractly():
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, params = nnx.split(abstract)
     assert 80e6 < param_count(params) < 120e6
-    tx = exp._optimizer(config)
+    tx = optimizer(config.optim)
     state = jax.eval_shape(lambda p: init_state(p, tx, config.ema_decay), params)
     batch = {"x": jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32),
              "train": jax.ShapeDtypeStruct((), jnp.float32),
@@ -37,11 +38,26 @@ def test_paper_variant_lowers_one_step_abstractly():
 
 
 def test_tiny_config_is_valid_and_bad_overrides_raise():
-    config = dlm_config.get_config("tiny")
-    exp._validate(config)
-    with pytest.raises(ValueError, match="multiples of"):
-        exp._validate(dlm_config.get_config("tiny,eval_windows=100"))
-    with pytest.raises(ValueError, match="sample_steps"):
-        exp._validate(dlm_config.get_config("tiny,sample_steps=(0,4)"))
+    for variant in ("tiny", "smoke", "paper"):
+        cfg_lib.validate_module_config(dlm_config.get_config(variant), dlm_config)
+    with pytest.raises(ValueError, match="multiple of batch_size"):
+        cfg_lib.validate_module_config(dlm_config.get_config("tiny,eval_windows=100"), dlm_config)
+    with pytest.raises(ValueError, match="sampling.steps"):
+        cfg_lib.validate_module_config(dlm_config.get_config("tiny,sampling.steps=(0,4)"),
+                                       dlm_config)
+    with pytest.raises(ValueError, match="evaluator.model.max_len"):
+        cfg_lib.validate_module_config(dlm_config.get_config("tiny,seq_len=256"), dlm_config)
     with pytest.raises(ValueError, match="no field"):
         dlm_config.get_config("tiny,no_such_field=1")
+
+
+def test_family_specs_take_the_tokenizers_ids_and_the_process_group():
+    from core.data import ByteTokenizer
+
+    tok, config = ByteTokenizer(), dlm_config.get_config("tiny")
+    spec = family_spec(config, "esolm_nelbo", tok)
+    assert (spec.vocab_size, spec.mask_id, spec.bos_id) == (tok.vocab_size, tok.mask_id,
+                                                            tok.bos_id)
+    assert spec.num_classes == tok.mask_id == 256
+    assert spec.alpha0 == config.process.alpha0 and spec.t_min == config.process.t_min
+    assert FamilySpec("mdlm") == family_spec(config, "mdlm", tok)  # defaults are the tokenizer's
