@@ -25,7 +25,8 @@ available to us, so everything below is our reconstruction from those principles
    coefficient ``b_t`` is the response of the decision to the current innovation (the integrand at
    ``s = t``), and the variance part of the tracking error is ``E int |E[D_s X_t | F_s]|^2 ds``. We
    compute ``D_s X_t`` by automatic differentiation of the simulated decision path with respect to its
-   noise (:mod:`algorithms.spf.malliavin`).
+   noise (:mod:`algorithms.spf.malliavin`), as a diagnostic only: neither the update (item 4) nor its
+   training objective uses it. How the paper puts it into the algorithm is in the body we lack.
 4. Learning (ours). One small MLP ``phi`` is shared by all coordinates and reads P local features of
    coordinate i, all in gradient units and divided by one scalar ``S_k`` (the RMS of the mini-batch
    gradient over coordinates), which makes the update equivariant to the gradient scale and its
