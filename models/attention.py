@@ -23,10 +23,16 @@ Implementations (``TransformerConfig.attention``):
   and backward kernels (custom VJP), GQA by the kernel's grouped heads. A per-example custom mask
   (Eso-LM's permuted orders) cannot be one of splash's static masks, and a dynamic mask would
   cost a [B, H, L, S] boolean array per layer, so ``"custom"`` falls back to ``"blockwise"``
-  (:func:`fallback_reason` says so in one line). Under a multi-device mesh set with
-  ``jax.set_mesh`` the kernel runs inside ``jax.shard_map`` (rows over ``data``, heads over
-  ``model``; a Mosaic kernel is not partitioned by XLA); with no mesh in context it is called
-  directly (one device). TPU only (``interpret=True`` runs it on the CPU for tests).
+  (:func:`fallback_reason` says so in one line). A Mosaic kernel is not partitioned by XLA, so
+  under a multi-device mesh in context (``jax.set_mesh`` or ``jax.sharding.use_abstract_mesh``
+  while tracing) the kernel runs inside ``jax.shard_map`` (rows over ``data``, kv heads over
+  ``model``, each where it divides); with no mesh in context and several devices, over a 1-D mesh
+  of ``jax.devices()`` (rows, where they divide); on one device it is called directly. TPU only
+  (``interpret=True`` runs it on the CPU for tests).
+* ``"auto"``: the platform's fused kernel, chosen when the program is lowered for a platform
+  (``jax.lax.platform_dependent``, so a compile for another target picks that target's): splash on
+  TPU, cuDNN on NVIDIA GPUs when JAX runs on one (cuDNN is looked up while tracing), blockwise
+  everywhere else and for custom masks.
 
 All return the same values as the reference to float tolerance (tests: values and gradients for every
 mask kind); softmax statistics are float32 whatever the input dtype.
@@ -40,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLEMENTATIONS = ("reference", "blockwise", "cudnn", "splash")
+IMPLEMENTATIONS = ("reference", "blockwise", "cudnn", "splash", "auto")
 SPLASH_LANES = 128  # splash tiles the sequence in multiples of the TPU lane width
 MASK_KINDS = ("causal", "full", "custom")
 
@@ -68,7 +74,8 @@ def check_platform(implementation: str, platform: str | None = None) -> None:
 
 def fallback_reason(implementation: str, mask_kind: str) -> str | None:
     """One line saying why ``implementation`` runs ``mask_kind`` by another implementation, or None
-    when it runs it itself: ``"splash"`` with a ``"custom"`` mask runs ``"blockwise"``.
+    when it runs it itself: ``"splash"`` and ``"auto"`` with a ``"custom"`` mask run
+    ``"blockwise"``.
 
     Raises:
       ValueError: an unknown implementation or mask kind.
@@ -76,9 +83,10 @@ def fallback_reason(implementation: str, mask_kind: str) -> str | None:
     check_implementation(implementation)
     if mask_kind not in MASK_KINDS:
         raise ValueError(f"fallback_reason: mask_kind={mask_kind!r} is not one of {MASK_KINDS}")
-    if implementation == "splash" and mask_kind == "custom":
-        return ("attention='splash' runs custom (per-example) masks with 'blockwise': splash's "
-                "masks are static, and a dynamic one would store a [B, H, L, S] bool per layer")
+    if implementation in ("splash", "auto") and mask_kind == "custom":
+        return (f"attention={implementation!r} runs custom (per-example) masks with 'blockwise': "
+                "splash's masks are static, a dynamic one would store a [B, H, L, S] bool per "
+                "layer, and cuDNN takes causal or full masks only")
     return None
 
 
@@ -313,6 +321,8 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask_kind: str
     local = functools.partial(_splash_local, mask_kind=mask_kind, l=l, s=s, block=block,
                               interpret=interpret)
     mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty and jax.device_count() > 1:
+        mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("data",))
     if not mesh.empty and mesh.size > 1:
         # A Mosaic kernel is not partitioned by XLA: run it per device on its rows and heads.
         names = mesh.axis_names
@@ -331,7 +341,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str, 
 
     Args:
       q: [B, H, L, D]; k, v: [B, K, S, D].
-      implementation: one of :data:`IMPLEMENTATIONS`.
+      implementation: one of :data:`IMPLEMENTATIONS` (``"auto"``: chosen at lowering, module
+        docstring).
       mask_kind: ``"causal"``, ``"full"`` or ``"custom"``; mask: bool [B or 1, L, S] for custom.
       block_size: key block of the blockwise implementation, query and key tile of splash.
       interpret: run splash's Pallas kernels in interpret mode (tests on the CPU).
@@ -345,10 +356,20 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str, 
     from models.kv_cache import grouped_attention
 
     check_implementation(implementation)
-    if implementation == "splash" and fallback_reason(implementation, mask_kind) is None:
+    fused = fallback_reason(implementation, mask_kind) is None
+    if implementation == "splash" and fused:
         return splash_attention(q, k, v, mask_kind=mask_kind, block_size=block_size,
                                 interpret=interpret)
-    if implementation in ("blockwise", "splash"):
+    if implementation == "auto" and fused:
+        blockwise = functools.partial(blockwise_attention, mask_kind=mask_kind,
+                                      block_size=block_size)
+        on_gpu = jax.default_backend() == "gpu"
+        return jax.lax.platform_dependent(
+            q, k, v, default=blockwise,
+            tpu=functools.partial(splash_attention, mask_kind=mask_kind, block_size=block_size),
+            cuda=functools.partial(attention, implementation="cudnn", mask_kind=mask_kind)
+            if on_gpu else blockwise)
+    if implementation in ("blockwise", "splash", "auto"):
         return blockwise_attention(q, k, v, mask_kind=mask_kind, mask=mask, block_size=block_size)
     if implementation == "cudnn":
         if mask_kind == "custom":

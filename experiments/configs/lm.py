@@ -52,7 +52,9 @@ VARIANTS = {
         "model.num_kv_heads": 4, "model.max_len": 1024, "seq_len": 1024, "batch_size": 256,
         "steps": 50_000, "learning_rate": 6e-4, "warmup_steps": 2000, "eval_windows": 2048,
         "checkpoint_every": 1000, "log_every": 100,
-        "model.dtype": "bfloat16", "model.attention": "blockwise", "model.remat": "minimal",
+        # "auto": splash on TPU (compiled for v5e:4x4: 6.0 -> 4.6 GiB per chip, roofline MFU 19% ->
+        # 23% against blockwise), cuDNN on GPU, blockwise elsewhere (models/attention.py)
+        "model.dtype": "bfloat16", "model.attention": "auto", "model.remat": "minimal",
     },
 }
 
@@ -69,7 +71,7 @@ RULES = {
     "model.max_len": cfg_lib.integer(lo=2),
     "model.mlp_dim": cfg_lib.integer(lo=0),  # 0 = the default width
     "model.dtype": cfg_lib.one_of("float32", "bfloat16", "float16"),
-    "model.attention": cfg_lib.one_of("reference", "blockwise", "cudnn", "splash"),
+    "model.attention": cfg_lib.one_of("reference", "blockwise", "cudnn", "splash", "auto"),
     "model.attention_block": cfg_lib.integer(lo=1),
     "model.remat": cfg_lib.one_of("none", "full", "minimal", "dots"),
     "seq_len": cfg_lib.integer(lo=2),  # next-token loss needs two positions

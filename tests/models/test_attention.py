@@ -118,8 +118,27 @@ def test_splash_bf16_within_bf16_resolution_and_custom_masks_run_blockwise():
     np.testing.assert_array_equal(via_splash, attn.blockwise_attention(
         q, kk, v, mask_kind="custom", mask=custom))
     assert "blockwise" in attn.fallback_reason("splash", "custom")
+    assert "blockwise" in attn.fallback_reason("auto", "custom")
     assert attn.fallback_reason("splash", "causal") is None
     assert attn.fallback_reason("blockwise", "custom") is None
+
+
+@pytest.mark.parametrize("kind", ["causal", "full", "custom"])
+def test_auto_is_blockwise_off_tpu_and_gpu(kind):
+    """On the CPU, "auto" lowers the blockwise branch of ``lax.platform_dependent``: the same
+    values and gradients bit for bit (the splash branch is traced, not lowered)."""
+    q, kk, v, custom = _inputs(7, 2, 4, 2, 40, 16)
+    mask = custom if kind == "custom" else None
+
+    def run(impl):
+        def f(q, kk, v):
+            return attn.attention(q, kk, v, implementation=impl, mask_kind=kind, mask=mask,
+                                  block_size=16)
+        out, vjp = jax.jit(lambda *a: jax.vjp(f, *a))(q, kk, v)
+        return out, vjp(jnp.ones_like(out))
+
+    for a, r in zip(jax.tree.leaves(run("auto")), jax.tree.leaves(run("blockwise")), strict=True):
+        np.testing.assert_array_equal(a, r)
 
 
 def test_blockwise_bad_input():
@@ -141,6 +160,8 @@ def test_blockwise_bad_input():
     with pytest.raises(ValueError, match="needs a TPU"):
         attn.check_platform("splash", "gpu")
     attn.check_platform("splash", "tpu")
+    for platform in ("cpu", "gpu", "tpu"):
+        attn.check_platform("auto", platform)
     with pytest.raises(ValueError, match="custom masks run by blockwise"):
         attn.splash_attention(q, kk, v, mask_kind="custom")
     with pytest.raises(ValueError, match="causal mask needs L = S"):

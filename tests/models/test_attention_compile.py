@@ -22,17 +22,20 @@ def _need(target):
         pytest.skip(f"compile extras for {target} are not installed here (make aot-env installs them)")
 
 
-@pytest.mark.parametrize("mask_kind", ["causal", "full"])
-def test_splash_forward_and_backward_compile_for_tpu_v5e(mask_kind):
+@pytest.mark.parametrize("implementation, mask_kind",
+                         [("splash", "causal"), ("splash", "full"), ("auto", "causal")])
+def test_splash_forward_and_backward_compile_for_tpu_v5e(implementation, mask_kind):
     """GQA (4 query heads on 2 kv heads), bf16, head dim 64 as in the lm paper model; L = 200 is
-    padded to two 128-wide tiles (the full mask then needs segment ids)."""
+    padded to two 128-wide tiles (the full mask then needs segment ids). "auto" lowers its splash
+    branch for the TPU."""
     _need("tpu-v5e")
     b, h, kh, l, d = 2, 4, 2, 200, 64
     q = jax.ShapeDtypeStruct((b, h, l, d), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((b, kh, l, d), jnp.bfloat16)
 
     def loss(q, k, v):
-        out = attn.attention(q, k, v, implementation="splash", mask_kind=mask_kind, block_size=128)
+        out = attn.attention(q, k, v, implementation=implementation, mask_kind=mask_kind,
+                              block_size=128)
         return jnp.sum(out.astype(jnp.float32) ** 2)
 
     res = aot.compile_for(jax.grad(loss, argnums=(0, 1, 2)), (q, kv, kv), "tpu-v5e")
@@ -41,3 +44,18 @@ def test_splash_forward_and_backward_compile_for_tpu_v5e(mask_kind):
     # L x L (or padded 256 x 256) score array exists; the reference compiles to f32[2,2,2,200,200]
     assert text.count("tpu_custom_call") == 3
     assert not re.findall(r"\[[\d,]*(?:200|256),(?:200|256)\]", text)
+
+
+def test_auto_compiles_for_a_gpu_without_the_tpu_kernel():
+    """The same "auto" program compiled for an H100 lowers the GPU branch (blockwise here: cuDNN is
+    only chosen when JAX runs on a GPU), with no Mosaic TPU kernel in it."""
+    _need("h100")
+    q = jax.ShapeDtypeStruct((2, 4, 200, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 2, 200, 64), jnp.bfloat16)
+
+    def loss(q, k, v):
+        out = attn.attention(q, k, v, implementation="auto", mask_kind="causal", block_size=128)
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    text = aot.compile_for(jax.grad(loss, argnums=(0, 1, 2)), (q, kv, kv), "h100").compiled.as_text()
+    assert "tpu_custom_call" not in text and "mosaic" not in text.lower()
