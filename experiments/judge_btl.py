@@ -20,6 +20,7 @@ without Ground Truth"), each a call into :mod:`algorithms.ranking.studies` or
 from __future__ import annotations
 
 import os
+import time
 
 import jax
 import matplotlib.pyplot as plt
@@ -135,9 +136,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     res, part_seconds = {}, {}
     with jax.enable_x64(True):
         for name, fn in tqdm(steps.items(), desc=NAME, leave=False):
+            cpu = time.process_time()
             with timing.Stopwatch() as sw:
                 res[name] = fn()
-            part_seconds[name] = dict(wall=sw.seconds)
+            part_seconds[name] = dict(wall=sw.seconds, cpu=time.process_time() - cpu)
     sim, cov, tim, llm = res["simulation"], res["coverage"], res["timing"], res.get("real_data")
     figures = {"simulation_recovery": _recovery_figure(truth, sim)}
     if llm is not None:
