@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
+from tqdm import tqdm
 
 from algorithms.kv_budget import cache as budget_cache
 from algorithms.kv_budget import entrokv, quality
@@ -71,6 +72,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     windows = jnp.asarray(model.windows(seq, config.windows))
     key = jax.random.key(config.seed)
     metrics: dict = {"model": model.info, "nll_unit": unit}
+    bar = tqdm(total=4, desc=NAME)  # attention error, decoding, budgets, synthetic
 
     # 1. True compression and attention error on the model's real activations.
     acts = capture.capture_attention_inputs(graphdef, params, windows)
@@ -80,6 +82,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                                                                        bits["effective"])
         metrics[f"{m}_rel_err"] = quality.attention_error(acts, c, key,
                                                           rope if m != "kivi" else None)
+    bar.update()
 
     # 2. Held-out bits per byte decoding through each cache, and the decode time.
     backends = {"full": kvc.DENSE,
@@ -93,6 +96,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     metrics["seconds"] = seconds
     metrics["dequant_overhead"] = seconds["qvg"] / seconds["full"]
     metrics["kivi_time_ratio"] = seconds["kivi"] / seconds["full"]
+    bar.update()
 
     # 3. EntroKV vs uniform budgets at the configured fraction of the prompt.
     ecfg = entrokv.EntroKVConfig(window=config.entrokv_window, alpha=config.entrokv_alpha,
@@ -114,6 +118,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "uniform_budget": int(np.asarray(budgets["uniform"])[0, 0]),
         "heads_below_window": float(np.mean(eb < config.entrokv_window)),
         "budgets_row0": eb[0].tolist()}
+    bar.update()
 
     # 4. Synthetic long-context keys with outlier channels, the paper's centroid count.
     q, k, v = quality.synthetic_keys(jax.random.fold_in(key, 99), config.synth_tokens,
@@ -130,6 +135,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                 "kivi": ref.KIVIConfig(bits=b, group=32, block=32, residual=n_syn)}
     metrics["synthetic"] = {m: quality.synthetic_error(q, k, v, c, jax.random.fold_in(key, 7))
                             for m, c in syn_cfgs.items()}
+    bar.update()
+    bar.close()
     metrics["config"] = {"head_dim": d, "context": seq, "prompt_len": config.prompt_len,
                          "windows": int(windows.shape[0]), **{m: str(c) for m, c in cfgs.items()}}
     return report.finish(out, title="Quantized KV cache: QVG, KIVI, EntroKV (kv_quant)",
