@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core import config as cfg_lib
+from core import report
 from experiments import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,12 +57,25 @@ def _refused(name, config, path):
 def test_every_field_has_a_rule_and_every_variant_passes(name, variant):
     module = MODULES[name]
     config = module.get_config(variant)
-    leaves = [p for p in _leaves(config) if p != "variant"]
+    # ``variant`` is set by the builder; the ``claim`` group has the shared core.config.CLAIM_RULES
+    leaves = [p for p in _leaves(config) if p != "variant" and not p.startswith("claim.")]
     assert sorted(leaves) == sorted(module.RULES), (
         f"{name}: fields without a rule {set(leaves) - set(module.RULES)}, rules without a field "
         f"{set(module.RULES) - set(leaves)}")
     assert all(isinstance(r, cfg_lib.Rule) for r in module.RULES.values())
     cfg_lib.validate_module_config(config, module)  # no error
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_experiment_states_its_claim_with_checks_on_its_metrics(name):
+    config = MODULES[name].get_config("tiny")
+    assert "claim" in config, f"{name}: config.claim (core.report.claim_config) is missing"
+    claim = report.Claim.from_config(config.claim)  # parses every check
+    assert claim.statement and claim.checks
+    bad = config.copy_and_resolve_references()
+    bad.claim.checks = ("nonsense <",)
+    with pytest.raises(ValueError, match="config field 'claim.checks'"):
+        cfg_lib.validate_module_config(bad, MODULES[name])
 
 
 # -- the bad inputs that used to fail deep in a run or with the wrong cause ----------------------
