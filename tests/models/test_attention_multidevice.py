@@ -1,6 +1,9 @@
-"""Splash attention under a multi-device mesh (``jax.set_mesh``): the kernel runs inside
-``shard_map`` on each device's rows and heads (interpret mode, 8 fake CPU devices, own process) and
-equals the jnp reference in values and gradients."""
+"""Splash attention on several devices: under a mesh in context (``jax.set_mesh``) the kernel runs
+inside ``shard_map`` on each device's rows and heads, with none over a 1-D mesh of all devices
+(interpret mode, 8 fake CPU devices, own process); both equal the jnp reference in values and
+gradients."""
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +18,8 @@ from models.kv_cache import grouped_attention
 pytestmark = pytest.mark.multidevice
 
 
-@pytest.mark.parametrize("model", [1, 2])
-def test_splash_in_shard_map_equals_reference(model):
+@pytest.mark.parametrize("model, in_context", [(1, True), (2, True), (2, False)])
+def test_splash_in_shard_map_equals_reference(model, in_context):
     if jax.device_count() < 8:
         pytest.fail("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (see Makefile)")
     mesh = sharding.make_mesh(model, devices=jax.devices()[:8])
@@ -31,7 +34,7 @@ def test_splash_in_shard_map_equals_reference(model):
         return attn.attention(q, kk, v, implementation="splash", mask_kind="causal",
                               block_size=128, interpret=True)
 
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh) if in_context else contextlib.nullcontext():
         out, grads = jax.jit(lambda *a: (ours(*a), jax.vjp(ours, *a)[1](cot)))(
             *(jax.device_put(x, spec) for x in (q, kk, v)))
         text = jax.jit(ours).lower(q, kk, v).as_text()
