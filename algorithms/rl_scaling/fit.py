@@ -137,3 +137,93 @@ def fit_scaling(log2_c: np.ndarray, log2_nstar: np.ndarray, lo: float, hi_max: f
         errs_s.append((sigmoid_law(x[j], **ps) - y[j]) ** 2)
     return ScalingFit(_fit_power(x, y), _fit_sigmoid(x, y, lo, hi_max),
                       float(np.mean(errs_p)), float(np.mean(errs_s)))
+
+
+def saturation_onset(hi: float, x0: float, w: float, lo: float, share: float = 0.9) -> float:
+    """log2 C at which the sigmoid :func:`sigmoid_law` has covered ``share`` of its rise from ``lo``
+    to ``hi``: x0 + w log(share / (1 - share)) (0 < share < 1).
+
+    Raises:
+      ValueError: share outside (0, 1) or w <= 0.
+    """
+    if not 0 < share < 1 or not w > 0:
+        raise ValueError(f"saturation_onset: need 0 < share < 1 and w > 0, got {share}, {w}")
+    del hi, lo
+    return float(x0 + w * np.log(share / (1 - share)))
+
+
+@dataclasses.dataclass
+class ScalingBootstrap:
+    """The two fitted forms of log2 n*(C) under a bootstrap over seeds.
+
+    Attributes:
+      loo_diff: [num_boot] leave-one-budget-out MSE of the power law minus that of the sigmoid
+        (> 0: the sigmoid predicts held-out budgets better).
+      slope: [num_boot] the power law's exponent b (log2 n* = a + b log2 C).
+      onset: [num_boot] log2 C where the sigmoid reaches 90% of its rise
+        (:func:`saturation_onset`).
+      level: central interval mass of :meth:`interval`.
+    """
+
+    loo_diff: np.ndarray
+    slope: np.ndarray
+    onset: np.ndarray
+    level: float = 0.9
+
+    def interval(self, name: str) -> tuple[float, float]:
+        """The central ``level`` percentile interval of ``loo_diff``, ``slope`` or ``onset``."""
+        q = (1 - self.level) / 2
+        lo, hi = np.quantile(getattr(self, name), [q, 1 - q])
+        return float(lo), float(hi)
+
+    @property
+    def decisive(self) -> bool:
+        """Whether the interval of ``loo_diff`` excludes 0: one form predicts held-out budgets
+        better by more than the bootstrap spread of the comparison."""
+        lo, hi = self.interval("loo_diff")
+        return lo > 0 or hi < 0
+
+
+def bootstrap_scaling(log2_c: np.ndarray, log2_n: np.ndarray, rewards: np.ndarray, num_boot: int,
+                      seed: int, lo: float, hi_max: float, level: float = 0.9
+                      ) -> ScalingBootstrap:
+    """Bootstrap over seeds of the whole n*(C) analysis: n* at every budget, both fits, their
+    leave-one-budget-out comparison, the power law's slope and the sigmoid's saturation onset.
+
+    A replicate resamples the S seeds of each n (with replacement) once and uses that resample at
+    every budget: a run at budget C is a prefix of the same run at the largest budget, so a seed's
+    rewards across budgets are one draw.
+
+    Args:
+      log2_c: [J] budgets (J >= 3).
+      log2_n: [K] rollouts per problem (K >= 1).
+      rewards: [J, S, K] per-seed rewards.
+      num_boot: replicates (>= 1).
+      seed: NumPy seed of the resampling.
+      lo, hi_max: as in :func:`fit_scaling`.
+      level: central interval mass.
+
+    Raises:
+      ValueError: mismatched shapes, J < 3, num_boot < 1, non-finite rewards.
+    """
+    x = np.asarray(log2_c, np.float64)
+    n = np.asarray(log2_n, np.float64)
+    r = np.asarray(rewards, np.float64)
+    if r.ndim != 3 or r.shape[0] != x.size or r.shape[2] != n.size or x.size < 3:
+        raise ValueError(f"bootstrap_scaling: rewards must be [J={x.size} >= 3, S, K={n.size}], "
+                         f"got {r.shape}")
+    if num_boot < 1 or not np.all(np.isfinite(r)):
+        raise ValueError(f"bootstrap_scaling: need num_boot >= 1 and finite rewards, got "
+                         f"num_boot={num_boot}")
+    rng = np.random.default_rng(seed)
+    s = r.shape[1]
+    diff, slope, onset = [], [], []
+    for _ in range(num_boot):
+        idx = rng.integers(0, s, size=(s, n.size))
+        y = np.asarray([n_star(n, np.take_along_axis(r[j], idx, axis=0).mean(axis=0))
+                        for j in range(x.size)])
+        f = fit_scaling(x, y, lo, hi_max)
+        diff.append(f.loo_power - f.loo_sigmoid)
+        slope.append(f.power["b"])
+        onset.append(saturation_onset(**f.sigmoid))
+    return ScalingBootstrap(np.asarray(diff), np.asarray(slope), np.asarray(onset), level)

@@ -195,3 +195,55 @@ class MixtureBatches:
         ie = rng.integers(0, len(self.easy["lens"]), self.batch_size - self.num_hard)
         ih = rng.integers(0, len(self.hard["lens"]), self.num_hard)
         return {k: np.concatenate([self.easy[k][ie], self.hard[k][ih]]) for k in self.easy}
+
+
+def encode_problems(operands: np.ndarray, task: ArithmeticTask, prompt_len: int, answer_len: int
+                    ) -> dict[str, np.ndarray]:
+    """{"prompts" int32 [N, P], "targets" int32 [N, T], "lens" int32 [N]} for the problems
+    ``operands`` [N, k] of ``task`` (:func:`encode_prompts`, :func:`encode_answers`).
+
+    Raises:
+      ValueError: a prompt or answer does not fit in ``prompt_len`` / ``answer_len`` tokens.
+    """
+    targets, lens = encode_answers(operands, answer_len)
+    return {"prompts": encode_prompts(operands, prompt_len, task.num_digits), "targets": targets,
+            "lens": lens}
+
+
+def problem_sets(tasks: tuple[ArithmeticTask, ...], num_train: int, num_heldout: int, seed: int
+                 ) -> tuple[dict[str, dict], dict[str, dict], int, int]:
+    """Encoded train and held-out problems of each task, in one shared geometry.
+
+    Task i draws its split with seed ``seed + i`` (:func:`make_split`); prompts are padded to
+    P = 1 + the longest prompt and answers to T = the longest answer of all tasks, so that one
+    model and one compiled step serve every task.
+
+    Returns:
+      (train {task.name: :func:`encode_problems` dict}, held-out {name: dict}, P, T).
+    """
+    prompt_len = 1 + max(t.prompt_chars for t in tasks)
+    answer_len = max(t.answer_chars for t in tasks)
+    train, heldout = {}, {}
+    for i, t in enumerate(tasks):
+        tr, ho = make_split(t, num_train, num_heldout, seed + i)
+        train[t.name] = encode_problems(tr, t, prompt_len, answer_len)
+        heldout[t.name] = encode_problems(ho, t, prompt_len, answer_len)
+    return train, heldout, prompt_len, answer_len
+
+
+def mixed_pool(easy: dict[str, np.ndarray], hard: dict[str, np.ndarray], size: int,
+               hard_fraction: float) -> dict[str, np.ndarray]:
+    """The RL training pool: the first ``size - round(size * hard_fraction)`` easy problems, then
+    the first ``round(size * hard_fraction)`` hard ones (arrays keyed as :func:`encode_problems`).
+
+    Raises:
+      ValueError: hard_fraction outside [0, 1] or a split with fewer problems than it gives.
+    """
+    if not 0.0 <= hard_fraction <= 1.0:
+        raise ValueError(f"mixed_pool: need hard_fraction in [0, 1], got {hard_fraction}")
+    num_hard = int(round(size * hard_fraction))
+    if len(easy["lens"]) < size - num_hard or len(hard["lens"]) < num_hard:
+        raise ValueError(f"mixed_pool: {size - num_hard} easy and {num_hard} hard problems "
+                         f"requested, the splits hold {len(easy['lens'])} and {len(hard['lens'])}")
+    return {k: np.concatenate([easy[k][:size - num_hard], hard[k][:num_hard]])
+            for k in ("prompts", "targets", "lens")}

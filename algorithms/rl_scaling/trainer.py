@@ -6,15 +6,18 @@ per problem, P prompt length, T completion length, D parameter count.
 
 One RL step (Cheng et al. 2026, Sec. 2; GRPO, Shao et al. 2024, Sec. 4.1):
   1. draw B_p distinct training problems, repeat each n times (rollout r solves problem r // n);
-  2. sample R completions with the KV cache (:func:`rollout.rollout`) and score them with the
-     exact-match checker;
-  3. group-relative advantages; behaviour log-probs by a teacher-forced pass at the current params;
-  4. ``inner_steps`` optimizer steps on the GRPO loss over the same rollouts;
+  2. sample R completions with the KV cache (:func:`rollout.rollout`), each prompt prefilled once
+     and shared by its n rollouts, and score them with the exact-match checker;
+  3. group-relative advantages;
+  4. ``inner_steps`` optimizer steps on the GRPO loss over the same rollouts; the behaviour
+     log-probs are the first inner step's own teacher-forced log-probs (taken at the current
+     params, so its ratio is exactly 1), which saves a separate forward pass;
   5. diagnostics, among them interference: the exact pass probability of each batch problem before
      and after the update (one correct completion, so p = pi(answer | prompt) exactly).
 
 ``n`` is a traced scalar and R is static, so every (n, B_p) with the same R = n * B_p runs in one
-compiled function and can be ``vmap``-ed together with seeds.
+compiled function and can be ``vmap``-ed together with seeds. Shapes that depend on B_p = R / n
+use the static bound G = ``RLSpec.max_problems`` >= R / n (rows past B_p are masked out).
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class RLSpec:
       grpo: the GRPO/Dr.GRPO loss configuration.
       temperature: rollout sampling temperature.
       end_id: end-of-answer token.
+      max_problems: G, the static number of distinct-problem rows per step: at least
+        B_p = R / n for every n the step is called with, i.e. R // (smallest n); None = R (any n).
+        Prompts are prefilled, and the pass rates probed, on G rows instead of R.
     """
 
     rollouts_per_step: int
@@ -50,11 +56,20 @@ class RLSpec:
     grpo: grpo.GRPOConfig = grpo.GRPOConfig()
     temperature: float = 1.0
     end_id: int = tasks.END_ID
+    max_problems: int | None = None
 
     def __post_init__(self):
         if self.rollouts_per_step < 2 or self.max_new_tokens < 1 or not self.temperature > 0:
             raise ValueError(f"RLSpec: need rollouts_per_step >= 2, max_new_tokens >= 1, "
                              f"temperature > 0; got {self}")
+        if self.max_problems is not None and not 1 <= self.max_problems <= self.rollouts_per_step:
+            raise ValueError(f"RLSpec.max_problems={self.max_problems}: expected 1 <= max_problems"
+                             f" <= rollouts_per_step={self.rollouts_per_step}")
+
+    @property
+    def problem_rows(self) -> int:
+        """G: distinct-problem rows per step (``max_problems``, default R)."""
+        return self.rollouts_per_step if self.max_problems is None else self.max_problems
 
 
 def target_mask(target_len: jax.Array, length: int) -> jax.Array:
@@ -113,8 +128,9 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
     Args of the returned function:
       params, opt_state: policy parameters and optimizer state.
       key: PRNG key.
-      n: int32 scalar, rollouts per problem; must divide R (>= 2 for "grpo" advantages; checked
-        by the caller, e.g. with :class:`allocation.Allocation`, since n may be traced).
+      n: int32 scalar, rollouts per problem; must divide R with R / n <= ``spec.problem_rows``
+        (and n >= 2 for "grpo" advantages); checked by the caller, e.g. with
+        :class:`allocation.Allocation`, since n may be traced.
       pool: {"prompts" int32 [N, P], "targets" int32 [N, T], "lens" int32 [N]} training problems.
       ref_params: reference-policy parameters for the KL term (None when kl_beta = 0).
 
@@ -125,7 +141,7 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
       pass@1 fell), length (mean completion tokens).
     """
     cfg = spec.grpo
-    r, t = spec.rollouts_per_step, spec.max_new_tokens
+    r, t, g = spec.rollouts_per_step, spec.max_new_tokens, spec.problem_rows
     ref_needed = cfg.kl_beta > 0
 
     def step(params, opt_state, key, n, pool, ref_params=None):
@@ -133,40 +149,46 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
             raise ValueError("make_rl_step: kl_beta > 0 needs ref_params")
         k_batch, k_roll = jax.random.split(key)
         prob_of_rollout, ids = sample_batch(k_batch, pool["prompts"].shape[0], r, n)
-        prompts = pool["prompts"][prob_of_rollout]
+        rows = jnp.arange(r) // n  # rollout -> its problem's row among the first B_p of ids
+        problems = ids[:g]
+        prompts = pool["prompts"][problems]
         completions, _, mask = rollout.rollout(graphdef, params, prompts, k_roll,
                                                max_new_tokens=t, end_id=spec.end_id,
-                                               temperature=spec.temperature)
+                                               temperature=spec.temperature, prompt_rows=rows)
         rewards = tasks.exact_match(completions, pool["targets"][prob_of_rollout],
                                     pool["lens"][prob_of_rollout])
         adv = grpo.group_advantages(rewards, n, mode=cfg.advantage, eps=cfg.adv_eps)
 
         def logp_fn(p):
-            return rollout.completion_logprobs(nnx.merge(graphdef, p), prompts, completions)
+            return rollout.completion_logprobs(nnx.merge(graphdef, p), prompts, completions, rows)
 
-        old_logp = jax.lax.stop_gradient(logp_fn(params))
         ref_logp = jax.lax.stop_gradient(logp_fn(ref_params)) if ref_needed else None
 
-        def loss_fn(p):
-            return grpo.grpo_loss(logp_fn(p), old_logp, adv, mask, cfg, ref_logp)
+        def loss_fn(p, old_logp, first):
+            logp = logp_fn(p)
+            # The first inner step runs at the behaviour policy: its own log-probs are old_logp.
+            old_logp = jnp.where(first, jax.lax.stop_gradient(logp), old_logp)
+            loss, aux = grpo.grpo_loss(logp, old_logp, adv, mask, cfg, ref_logp)
+            return loss, (aux, old_logp)
 
-        def inner(carry, _):
-            p, o = carry
-            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
+        def inner(carry, first):
+            p, o, old_logp = carry
+            (loss, (aux, old_logp)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                p, old_logp, first)
             updates, o = tx.update(grads, o, p)
-            return (optax.apply_updates(p, updates), o), {
+            return (optax.apply_updates(p, updates), o, old_logp), {
                 "loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
 
         # Exact pass@1 of the batch's distinct problems before and after the update.
-        batch_valid = jnp.arange(r) < r // n
-        probe = (pool["prompts"][ids], pool["targets"][ids], pool["lens"][ids])
+        batch_valid = jnp.arange(g) < r // n
+        probe = (prompts, pool["targets"][problems], pool["lens"][problems])
         before = answer_prob(graphdef, params, *probe)
-        (new_params, opt_state), inner_m = jax.lax.scan(inner, (params, opt_state), None,
-                                                        length=cfg.inner_steps)
+        firsts = jnp.arange(cfg.inner_steps) == 0
+        (new_params, opt_state, _), inner_m = jax.lax.scan(
+            inner, (params, opt_state, jnp.zeros((r, t), jnp.float32)), firsts)
         after = answer_prob(graphdef, new_params, *probe)
 
-        seg = jnp.arange(r) // n
-        group_mean = jax.ops.segment_sum(rewards, seg, num_segments=r) / n
+        group_mean = jax.ops.segment_sum(rewards, rows, num_segments=g) / n
         mixed = ((group_mean > 0) & (group_mean < 1)).astype(jnp.float32)
         validf = batch_valid.astype(jnp.float32)
         out = {
@@ -263,3 +285,26 @@ def group_gradient_cosine(graphdef: nnx.GraphDef, params: nnx.State, key: jax.Ar
             per_problem_gradients(graphdef, params, prompts, comp, msk, rewards, n, cfg))
 
     return jax.vmap(for_n)(jnp.asarray(ns, jnp.int32))
+
+
+def sampled_correct(graphdef: nnx.GraphDef, params: nnx.State, key: jax.Array,
+                    prompts: jax.Array, targets: jax.Array, target_len: jax.Array, *,
+                    num_samples: int, temperature: float = 1.0, end_id: int = tasks.END_ID
+                    ) -> jax.Array:
+    """Correct completions out of ``num_samples`` sampled per problem: int32 [N].
+
+    The input of the unbiased pass@k estimator (:func:`metrics.pass_at_k`, Chen et al. 2021,
+    Eq. 1). Each prompt [N, P] is prefilled once and shared by its samples. Jittable with
+    ``num_samples``, ``temperature`` and ``end_id`` static.
+
+    Raises:
+      ValueError: num_samples < 1.
+    """
+    if num_samples < 1:
+        raise ValueError(f"sampled_correct: num_samples={num_samples}: expected >= 1")
+    n = prompts.shape[0]
+    rows = jnp.repeat(jnp.arange(n), num_samples)
+    toks, _, _ = rollout.rollout(graphdef, params, prompts, key, max_new_tokens=targets.shape[1],
+                                 end_id=end_id, temperature=temperature, prompt_rows=rows)
+    correct = tasks.exact_match(toks, targets[rows], target_len[rows])
+    return correct.reshape(n, num_samples).sum(axis=1).astype(jnp.int32)

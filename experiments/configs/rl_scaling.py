@@ -5,7 +5,8 @@
     python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:paper --workdir=DIR  # accelerator
 
 ``tiny`` is the reduced sweep run by the main job (4 budgets x n in {2,4,8,16} x B_p in {4,8} x 3
-seeds); ``full`` is the whole CPU sweep (6 budgets, n up to 32, B_p up to 16, 4 seeds); ``smoke``
+seeds); ``full`` is the whole CPU sweep (7 budgets, C = 64..4096, n up to 32, B_p up to 16,
+4 seeds); ``smoke``
 runs every code path in seconds with meaningless numbers:
 
     python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:smoke --workdir=workdir
@@ -14,6 +15,7 @@ runs every code path in seconds with meaningless numbers:
 import ml_collections
 
 from core import config as cfg_lib
+from core import report
 
 
 def base() -> ml_collections.ConfigDict:
@@ -54,7 +56,16 @@ def base() -> ml_collections.ConfigDict:
     c.pass_k = 8  # k of pass@k / coverage on the hard split
     c.cosine_problems = 8  # problems in the per-problem gradient-cosine probe (0 = skip)
     c.sampled_eval = 16  # samples per held-out problem for the unbiased pass@k check (0 = skip)
-    c.num_boot = 200
+    c.num_boot = 200  # bootstrap replicates of n* per budget
+    c.fit_boot = 100  # bootstrap replicates of the power-law vs sigmoid comparison (0 = skip)
+    c.claim = report.claim_config(
+        method="IsoCompute Playbook (GRPO allocation)",
+        statement="compute-optimal rollouts per problem n* grows with budget C, then saturates "
+                  "(easy and hard)",
+        checks=("n_star_growth.easy > 1", "n_star_growth.hard > 1",
+                "sigmoid_decisive.easy == 1"),
+        ours="n* grows x{n_star_growth[easy]:.2f} (easy), x{n_star_growth[hard]:.2f} (hard) over "
+             "the budgets; fit: {fit_winner[easy]}/{fit_winner[hard]}")
     return c
 
 
@@ -69,9 +80,9 @@ VARIANTS = {
         "warmup.warmup_steps": 2, "warmup.check_every": 2, "warmup.probe_problems": 16,
         "smallest_budget": 16, "num_budgets": 3, "ns": (2, 4, 8),
         "problems_per_batch": (2,), "num_seeds": 2, "pass_k": 2, "sampled_eval": 2,
-        "cosine_problems": 2, "num_boot": 10,
+        "cosine_problems": 2, "num_boot": 10, "fit_boot": 4,
     },
-    "full": {"num_budgets": 6, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
+    "full": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
              "num_seeds": 4},
     "paper": {
         "model.d_model": 512, "model.num_layers": 8, "model.num_heads": 8, "model.mlp_dim": 1536,
@@ -131,6 +142,7 @@ RULES = {
     "cosine_problems": cfg_lib.integer(lo=0),  # 0 = skip
     "sampled_eval": cfg_lib.integer(lo=0),  # 0 = skip
     "num_boot": cfg_lib.integer(lo=1),
+    "fit_boot": cfg_lib.integer(lo=0),  # 0 = skip
 }
 
 

@@ -7,42 +7,36 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from algorithms.rl_scaling import tasks
+from algorithms.rl_scaling import grpo, sweep, tasks
 from core import sharding
-from experiments import rl_scaling as exp
-from experiments.configs import rl_scaling as cfg
 from models.transformer import Transformer, TransformerConfig
 
 pytestmark = pytest.mark.multidevice
 
 
-def test_pad_lanes():
-    assert exp.pad_lanes([1, 2, 3], 8) == [1, 2, 3] + [3] * 5
-    assert exp.pad_lanes([1, 2], 2) == [1, 2] and exp.pad_lanes([1, 2], 1) == [1, 2]
-
-
 def test_sweep_lanes_sharded_over_8_devices_match_one_device():
     assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
-    config = cfg.get_config("smoke")
-    # One (n, B_p) = (2, 4): one compiled step; 3 seeds = 3 lanes, padded to 8 on 8 devices.
-    config.unlock()
-    config.ns, config.problems_per_batch, config.num_seeds = (2,), (4,), 3
     task = tasks.ArithmeticTask(2, 1)
-    train, held = tasks.make_split(task, config.num_train, config.num_heldout, seed=0)
+    train, held = tasks.make_split(task, 64, 16, seed=0)
     prompt_len, answer_len = 1 + task.prompt_chars, task.answer_chars
-    pool = {k: jnp.asarray(v) for k, v in exp.encode(train, task, prompt_len, answer_len).items()}
-    ev = exp.encode(held, task, prompt_len, answer_len)
+    pool = {k: jnp.asarray(v)
+            for k, v in tasks.encode_problems(train, task, prompt_len, answer_len).items()}
+    ev = tasks.encode_problems(held, task, prompt_len, answer_len)
     evals = {s: tuple(jnp.asarray(ev[f]) for f in ("prompts", "targets", "lens"))
              for s in ("easy", "hard")}
     mcfg = TransformerConfig(vocab_size=258, max_len=prompt_len + answer_len, d_model=32,
                              num_layers=1, num_heads=2, mlp_dim=64)
     gd, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
+    # One (n, B_p) = (2, 4): one compiled step; 3 seeds = 3 lanes, padded to 8 on 8 devices.
     budgets = (16, 32)
+    cfg = sweep.SweepConfig(ns=(2,), problems_per_batch=(4,), num_seeds=3, budgets=budgets,
+                            grpo=grpo.GRPOConfig(inner_steps=2, clip_eps_high=0.28), pass_k=2)
     runs = {}
     for num in (8, 1):
         mesh = sharding.make_mesh(devices=jax.devices()[:num])
-        runs[num] = exp.run_sweep(config, gd, params, pool, evals, budgets, mesh=mesh)
-    (rec8, steps8, _), (rec1, steps1, _) = runs[8], runs[1]
+        res = sweep.run_sweep(cfg, gd, params, pool, evals, mesh=mesh)
+        runs[num] = (res.records, res.step_metrics)
+    (rec8, steps8), (rec1, steps1) = runs[8], runs[1]
     assert len(rec8) == len(rec1) == 3 * len(budgets)  # seeds x budgets
     for a, b in zip(rec8, rec1):
         assert {k: a[k] for k in ("budget", "n", "bp", "seed")} == \

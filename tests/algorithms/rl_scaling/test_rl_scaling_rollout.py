@@ -133,3 +133,76 @@ def test_group_gradient_cosine_without_signal_and_bad_group_size():
     with pytest.raises(ValueError):
         trainer.group_gradient_cosine(gd, params, jax.random.key(0), prompts, jnp.asarray(targets),
                                       jnp.asarray(lens), ns=(1, 2), max_new_tokens=4, cfg=cfg)
+
+
+def test_shared_prompt_prefill_matches_repeated_prompts():
+    """Prefilling G distinct prompts once and gathering the cache to R rows samples the same
+    tokens, and gives the same teacher-forced log-probs and gradients, as the R repeated prompts."""
+    gd, params = _model()
+    prompts = jnp.asarray(tasks.encode_prompts(np.array([[12, 34], [5, 99], [70, 8]]), 7, 2))
+    rows = jnp.array([0, 0, 0, 1, 1, 1, 2, 2, 2], jnp.int32)  # n = 3 rollouts per prompt
+    kw = dict(max_new_tokens=5, end_id=tasks.END_ID, temperature=1.5)
+    key = jax.random.key(3)
+    shared = jax.jit(lambda p: rollout.rollout(gd, p, prompts, key, prompt_rows=rows, **kw))(params)
+    full = jax.jit(lambda p: rollout.rollout(gd, p, prompts[rows], key, **kw))(params)
+    np.testing.assert_array_equal(np.asarray(shared[0]), np.asarray(full[0]))
+    np.testing.assert_array_equal(np.asarray(shared[2]), np.asarray(full[2]))
+    np.testing.assert_allclose(np.asarray(shared[1]), np.asarray(full[1]), atol=1e-6)
+    comps = shared[0]
+    w = jax.random.normal(jax.random.key(4), comps.shape)
+
+    def loss(p, prompt_rows):
+        model = nnx.merge(gd, p)
+        if prompt_rows is None:
+            return (rollout.completion_logprobs(model, prompts[rows], comps) * w).sum()
+        return (rollout.completion_logprobs(model, prompts, comps, prompt_rows) * w).sum()
+
+    model = nnx.merge(gd, params)
+    np.testing.assert_allclose(
+        np.asarray(rollout.completion_logprobs(model, prompts, comps, rows)),
+        np.asarray(rollout.completion_logprobs(model, prompts[rows], comps)), atol=1e-6)
+    g_shared = jax.grad(loss)(params, rows)
+    g_full = jax.grad(loss)(params, None)
+    for a, b in zip(jax.tree.leaves(g_shared), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="prompt_rows"):
+        rollout.rollout(gd, params, prompts, key, prompt_rows=rows.astype(jnp.float32), **kw)
+    with pytest.raises(ValueError, match="rows"):
+        rollout.completion_logprobs(model, prompts, comps[:4], rows)
+
+
+def test_rl_step_on_distinct_problem_rows_matches_all_rows():
+    """max_problems = R // (smallest n) (prefill and pass-rate probe on G rows) gives the step
+    of max_problems = R, with a first inner step whose ratio is exactly 1 (no clipping)."""
+    gd, params = _model()
+    ops = np.array([[a, b] for a in range(8) for b in range(4)])
+    prompts = jnp.asarray(tasks.encode_prompts(ops, 7, 2))
+    # targets: the policy's own most likely first byte, sampled at a temperature at which it is
+    # drawn about half the time, so that groups have mixed rewards
+    logits = nnx.merge(gd, params)(prompts)[:, -1]
+    first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    temperature = next(t for t in (1.0, 0.3, 0.1, 0.03, 0.01, 0.003)
+                       if float(jax.nn.softmax(logits / t).max(axis=-1).mean()) >= 0.4)
+    targets = jnp.full((len(ops), 4), tasks.END_ID, jnp.int32).at[:, 0].set(first)
+    pool = {"prompts": prompts, "targets": targets, "lens": jnp.ones((len(ops),), jnp.int32)}
+    tx = optax.adam(1e-2)
+    cfg = grpo.GRPOConfig(inner_steps=2, clip_eps_high=0.28)
+    out = {}
+    for g in (None, 4):  # lanes n = 2, 4 with R = 8: B_p <= 4
+        spec = trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4, grpo=cfg, max_problems=g,
+                              temperature=temperature)
+        step = jax.jit(jax.vmap(trainer.make_rl_step(gd, tx, spec),
+                                in_axes=(0, 0, 0, 0, None, None)))
+        stacked = jax.tree.map(lambda x: jnp.stack([x, x]), params)
+        out[g] = step(stacked, jax.vmap(tx.init)(stacked), jax.random.split(jax.random.key(1), 2),
+                      jnp.array([2, 4]), pool, None)
+    (p_all, _, m_all), (p_g, _, m_g) = out[None], out[4]
+    assert float(np.asarray(m_all["informative"]).max()) > 0  # the update has signal
+    for k in m_all:
+        np.testing.assert_allclose(np.asarray(m_g[k]), np.asarray(m_all[k]), rtol=1e-4,
+                                   atol=1e-6, err_msg=k)
+    np.testing.assert_array_equal(np.asarray(m_g["clip_frac"]), [0.0, 0.0])
+    for a, b in zip(jax.tree.leaves(p_g), jax.tree.leaves(p_all)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="max_problems"):
+        trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4, max_problems=9)

@@ -1,0 +1,236 @@
+"""The IsoCompute sweep: every (n, B_p, seed) GRPO run trained once to the largest budget and
+evaluated at each budget of a log grid (Cheng et al. 2026, Sec. 3: iso-compute curves).
+
+Dimensions: L lanes (independent runs) sharing one compiled step, R = n B_p rollouts per step,
+G distinct-problem rows per step, N held-out problems per split, J budgets.
+
+With a constant learning rate the run at budget C is the first M = C / (n B_p) steps of the run at
+the largest budget, so each lane is trained once and read off at every budget. Lanes with the same
+R = n B_p run as one ``vmap``-ed, jitted step (n is traced): one compilation per distinct R. The
+step follows core.training's protocol (pure ``step(params, opt_state, ...)``, state donated, keys
+derived from the step number ``fold_in(key, m)``); the lane axis is split over the ``data`` axis of
+a mesh of all devices (independent runs, so no cross-device traffic), padded with repeats of the
+last lane. The host does not wait on a step: per-step metrics stay on the device until the next
+evaluation, so dispatch runs ahead of the computation.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+from algorithms.rl_scaling import allocation, grpo, metrics, trainer
+from core import sharding
+from core.timing import Stopwatch
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    """Static settings of a sweep (hashable).
+
+    Attributes:
+      ns: rollouts per problem n to try.
+      problems_per_batch: B_p values to try.
+      num_seeds: seeds per (n, B_p).
+      budgets: rollout budgets C, increasing; a lane (n, B_p) runs iff n B_p divides the largest.
+      grpo: the loss configuration.
+      learning_rate: constant Adam learning rate (constant, so budgets are prefixes of one run).
+      grad_clip: global-norm clip.
+      temperature: rollout sampling temperature.
+      pass_k: k of the exact pass@k in the records.
+      seed: base seed; lane (n, B_p, s) uses ``fold_in(fold_in(key(seed + 1 + s), n), B_p)``.
+
+    Raises (on construction):
+      ValueError: empty grids, non-increasing budgets, num_seeds < 1, pass_k < 1, or no (n, B_p)
+        that fits the largest budget.
+    """
+
+    ns: tuple[int, ...]
+    problems_per_batch: tuple[int, ...]
+    num_seeds: int
+    budgets: tuple[int, ...]
+    grpo: grpo.GRPOConfig = grpo.GRPOConfig()
+    learning_rate: float = 3e-4
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    pass_k: int = 8
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.ns or not self.problems_per_batch or not self.budgets:
+            raise ValueError(f"SweepConfig: ns={self.ns}, problems_per_batch="
+                             f"{self.problems_per_batch} and budgets={self.budgets} must be "
+                             "non-empty")
+        if any(b <= a for a, b in zip(self.budgets, self.budgets[1:])):
+            raise ValueError(f"SweepConfig.budgets={self.budgets}: expected increasing budgets")
+        if self.num_seeds < 1 or self.pass_k < 1:
+            raise ValueError(f"SweepConfig: need num_seeds >= 1 and pass_k >= 1, got "
+                             f"{self.num_seeds}, {self.pass_k}")
+        if not self.groups():
+            raise ValueError(f"SweepConfig: no (n, B_p) with n * B_p dividing the largest budget "
+                             f"{self.budgets[-1]}")
+
+    def groups(self) -> dict[int, list[tuple[int, int]]]:
+        """{R: [(n, B_p), ...]} for the feasible (n, B_p) at the largest budget, by increasing R."""
+        out = collections.defaultdict(list)
+        for n in self.ns:
+            for bp in self.problems_per_batch:
+                if allocation.feasible(self.budgets[-1], n, bp):
+                    out[n * bp].append((n, bp))
+        return dict(sorted(out.items()))
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """What a sweep measured.
+
+    Attributes:
+      records: one dict per (lane, budget): budget, n, bp, seed, steps, easy_pass1, hard_pass1,
+        easy_passk, hard_passk (held-out, exact), train_reward (mean over the steps so far).
+      step_metrics: {(n, bp, seed): {metric: float32 [M]}} per-step diagnostics of each lane
+        (see :func:`trainer.make_rl_step`).
+      rollouts: rollouts sampled in the timed steps (every step but each group's first).
+      seconds: wall seconds of those steps (rollout + update; compilation and evaluation
+        excluded).
+      compile_seconds: wall seconds of each group's first step (compilation + one step).
+    """
+
+    records: list[dict]
+    step_metrics: dict[tuple[int, int, int], dict[str, np.ndarray]]
+    rollouts: int
+    seconds: float
+    compile_seconds: float
+
+    @property
+    def rollouts_per_second(self) -> float:
+        return self.rollouts / self.seconds if self.seconds else float("nan")
+
+
+def pad_lanes(lanes: list, num_devices: int) -> list:
+    """``lanes`` extended by copies of its last entry to a multiple of ``num_devices``; the copies
+    recompute that lane (same key), their results are dropped."""
+    return lanes + [lanes[-1]] * (-len(lanes) % num_devices)
+
+
+def stack(tree: PyTree, num: int) -> PyTree:
+    """``tree`` with every leaf broadcast to a leading lane axis of size ``num``."""
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (num, *x.shape)), tree)
+
+
+def lane_key(seed: int, n: int, bp: int, s: int) -> jax.Array:
+    """The base PRNG key of lane (n, B_p, seed s); step m uses ``fold_in(key, m)``."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed + 1 + s), n), bp)
+
+
+def make_sweep_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                    spec: trainer.RLSpec):
+    """The jitted, lane-vmapped step ``(params [L], opt_state [L], base_keys [L], m, n [L], pool,
+    ref) -> (params, opt_state, metrics [L])`` with params and optimizer state donated; lane i's
+    key at step m is ``fold_in(base_keys[i], m)``."""
+    step = jax.vmap(trainer.make_rl_step(graphdef, tx, spec), in_axes=(0, 0, 0, 0, None, None))
+
+    def sweep_step(params, opt_state, base_keys, m, ns, pool, ref):
+        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(base_keys, m)
+        return step(params, opt_state, keys, ns, pool, ref)
+
+    return jax.jit(sweep_step, donate_argnums=(0, 1))
+
+
+def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
+              pool: dict[str, jax.Array], evals: dict[str, tuple[jax.Array, ...]], *,
+              mesh: jax.sharding.Mesh | None = None, desc: str = "sweep") -> SweepResult:
+    """Trains every (n, B_p, seed) lane to the largest budget, evaluating at each budget.
+
+    Args:
+      cfg: the sweep.
+      graphdef, params0: the policy (warm start), split with nnx.
+      pool: training problems {"prompts" int32 [N, P], "targets" int32 [N, T], "lens" int32 [N]}
+        with N >= the largest n B_p.
+      evals: {"easy": (prompts, targets, lens), "hard": (...)} held-out problems.
+      mesh: mesh whose ``data`` axis splits the lanes (default: every device).
+      desc: progress-bar label.
+
+    Returns:
+      a :class:`SweepResult`; its numbers do not depend on the number of devices.
+
+    Raises:
+      ValueError: a pool smaller than the largest n B_p, or an (n, B_p) that the loss
+        configuration refuses (n < 2 with group normalisation).
+    """
+    groups = cfg.groups()
+    if pool["prompts"].shape[0] < max(groups):
+        raise ValueError(f"run_sweep: training pool of {pool['prompts'].shape[0]} problems is "
+                         f"smaller than the largest n * B_p = {max(groups)}")
+    for pairs in groups.values():
+        for n, bp in pairs:
+            allocation.Allocation(cfg.budgets[-1], n, bp, cfg.grpo.advantage == "grpo")
+    mesh = mesh or sharding.make_mesh()
+    num_dev = mesh.shape[sharding.DATA]
+    pool, evals = sharding.replicate((pool, evals), mesh)
+    tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), optax.adam(cfg.learning_rate))
+    answer_len = pool["targets"].shape[1]
+    ref = sharding.replicate(params0, mesh) if cfg.grpo.kl_beta > 0 else None
+    c_max, budgets = cfg.budgets[-1], set(cfg.budgets)
+
+    @jax.jit
+    def evaluate(params):
+        def one(p):
+            return (trainer.answer_prob(graphdef, p, *evals["easy"]),
+                    trainer.answer_prob(graphdef, p, *evals["hard"]))
+        return jax.vmap(one)(params)
+
+    records, step_metrics = [], {}
+    rollouts_done, seconds, compile_seconds = 0, 0.0, 0.0
+    bar = tqdm(total=sum(c_max // r for r in groups), desc=desc, mininterval=2.0, leave=False)
+    for r, pairs in groups.items():
+        lanes = [(n, bp, s) for n, bp in pairs for s in range(cfg.num_seeds)]
+        run_lanes = pad_lanes(lanes, num_dev)
+        spec = trainer.RLSpec(rollouts_per_step=r, max_new_tokens=answer_len, grpo=cfg.grpo,
+                              temperature=cfg.temperature,
+                              max_problems=r // min(n for n, _ in pairs))
+        step = make_sweep_step(graphdef, tx, spec)
+        params = sharding.shard_batch(stack(params0, len(run_lanes)), mesh)
+        opt_state = jax.vmap(tx.init)(params)
+        ns = sharding.shard_batch(np.asarray([n for n, _, _ in run_lanes], np.int32), mesh)
+        base_keys = jax.device_put(jnp.stack([lane_key(cfg.seed, n, bp, s)
+                                              for n, bp, s in run_lanes]),
+                                   sharding.batch_sharding(mesh, 1))
+        hist = []
+        for m in range(1, c_max // r + 1):
+            evaluate_now = m * r in budgets
+            with Stopwatch() as sw:
+                params, opt_state, met = step(params, opt_state, base_keys, m, ns, pool, ref)
+                if m == 1 or evaluate_now:
+                    jax.block_until_ready(params)
+            if m == 1:
+                compile_seconds += sw.seconds
+            else:
+                seconds += sw.seconds
+                rollouts_done += r * len(run_lanes)
+            hist.append(met)
+            bar.update(1)
+            if evaluate_now:
+                hist = jax.device_get(hist)
+                pe, ph = jax.device_get(evaluate(params))
+                for i, (n, bp, s) in enumerate(lanes):
+                    records.append({
+                        "budget": m * r, "n": n, "bp": bp, "seed": s, "steps": m,
+                        "easy_pass1": float(pe[i].mean()), "hard_pass1": float(ph[i].mean()),
+                        "hard_passk": float(metrics.expected_pass_at_k(ph[i], cfg.pass_k).mean()),
+                        "easy_passk": float(metrics.expected_pass_at_k(pe[i], cfg.pass_k).mean()),
+                        "train_reward": float(np.mean([h["reward"][i] for h in hist]))})
+        hist = jax.device_get(hist)
+        for i, lane in enumerate(lanes):
+            step_metrics[lane] = {k: np.asarray([h[k][i] for h in hist]) for k in hist[0]}
+    bar.close()
+    return SweepResult(records, step_metrics, rollouts_done, seconds, compile_seconds)
