@@ -12,9 +12,17 @@ on TPU, and the compile time. A step that fails to compile is a row with XLA's o
     JAX_PLATFORMS=cpu .venv-aot/bin/python -m experiments.aot --steps=lm/train \\
         --topologies=v5e:4x4,h100:1x2x8 --out=AOT.md
 
+    JAX_PLATFORMS=cpu .venv-aot/bin/python -m experiments.aot --only='llama3_8b/*@v5e:4x4'
+
 Results are kept in ``<out>.json`` beside the table and merged across runs (``--fresh`` drops
 them), so that steps can be compiled a few at a time; the table lists what has not run yet.
-Needs ``jax[tpu]`` and the CUDA plugin (``make aot-env``); JAX must start with ``JAX_PLATFORMS=cpu``.
+``--only`` recompiles exactly the rows its shell patterns name (``<step>@<topology>``) and merges
+them in; every write of the table and its store is atomic. A program XLA refuses with a known
+symptom of compiling without a device is compiled again with the target's fallback options
+(``core.aot.FALLBACKS``), and a builder may state a change it made for a target (the judge_btl fit
+in float32 on TPU); AOT.md lists both with the reason.
+Needs ``jax[tpu]`` and the CUDA plugin (``make aot-env``); JAX must start with ``JAX_PLATFORMS=cpu``;
+without them the run stops with one line before writing anything.
 """
 
 from __future__ import annotations
