@@ -132,22 +132,22 @@ def diffusion_train(family: str, size_index: int | None = None) -> Callable:
         import jax
         import jax.numpy as jnp
 
+        from algorithms.diffusion_lm import grid
         from algorithms.diffusion_lm.families import transformer_config
         from algorithms.diffusion_lm.training import init_state, make_step
         from core.data import ByteTokenizer
-        from experiments import diffusion_lm as dl
         from experiments.configs import diffusion_lm as dl_config
         from models.transformer import forward_flops_per_token
 
         config = dl_config.get_config("paper")
         idx = config.reference_size if size_index is None else size_index
         d, layers, heads = config.sizes[idx]
-        spec = dl._spec(config, family, ByteTokenizer())
+        spec = grid.family_spec(config, family, ByteTokenizer())
         backbone = config.backbone.to_dict()
         backbone["dtype"] = jnp.dtype(backbone["dtype"])
         mcfg = transformer_config(spec, config.seq_len, d_model=d, num_layers=layers,
                                   num_heads=heads, **backbone)
-        tx = dl._optimizer(config)
+        tx = grid.optimizer(config.optim)
         b, L = config.batch_size, config.seq_len
         fpt = forward_flops_per_token(mcfg, L)
         if family == "esolm" and spec.alpha0 < 1:  # as experiments.diffusion_lm._Run counts it
@@ -396,13 +396,13 @@ def spf_train(devices) -> StepSpec:
 
     from algorithms.spf import problems as P
     from algorithms.spf import spf as S
+    from algorithms.spf.training import make_problem
     from core import sharding
     from core.training import init_train_state, make_train_step
-    from experiments import spf
     from experiments.configs import spf as spf_config
 
     config = spf_config.get_config("paper")
-    problem = dc.replace(spf.make_problem("lsq_rotation", config), steps=config.train_episode_steps)
+    problem = dc.replace(make_problem("lsq_rotation", config), steps=config.train_episode_steps)
     cfg = S.SPFConfig(hidden=config.hidden, depth=config.depth,
                       residual_weight=config.residual_weight, burn_in=config.burn_in)
     graphdef, params = nnx.split(nnx.eval_shape(lambda: S.CoordinateMLP(cfg, rngs=nnx.Rngs(0))))
@@ -478,7 +478,6 @@ def benchmark_game_sweep(providers: int) -> Callable:
         from algorithms import benchmark_game as bg
         from algorithms.benchmark_game import designer
         from core import sharding
-        from experiments import benchmark_game as exp_bg
         from experiments.configs import benchmark_game as bg_config
 
         c = bg_config.get_config("paper")
@@ -489,7 +488,7 @@ def benchmark_game_sweep(providers: int) -> Callable:
                                               c.max_delta5)
         theta = np.asarray(theta, np.float64)
         contest = bg.make_contest(theta, np.linspace(0.0, c.max_effort, levels),
-                                  exp_bg._rewards(rw, len(theta)),
+                                  bg.named_rewards(rw, len(theta)),
                                   bg.PowerCost(c.cost_scale, c.cost_power))
         score = bg.AdditiveSaturating(c.amplitude, c.rate)
         rep = sharding.replicated(sharding.make_mesh(1, devices=devices))
@@ -518,12 +517,11 @@ def rl_scaling_train(devices) -> StepSpec:
 
     from algorithms.rl_scaling import allocation, grpo, tasks, trainer
     from core import sharding
-    from experiments import rl_scaling as rl
     from experiments.configs import rl_scaling as rl_config
     from models.transformer import Transformer, TransformerConfig, param_count
 
     config = rl_config.get_config("paper")
-    budgets = rl.validate(config)
+    budgets = allocation.budget_grid(config.smallest_budget, config.num_budgets)
     easy = tasks.ArithmeticTask(config.easy.terms, config.easy.digits, "easy")
     hard = tasks.ArithmeticTask(config.hard.terms, config.hard.digits, "hard")
     prompt_len = 1 + max(easy.prompt_chars, hard.prompt_chars)
