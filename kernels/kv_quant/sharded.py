@@ -3,8 +3,9 @@
 
 Dimensions: B batch, K kv heads, R = G * T query rows per kv head, D head dim, NC chunks.
 
-A ``pallas_call`` is opaque to XLA's partitioner, so on a mesh the kernel must run on each
-device's block of the operands (``jax.shard_map``). QVG's quantized attention is independent per
+XLA's SPMD partitioner does not split a ``pallas_call`` (an opaque custom call), so on a mesh the
+kernel works on each device's block of the operands only inside ``jax.shard_map``. QVG's
+quantized attention is independent per
 (row, kv head): the codes, scales, k-means assignments and centroids of row b and kv head k
 (``QVGCode`` fields [B, K, NC, ...]) and that head's query rows give its output and log-sum-exp
 alone. Splitting the batch over one mesh axis and the kv heads over another is therefore exact,

@@ -2,9 +2,9 @@
 
 Dimensions: B batch, H query heads, K kv heads, G = H / K, D head dim, p page size, P pages.
 
-XLA partitions ordinary jitted code over a mesh by itself, but a ``pallas_call`` is opaque to its
-partitioner: under ``jit`` with sharded operands it is either refused or run on gathered
-(replicated) operands. FFD's decode is independent per (row, kv head): the page scan, the
+XLA partitions ordinary jitted code over a mesh by itself, but its SPMD partitioner does not split
+a ``pallas_call`` (an opaque custom call), so a kernel works on each device's block only inside
+``shard_map``. FFD's decode is independent per (row, kv head): the page scan, the
 top-delta page selection (paper Sec. 3) and the attention over the kept pages of row b and kv head
 k read only ``cache[..][b, k]`` and the G query heads of that kv head. So the decode is exactly
 partitioned by splitting the batch over one mesh axis and the kv heads (with their query heads)
