@@ -5,12 +5,11 @@ Dimensions: B batch, K kv heads, R = G * T query rows per kv head, D head dim, N
 
 XLA's SPMD partitioner does not split a ``pallas_call`` (an opaque custom call), so on a mesh the
 kernel works on each device's block of the operands only inside ``jax.shard_map``. QVG's
-quantized attention is independent per
-(row, kv head): the codes, scales, k-means assignments and centroids of row b and kv head k
-(``QVGCode`` fields [B, K, NC, ...]) and that head's query rows give its output and log-sum-exp
-alone. Splitting the batch over one mesh axis and the kv heads over another is therefore exact,
-with any implementation of :func:`kernels.kv_quant.api.qvg_chunk_attention`, and needs no
-communication.
+quantized attention is independent per (row, kv head): the codes, scales, k-means assignments and
+centroids of row b and kv head k (``QVGCode`` fields [B, K, NC, ...]) and that head's query rows
+give its output and log-sum-exp alone. Splitting the batch over one mesh axis and the kv heads
+over another is therefore exact, with any implementation of
+:func:`kernels.kv_quant.api.qvg_chunk_attention`, and needs no communication.
 
 * :func:`qvg_chunk_attention_sharded` -- the partitioned attention.
 * :class:`ShardedQVGCache` -- :class:`kernels.kv_quant.api.QVGCache` whose quantized attention runs
