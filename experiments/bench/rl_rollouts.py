@@ -12,6 +12,11 @@ not depend on them) at two completion lengths: the experiment's arithmetic answe
 its ``hard`` task) and a longer completion. Reports rollouts/s and the KV-cache speed-up, and the
 fraction of sampled tokens on which the two samplers agree (1 up to float rounding).
 
+A second table times what GRPO does with n rollouts of each prompt, per-rollout against shared
+prompts (``prompt_rows``: each of the R / n prompts prefilled once into the KV cache and gathered to
+its n rollouts): sampling the R completions, and the gradient of their teacher-forced log-probs
+(the update's forward and backward pass), with the largest difference between the two paths.
+
 Sizes (``SIZES``; the model and task geometry come from the variant of
 ``experiments/configs/rl_scaling.py`` named there): ``cpu`` (``tiny`` model, R 64, long
 completion 64 tokens; about a minute on a 2-core CPU); ``accelerator`` (``paper`` model, R 512, long
@@ -34,9 +39,9 @@ from experiments.configs import rl_scaling as rl_config
 from models.transformer import Transformer, TransformerConfig
 
 SIZES = {
-    "smoke": dict(variant="smoke", rollouts=4, long_tokens=8, repeats=1),
-    "cpu": dict(variant="tiny", rollouts=64, long_tokens=64, repeats=3),
-    "accelerator": dict(variant="paper", rollouts=512, long_tokens=256, repeats=5),
+    "smoke": dict(variant="smoke", rollouts=4, long_tokens=8, repeats=1, group=2),
+    "cpu": dict(variant="tiny", rollouts=64, long_tokens=64, repeats=3, group=8),
+    "accelerator": dict(variant="paper", rollouts=512, long_tokens=256, repeats=5, group=8),
 }
 
 
@@ -103,6 +108,43 @@ def _measure(config, rollouts: int, prompt_len: int, new_tokens: int, repeats: i
     return dict(t_cache=t_cache, t_full=t_full, agree=agree, params=cfg)
 
 
+def _measure_shared(config, rollouts: int, group: int, prompt_len: int, new_tokens: int,
+                    repeats: int) -> dict:
+    """Sampling and log-prob gradient with the prompts repeated per rollout vs shared by groups
+    of ``group`` rollouts (seconds, and the largest log-prob / gradient difference)."""
+    m = config.model
+    cfg = TransformerConfig(vocab_size=258, max_len=prompt_len + new_tokens, d_model=m.d_model,
+                            num_layers=m.num_layers, num_heads=m.num_heads, mlp_dim=m.mlp_dim)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(config.seed)))
+    prompts = jax.random.randint(jax.random.key(config.seed), (rollouts // group, prompt_len),
+                                 0, 256)
+    rows = jnp.arange(rollouts) // group
+    key = jax.random.key(config.seed + 1)
+    kw = dict(max_new_tokens=new_tokens, end_id=tasks.END_ID, temperature=config.temperature)
+    sample = {"repeated": jax.jit(lambda p: rollout.rollout(graphdef, p, prompts[rows], key, **kw)),
+              "shared": jax.jit(lambda p: rollout.rollout(graphdef, p, prompts, key,
+                                                          prompt_rows=rows, **kw))}
+    comps = sample["shared"](params)[0]
+    weights = jax.random.normal(jax.random.key(config.seed + 2), comps.shape)
+
+    def loss(p, shared):
+        model = nnx.merge(graphdef, p)
+        logp = (rollout.completion_logprobs(model, prompts, comps, rows) if shared else
+                rollout.completion_logprobs(model, prompts[rows], comps))
+        return (logp * weights).sum(), logp
+
+    grad = {name: jax.jit(jax.grad(lambda p, s=name == "shared": loss(p, s), has_aux=True))
+            for name in ("repeated", "shared")}
+    t = best_seconds({**{f"sample_{k}": (lambda f=f: f(params)) for k, f in sample.items()},
+                      **{f"grad_{k}": (lambda f=f: f(params)) for k, f in grad.items()}}, repeats)
+    (g_rep, lp_rep), (g_sh, lp_sh) = grad["repeated"](params), grad["shared"](params)
+    t["logp_diff"] = float(jnp.abs(lp_rep - lp_sh).max())
+    t["grad_diff"] = max(float(jnp.abs(a - b).max())
+                         for a, b in zip(jax.tree.leaves(g_rep), jax.tree.leaves(g_sh)))
+    t["same_tokens"] = bool((sample["repeated"](params)[0] == comps).all())
+    return t
+
+
 def run(size: str = "cpu") -> str:
     """Times both samplers at ``SIZES[size]``; returns a markdown section with the speed-ups.
 
@@ -123,6 +165,12 @@ def run(size: str = "cpu") -> str:
         rows.append(["", "", "", "KV cache (`rollout.rollout`)", f"{res['t_cache'] * 1e3:.1f}",
                      f"{r / res['t_cache']:,.0f}", f"{res['t_full'] / res['t_cache']:.1f}x",
                      f"{res['agree']:.3f}"])
+    g = s["group"]
+    sh = _measure_shared(config, r, g, prompt_len, task.answer_chars, s["repeats"])
+    shared_rows = [[f"sampling {r} completions", f"{sh['sample_repeated'] * 1e3:.1f}",
+                    f"{sh['sample_shared'] * 1e3:.1f}", f"{r / sh['sample_shared']:,.0f}"],
+                   ["gradient of their log-probs", f"{sh['grad_repeated'] * 1e3:.1f}",
+                    f"{sh['grad_shared'] * 1e3:.1f}", f"{r / sh['grad_shared']:,.0f}"]]
     m = config.model
     return "\n".join([
         "## rl_rollouts: RL rollout sampling, KV cache vs recomputation",
@@ -136,6 +184,15 @@ def run(size: str = "cpu") -> str:
         "",
         markdown_table(["completion", "P", "T", "sampler", "ms per call", "rollouts/s",
                         "speed-up", "same tokens"], rows),
+        "",
+        f"GRPO with n = {g} rollouts per prompt ({r // g} prompts, arithmetic answers): each "
+        "prompt prefilled per rollout (repeated) or once and shared by its n rollouts "
+        f"(`prompt_rows`). Sharing speeds sampling up {sh['sample_repeated'] / sh['sample_shared']:.1f}"
+        f"-fold and the log-prob gradient {sh['grad_repeated'] / sh['grad_shared']:.1f}-fold; same "
+        f"tokens: {sh['same_tokens']}; largest log-prob difference {sh['logp_diff']:.1e}, "
+        f"gradient difference {sh['grad_diff']:.1e}.",
+        "",
+        markdown_table(["step", "ms repeated", "ms shared", "rollouts/s shared"], shared_rows),
         "",
         f"Command: `python -m experiments.bench.rl_rollouts {size}`",
     ])
