@@ -45,12 +45,6 @@ from models.transformer import param_count
 NAME = "diffusion_lm"
 LABELS = {"ar": "AR", "mdlm": "MDLM (NELBO)", "mdlm_ce": "MDLM (CE)", "duo": "Duo (uniform)",
           "esolm": "Eso-LM", "esolm_nelbo": "Eso-LM, NELBO at α0 (ablation)", "gidd": "GIDD"}
-_spec = grid_lib.family_spec  # used by experiments.aot
-
-
-def _optimizer(config):  # used by experiments.aot
-    return grid_lib.optimizer(config.optim)
-
 
 class _JsonCache(dict):
     """A dict kept in a JSON file, rewritten on every assignment."""

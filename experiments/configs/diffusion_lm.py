@@ -55,9 +55,9 @@ def base() -> ml_collections.ConfigDict:
     # (algorithms.lm.training fields); it scores every family's samples.
     c.evaluator = ml_collections.ConfigDict(dict(
         model=ml_collections.ConfigDict(dict(
-            d_model=96, num_layers=3, num_heads=4, num_kv_heads=2, max_len=128, mlp_dim=0,
+            d_model=96, num_layers=3, num_heads=4, num_kv_heads=2, max_len=64, mlp_dim=0,
             dtype="float32", attention="reference", attention_block=512, remat="none")),
-        seq_len=128, batch_size=32, steps=400, learning_rate=3e-3, warmup_steps=40,
+        seq_len=64, batch_size=32, steps=400, learning_rate=3e-3, warmup_steps=40,
         weight_decay=0.1, grad_clip=1.0, log_every=50, checkpoint_every=200))
     c.log_every = 25
     c.bootstrap_samples = 500
