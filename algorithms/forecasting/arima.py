@@ -9,12 +9,13 @@ Dimension legend: B windows, L input length, H horizon, S samples.
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable
 
 import numpy as np
 from scipy import stats
+
+from core.timing import Stopwatch
 
 
 def fit_arima(train: np.ndarray, order: tuple[int, int, int],
@@ -39,12 +40,11 @@ def fit_arima(train: np.ndarray, order: tuple[int, int, int],
     if train.ndim != 1 or fit_steps < 1:
         raise ValueError(f"fit_arima: need a 1-D series and fit_steps >= 1, got shape "
                          f"{train.shape} and fit_steps={fit_steps}")
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
+    with Stopwatch() as sw, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fitted = SARIMAX(train[-fit_steps:], order=tuple(order),
                          seasonal_order=tuple(seasonal_order), trend="c").fit(disp=False)
-    return fitted, time.perf_counter() - t0
+    return fitted, sw.seconds
 
 
 def arima_sampler(fitted, horizon: int, num_samples: int) -> Callable[[np.ndarray], np.ndarray]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +23,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from algorithms.forecasting import arima, baselines, data, metrics, training
+from core.timing import Stopwatch
 from models.forecasting import PPM, GaussianPrior, PPMConfig
 
 METHODS = ("ppm", "gaussian_prior", "linear", "seasonal_naive", "arima")
@@ -202,17 +202,17 @@ def run_horizon(series: np.ndarray, timestamps: tuple[str, ...] | None, split: s
         seconds["gaussian_prior"], histories["gaussian_prior"] = g.train_seconds, g.history()
     x_tr, y_tr = data.gather_windows(series, tr, L, H)
     if "linear" in chosen:
-        t0 = time.perf_counter()
-        lin = jax.block_until_ready(baselines.fit_linear(jnp.asarray(x_tr), jnp.asarray(y_tr),
-                                                         config.linear_ridge))
-        seconds["linear"] = time.perf_counter() - t0
+        with Stopwatch() as sw:
+            lin = jax.block_until_ready(baselines.fit_linear(jnp.asarray(x_tr), jnp.asarray(y_tr),
+                                                             config.linear_ridge))
+        seconds["linear"] = sw.seconds
         samplers["linear"] = lambda x, k, m=lin: baselines.linear_samples(m, x, k, S)
     if "seasonal_naive" in chosen:
         period = min(config.seasonal_period or data.seasonal_period_guess(timestamps), L)
-        t0 = time.perf_counter()
-        q = jax.block_until_ready(baselines.residual_quantiles(jnp.asarray(x_tr), jnp.asarray(y_tr),
-                                                               H, period, S))
-        seconds["seasonal_naive"] = time.perf_counter() - t0
+        with Stopwatch() as sw:
+            q = jax.block_until_ready(baselines.residual_quantiles(
+                jnp.asarray(x_tr), jnp.asarray(y_tr), H, period, S))
+        seconds["seasonal_naive"] = sw.seconds
         samplers["seasonal_naive"] = lambda x, k, q=q, p=period: baselines.seasonal_naive_samples(
             x, q, H, p)
     if "arima" in chosen and series.shape[1] == 1:
@@ -232,11 +232,11 @@ def run_horizon(series: np.ndarray, timestamps: tuple[str, ...] | None, split: s
     fan["x"], fan["y"] = data.gather_windows(series, te[fan_idx], L, H) if len(fan_idx) \
         else (None, None)
     for method, sampler in samplers.items():
-        t0 = time.perf_counter()
-        m = score(sampler, series, te, L, H, config.eval_batch_size, k_eval,
-                  config.qice_out_of_range, f"{name} H={H} score {method}", config.progress)
+        with Stopwatch() as sw:
+            m = score(sampler, series, te, L, H, config.eval_batch_size, k_eval,
+                      config.qice_out_of_range, f"{name} H={H} score {method}", config.progress)
         m["train_seconds"] = seconds[method]
-        m["sample_seconds"] = time.perf_counter() - t0
+        m["sample_seconds"] = sw.seconds
         m["test_windows"] = len(te)
         results[method] = m
         if log is not None:
