@@ -25,7 +25,6 @@ from core import report, timing
 from experiments import common
 
 NAME = "benchmark_game"
-_rewards = bg.named_rewards  # kept for callers of the former private helper
 
 
 def game_labels(config: ml_collections.ConfigDict) -> dict[str, str]:

@@ -20,7 +20,6 @@ import ml_collections
 import numpy as np
 
 from algorithms.lm import evaluation, training
-from algorithms.lm.training import model_config  # noqa: F401  (still imported by experiments.aot)
 from core import report
 from core.data import ByteTokenizer
 from core.data.text import sequential_windows
