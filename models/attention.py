@@ -265,8 +265,9 @@ def _splash_local(q, k, v, *, mask_kind: str, l: int, s: int, block: int, interp
     kernel = sa.make_splash_mha(sa.MultiHeadMask([head] * h), block_sizes=sizes, head_shards=1,
                                 q_seq_shards=1, interpret=interpret)
     segments = None
-    if mask_kind == "full" and (lp > l or sp > s):
-        # padding keys form their own segment: real queries never see them, padding queries do
+    if mask_kind == "full" and sp > s:
+        # padding keys form their own segment: real queries never see them, padding queries (the
+        # rows dropped afterwards) do, so no row is empty
         segments = sa.SegmentIds(q=(jnp.arange(lp) >= l).astype(jnp.int32),
                                  kv=(jnp.arange(sp) >= s).astype(jnp.int32))
     # causal: padding keys sit after every real query, which the causal mask already hides
