@@ -13,9 +13,9 @@ from algorithms.diffusion_lm.training import init_state, make_step
 from algorithms.forecasting.training import ppm_loss_fn
 from algorithms.spf import problems as spf_problems
 from algorithms.spf import spf as spf_lib
+from algorithms.spf.training import EpisodeBatches
 from core import sharding
 from core.training import init_train_state, make_train_step
-from experiments import spf as spf_exp
 from models.forecasting import PPM, PPMConfig
 from models.transformer import Transformer
 
@@ -93,7 +93,7 @@ def test_spf_step_data_parallel(kind):
 
     def run(devices):
         mesh = sharding.make_mesh(devices=devices)
-        batch = next(spf_exp.EpisodeBatches(problem, E, key, mesh))
+        batch = next(EpisodeBatches(problem, E, key, mesh))
         compiled = jax.jit(step).lower(sharding.replicate(init_train_state(params, tx), mesh),
                                        batch, key).compile()
         return batch, compiled(sharding.replicate(init_train_state(params, tx), mesh), batch, key), \
