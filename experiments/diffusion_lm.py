@@ -37,7 +37,6 @@ from algorithms.diffusion_lm.processes import nats_to_bpb
 from algorithms.lm.evaluation import heldout_bpb
 from core import report
 from core.data import ByteTokenizer, load_corpus
-from core.data.text import sequential_windows
 from core.timing import Stopwatch
 from experiments import common
 from models.transformer import param_count
@@ -64,12 +63,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     out = common.experiment_dir(workdir, NAME)
     tok = ByteTokenizer()
     corpus = load_corpus(config.corpus or None, val_fraction=config.val_fraction, tokenizer=tok)
-    windows = {n: sequential_windows(corpus.val, config.seq_len, n)
+    windows = {n: grid_lib.heldout_windows(corpus.val, config.seq_len, n)
                for n in (config.eval_windows, config.final_eval_windows)}
-    for n, w in windows.items():
-        if w.shape[0] < n:
-            raise ValueError(f"the held-out text has {w.shape[0]} windows of {config.seq_len}; "
-                             f"the config asks for {n}")
     runner = grid_lib.Runner(config, tok)
     runs = os.path.join(out, "runs")
     g = grid_lib.run_grid(runner, corpus.train, windows[config.eval_windows], runs,
@@ -113,13 +108,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "evaluator": {"val_bpb": ev_bpb, "params": param_count(ev.params),
                       "steps": config.evaluator.steps, "seconds": sw.seconds,
                       "trained_here": ev.result.steps_run > 0},
-        "isoflop": {f: {"budgets": budgets, "sizes": g.sizes[f], "steps": g.steps[f],
-                        "losses": g.losses[f], "loss_se": g.se[f], "n_opt": fit.n_opt,
-                        "loss_opt": fit.loss_opt, "concave": fit.concave,
-                        "at_edge": (fit.n_opt <= g.sizes[f].min() * (1 + 1e-6))
-                        | (fit.n_opt >= g.sizes[f].max() * (1 - 1e-6)),
-                        "exponent": fit.exponent, "loss_exponent": fit.loss_exponent}
-                    for f, fit in fits.items()},
+        "isoflop": {f: grid_lib.isoflop_summary(fit, g.sizes[f], g.steps[f], g.losses[f],
+                                                g.se[f]) for f, fit in fits.items()},
         "ce_vs_nelbo_flops_ratio": ce_ratio,
         "params": {f: m.params_count for f, m in ref.items()},
         "flops_per_token": {f: m.flops_per_token for f, m in ref.items()},

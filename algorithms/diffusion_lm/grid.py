@@ -33,10 +33,12 @@ import numpy as np
 import optax
 from flax import nnx
 
+from algorithms.diffusion_lm import scaling
 from algorithms.diffusion_lm.families import FamilySpec, sample, transformer_config
 from algorithms.diffusion_lm.training import init_state, make_step
 from core import sharding
 from core.data import ByteTokenizer, TextBatcher
+from core.data.text import sequential_windows
 from core.training import LoopConfig, config_fingerprint, train_loop
 from models.attention import check_platform as check_attention_platform
 from models.transformer import PARAM_AXES, Transformer, forward_flops_per_token, param_count
@@ -288,6 +290,30 @@ def run_grid(runner: Runner, train_tokens: np.ndarray, windows: np.ndarray, runs
         out.reference_steps = out.reference_steps or steps
         out.seconds += res["seconds"]
     return out
+
+
+def heldout_windows(tokens: np.ndarray, seq_len: int, count: int) -> np.ndarray:
+    """The first ``count`` consecutive windows of ``seq_len`` tokens of held-out ``tokens``,
+    int32 [count, seq_len].
+
+    Raises:
+      ValueError: the held-out text has fewer than ``count`` such windows.
+    """
+    windows = sequential_windows(tokens, seq_len, count)
+    if windows.shape[0] < count:
+        raise ValueError(f"the held-out text has {windows.shape[0]} windows of {seq_len} tokens; "
+                         f"the config asks for {count}")
+    return windows
+
+
+def isoflop_summary(fit: scaling.IsoFlopFit, sizes: np.ndarray, steps: np.ndarray,
+                    losses: np.ndarray, se: np.ndarray) -> dict[str, Any]:
+    """One family's IsoFLOP grid and fit as JSON-able numbers; ``at_edge`` [K] marks optima
+    clipped to the smallest or largest size (their exponent is not identified)."""
+    at_edge = (fit.n_opt <= sizes.min() * (1 + 1e-6)) | (fit.n_opt >= sizes.max() * (1 - 1e-6))
+    return {"budgets": fit.budgets, "sizes": sizes, "steps": steps, "losses": losses,
+            "loss_se": se, "n_opt": fit.n_opt, "loss_opt": fit.loss_opt, "concave": fit.concave,
+            "at_edge": at_edge, "exponent": fit.exponent, "loss_exponent": fit.loss_exponent}
 
 
 def unigram_entropy(samples: np.ndarray, vocab_size: int) -> float:
