@@ -200,7 +200,9 @@ class QVGCache(_ChunkedQuantCache):
     Attributes:
       config: :class:`QVGConfig` (bits, stages, block, centroids, chunk, k-means iterations).
       rope_base: the model's RoPE base (keys are stored before RoPE when ``config.pre_rope``).
-      implementation: quantized attention path, see :func:`resolve_implementation`.
+      implementation: quantized attention path, see
+        :func:`kernels.kv_quant.api.resolve_implementation` (``"auto"``: the fused XLA path on
+        CPU, the Pallas kernel on TPU / GPU).
       seed: k-means++ seeding (folded with chunk and head indices).
     """
 
