@@ -26,7 +26,7 @@ Dequantization is ``x_hat = sum_s C_s[a_s] + scale * q``.
 KIVI (Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache", Sec. 3-4):
 asymmetric INTn (``x_hat = zero + scale * q``, q in [0, 2^n - 1]); keys per channel with the
 statistics taken over groups of ``group`` tokens, values per token over blocks of ``block``
-channels; the most recent tokens stay in full precision (handled by the cache in ``api.py``).
+channels; the most recent tokens stay in full precision (handled by the cache in ``cache.py``).
 KIVI's scale and zero are 16-bit; we store them as bfloat16 rather than float16 (whose largest
 value, 65504, a key channel can exceed: the zero then overflowed to inf and dequantized to NaN),
 with the zero rounded down and the scale rounded up so that every element stays inside
@@ -35,7 +35,8 @@ with the zero rounded down and the scale rounded up so that every element stays 
 Packing layout ("planar"): with ``ppb = 8 / bits`` codes per byte and ``P = D / ppb`` bytes per
 token, byte ``i`` holds channels ``i, i + P, ..., i + (ppb - 1) P`` at bit offsets ``0, bits, ...``,
 so unpacking is ``ppb`` shifted masks whose concatenation is the natural channel order (what the
-Pallas kernels exploit).
+Pallas kernels and the fused XLA path exploit). Packing itself is :func:`kernels.common.pack_codes`
+(8-bit words).
 """
 
 from __future__ import annotations
