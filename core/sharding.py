@@ -286,10 +286,23 @@ def shard_train_state(state: Mapping[str, Any], table: Mapping[tuple[str, ...], 
 def constrain_step(step: Callable, state_sharding: Any) -> Callable:
     """Wraps a train step ``(state, batch, key) -> (state, metrics)`` so that the new state keeps
     ``state_sharding`` (a sharding constraint inside jit: the compiler then reduce-scatters
-    gradients onto the FSDP shards and the donated state buffers are reused in place)."""
+    gradients onto the FSDP shards and the donated state buffers are reused in place).
+
+    The step is traced under the mesh of ``state_sharding`` (``jax.sharding.use_abstract_mesh``),
+    so that code which must be partitioned by hand sees it: a Pallas kernel, which XLA cannot split
+    across devices, runs inside ``shard_map`` over that mesh (``models.attention``'s splash path).
+    """
+    meshes = {s.mesh for s in jax.tree.leaves(state_sharding) if isinstance(s, NamedSharding)}
+    if len(meshes) > 1:
+        raise ValueError(f"constrain_step: state_sharding spans {len(meshes)} meshes; expected one")
+    mesh = meshes.pop() if meshes else None
 
     def sharded(state, batch, key):
-        new_state, metrics = step(state, batch, key)
+        if mesh is None:
+            new_state, metrics = step(state, batch, key)
+        else:
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                new_state, metrics = step(state, batch, key)
         return jax.lax.with_sharding_constraint(new_state, state_sharding), metrics
 
     return sharded

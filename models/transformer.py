@@ -100,7 +100,10 @@ class TransformerConfig:
       attention: full-sequence attention implementation (:mod:`models.attention`): ``"reference"``
         (float32 L x L scores in memory; the CPU default), ``"blockwise"`` (exact, O(L) memory per
         query block, any mask, every platform), ``"cudnn"`` (cuDNN flash attention on GPU; causal
-        and bidirectional masks). Decoding through a KV-cache backend is unaffected.
+        and bidirectional masks), ``"splash"`` (JAX's Pallas TPU splash kernels; causal and
+        bidirectional masks, custom masks run blockwise) or ``"auto"`` (the platform's fused
+        kernel, chosen when the program is lowered: splash on TPU, cuDNN on GPU, blockwise
+        elsewhere). Decoding through a KV-cache backend is unaffected.
       attention_block: keys per block of the blockwise attention.
       remat: rematerialisation of each block in the backward pass (:data:`REMAT_POLICIES`):
         ``"none"``, ``"full"`` (save only the block inputs), ``"minimal"`` (also save matmul outputs

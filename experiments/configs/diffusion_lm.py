@@ -112,7 +112,7 @@ VARIANTS = {
 
 FAMILIES = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "esolm_nelbo", "gidd")  # families.FAMILIES
 
-_ATTENTION = ("reference", "blockwise", "cudnn")
+_ATTENTION = ("reference", "blockwise", "cudnn", "splash", "auto")  # models.attention.IMPLEMENTATIONS
 _REMAT = ("none", "full", "minimal", "dots")
 _DTYPES = ("float32", "bfloat16", "float16")
 

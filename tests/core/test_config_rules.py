@@ -281,8 +281,11 @@ def test_config_choices_match_the_library_constants():
         rule = MODULES[name].RULES[path]
         return {c for c in probe if rule.accepts(c)}
 
-    many = ("reference", "blockwise", "cudnn", "flash", "none", "full", "minimal", "dots", "all")
+    many = ("reference", "blockwise", "cudnn", "splash", "auto", "flash", "none", "full", "minimal",
+            "dots", "all")
     assert choices("lm", "model.attention", many) == set(IMPLEMENTATIONS)
+    assert choices("diffusion_lm", "backbone.attention", many) == set(IMPLEMENTATIONS)
+    assert choices("diffusion_lm", "evaluator.model.attention", many) == set(IMPLEMENTATIONS)
     assert choices("lm", "model.remat", many) == set(REMAT_POLICIES)
     assert set(MODULES["diffusion_lm"].FAMILIES) == set(FAMILIES)
     assert choices("rl_scaling", "advantage", ADVANTAGE_MODES + ("ppo",)) == set(ADVANTAGE_MODES)
