@@ -2,7 +2,7 @@
 (families x sizes, each run evaluated where each compute budget is spent), the per-family runs at
 the reference size, held-out NELBO evaluation and sampling.
 
-Dimensions: B batch, L sequence, W held-out windows, S model sizes, K budgets.
+Dimensions: B batch, L sequence, W held-out windows, S model sizes, C compute budgets.
 
 The run settings are an ``ml_collections.ConfigDict`` with the fields of
 ``experiments/configs/diffusion_lm.py`` (``optim``, ``process``, ``backbone`` and ``sampling`` are
@@ -234,9 +234,9 @@ class GridResult:
     """The trained grid.
 
     Attributes:
-      losses, se: {family: [K, S]} held-out NELBO (nats/token) and its standard error.
+      losses, se: {family: [C, S]} held-out NELBO (nats/token) and its standard error.
       sizes: {family: [S]} parameter counts.
-      steps: {family: [K, S]} steps at which each budget was spent.
+      steps: {family: [C, S]} steps at which each budget was spent.
       reference: {family: Model} trained models at the reference size (every family).
       reference_steps: the reference size's step count at the largest budget.
       seconds: training wall time spent here.
@@ -308,7 +308,7 @@ def heldout_windows(tokens: np.ndarray, seq_len: int, count: int) -> np.ndarray:
 
 def isoflop_summary(fit: scaling.IsoFlopFit, sizes: np.ndarray, steps: np.ndarray,
                     losses: np.ndarray, se: np.ndarray) -> dict[str, Any]:
-    """One family's IsoFLOP grid and fit as JSON-able numbers; ``at_edge`` [K] marks optima
+    """One family's IsoFLOP grid and fit as JSON-able numbers; ``at_edge`` [C] marks optima
     clipped to the smallest or largest size (their exponent is not identified)."""
     at_edge = (fit.n_opt <= sizes.min() * (1 + 1e-6)) | (fit.n_opt >= sizes.max() * (1 - 1e-6))
     return {"budgets": fit.budgets, "sizes": sizes, "steps": steps, "losses": losses,

@@ -1,7 +1,7 @@
 """IsoFLOP scaling-law fits (Hoffmann et al. 2022, "Chinchilla", Approach 2; as used by Sahoo et
 al. 2026, Sec. 4).
 
-Dimensions: S model sizes per budget, K budgets, R bootstrap replicates.
+Dimensions: S model sizes per budget, C compute budgets, R bootstrap replicates.
 
 For each compute budget C (FLOPs, ``C = 3 F_fwd tokens``) the losses of S model sizes N (parameters)
 are fitted by a parabola in ``log N``; its vertex gives the compute-optimal size ``N*(C)`` and loss
@@ -26,10 +26,10 @@ class IsoFlopFit:
     """Result of :func:`fit_isoflop`.
 
     Attributes:
-      budgets: [K] FLOPs.
-      n_opt: [K] compute-optimal parameter counts (parabola vertices, clipped to the sampled range).
-      loss_opt: [K] losses at the vertices.
-      concave: [K] bool, True where the parabola opened downward (vertex replaced by the best
+      budgets: [C] FLOPs.
+      n_opt: [C] compute-optimal parameter counts (parabola vertices, clipped to the sampled range).
+      loss_opt: [C] losses at the vertices.
+      concave: [C] bool, True where the parabola opened downward (vertex replaced by the best
         measured size).
       exponent: a in ``N* = k C^a``.
       coef: k.
@@ -93,9 +93,9 @@ def fit_isoflop(budgets: Sequence[float], sizes: np.ndarray, losses: np.ndarray)
     """Chinchilla Approach 2 on a grid.
 
     Args:
-      budgets: [K] FLOPs.
-      sizes: [S] parameter counts (the same sizes at every budget) or [K, S].
-      losses: [K, S] validation losses (e.g. NELBO in nats per token).
+      budgets: [C] FLOPs.
+      sizes: [S] parameter counts (the same sizes at every budget) or [C, S].
+      losses: [C, S] validation losses (e.g. NELBO in nats per token).
 
     Raises:
       ValueError: shapes disagree, fewer than 2 budgets or 3 sizes.
@@ -104,7 +104,7 @@ def fit_isoflop(budgets: Sequence[float], sizes: np.ndarray, losses: np.ndarray)
     losses = np.asarray(losses, np.float64)
     sizes = np.broadcast_to(np.asarray(sizes, np.float64), losses.shape)
     if losses.ndim != 2 or losses.shape[0] != budgets.size or budgets.size < 2:
-        raise ValueError(f"fit_isoflop: losses {losses.shape} must be [K>=2, S>=3] with K = "
+        raise ValueError(f"fit_isoflop: losses {losses.shape} must be [C>=2, S>=3] with C = "
                          f"{budgets.size} budgets")
     verts = [parabola_vertex(np.log(sizes[k]), losses[k]) for k in range(budgets.size)]
     n_opt = np.exp([v[0] for v in verts])
@@ -129,7 +129,7 @@ def bootstrap_ratio(budgets: Sequence[float], sizes: np.ndarray, losses_1: np.nd
                     num_samples: int = 1000, seed: int = 0) -> dict[str, float]:
     """:func:`matched_compute_ratio` with a parametric bootstrap over the measured losses.
 
-    Each replicate adds independent Gaussian noise with the given standard errors ([K, S] each) to
+    Each replicate adds independent Gaussian noise with the given standard errors ([C, S] each) to
     both loss grids and refits everything. Returns ``ratio`` (point estimate), ``median``, ``lo``
     and ``hi`` (16th / 84th percentiles: a 68% interval) and ``std`` of the replicates.
     """
