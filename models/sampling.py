@@ -1,6 +1,6 @@
 """Autoregressive sampling with the KV cache (jitted prefill + ``lax.scan`` decode).
 
-Dimensions: B batch, P prompt length, N new tokens, V vocabulary.
+Dimensions: B batch, Lp prompt length, T new tokens, V vocabulary.
 """
 
 from __future__ import annotations
@@ -40,21 +40,21 @@ def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, key: 
 
     Args:
       graphdef, params: from ``nnx.split`` of a causal :class:`models.transformer.Transformer`.
-      prompt: int32 [B, P], P >= 1.
+      prompt: int32 [B, Lp], Lp >= 1.
       key: PRNG key.
-      max_new_tokens: N >= 1; P + N must not exceed the model's ``max_len``.
+      max_new_tokens: T >= 1; Lp + T must not exceed the model's ``max_len``.
       temperature: softmax temperature; 0 is greedy.
       backend: KV-cache backend (hashable, static).
       banned_ids: token ids never sampled (e.g. a tokenizer's BOS/MASK specials); their logits are
         set to -inf, so the model is renormalised over the other ids.
 
     Returns:
-      (tokens int32 [B, N], log-probabilities float32 [B, N] of the sampled tokens under the
+      (tokens int32 [B, T], log-probabilities float32 [B, T] of the sampled tokens under the
       temperature-1 model restricted to the allowed ids).
 
     Raises:
-      ValueError: ``prompt`` not a non-empty int [B, P] or, when concrete, holding ids outside
-        [0, vocab_size); ``max_new_tokens`` not an int >= 1; P + N exceeds ``max_len``;
+      ValueError: ``prompt`` not a non-empty int [B, Lp] or, when concrete, holding ids outside
+        [0, vocab_size); ``max_new_tokens`` not an int >= 1; Lp + T exceeds ``max_len``;
         ``temperature`` not a finite number >= 0; ``backend`` not a KV-cache backend; a banned
         id outside [0, vocab_size) or every id banned. All before compiling.
     """
