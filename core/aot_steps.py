@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from core import aot
+from core import aot, timing
 
 GIB = 1024 ** 3
 
@@ -206,10 +205,11 @@ def compile_step(fn: Callable, args: tuple, *, donate_argnums: tuple[int, ...] =
                 raise ValueError(f"compile_step: argument {i} has a leaf of shape "
                                  f"{getattr(leaf, 'shape', None)} without a sharding; expected "
                                  "ShapeDtypeStructs with NamedShardings on the pod's mesh")
-    t0 = time.perf_counter()
-    lowered = jax.jit(fn, donate_argnums=donate_argnums, static_argnums=static_argnums).lower(*args)
-    compiled, fallback = aot.compile_lowered(lowered, _platform(args, static_argnums))
-    seconds = time.perf_counter() - t0
+    with timing.Stopwatch() as clock:
+        lowered = jax.jit(fn, donate_argnums=donate_argnums,
+                          static_argnums=static_argnums).lower(*args)
+        compiled, fallback = aot.compile_lowered(lowered, _platform(args, static_argnums))
+    seconds = clock.seconds
     memory = aot.memory_bytes(compiled)
     try:
         cost = compiled.cost_analysis()

@@ -33,11 +33,10 @@ import os
 import re
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core import aot, aot_steps
+from core import aot, aot_steps, timing
 
 DEFAULT_TOPOLOGIES = ("v5e:4x4", "v6e:4x4", "h100:1x2x8", "h200:1x2x8")
 
@@ -615,18 +614,18 @@ def compile_row(step: str, topology: str) -> dict:
     topo = aot_steps.pod_topology(topology)
     row: dict[str, Any] = {"step": step, "topology": topology, "chip": topo.chip,
                            "chips": topo.num_devices}
-    t0 = time.perf_counter()
-    try:
-        devices = aot_steps.pod_devices(topology)
-        spec = STEPS[step][0](devices)
-        row.update(shape=spec.shape, params=spec.params, model_flops=spec.model_flops)
-        with jax.enable_x64(spec.x64):
-            result = aot_steps.compile_step(spec.fn, spec.args, donate_argnums=spec.donate_argnums)
-    except aot.CompileExtrasMissing:
-        raise  # the machine cannot compile for this topology at all: not a row of the table
-    except Exception as e:  # noqa: BLE001 (a failed compile is a row, not a crash)
-        row.update(status="error", reason=one_line(e), seconds=time.perf_counter() - t0)
-        return row
+    with timing.Stopwatch() as clock:
+        try:
+            devices = aot_steps.pod_devices(topology)
+            spec = STEPS[step][0](devices)
+            row.update(shape=spec.shape, params=spec.params, model_flops=spec.model_flops)
+            with jax.enable_x64(spec.x64):
+                result = aot_steps.compile_step(spec.fn, spec.args, donate_argnums=spec.donate_argnums)
+        except aot.CompileExtrasMissing:
+            raise  # the machine cannot compile for this topology at all: not a row of the table
+        except Exception as e:  # noqa: BLE001 (a failed compile is a row, not a crash)
+            row.update(status="error", reason=one_line(e), seconds=clock.seconds)
+            return row
     row.update(status="ok", seconds=result.seconds, memory=result.memory,
                needed_bytes=result.needed_bytes, flops=result.flops,
                bytes_accessed=result.bytes_accessed)

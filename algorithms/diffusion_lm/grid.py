@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
@@ -36,7 +35,7 @@ from flax import nnx
 from algorithms.diffusion_lm import scaling
 from algorithms.diffusion_lm.families import FamilySpec, sample, transformer_config
 from algorithms.diffusion_lm.training import init_state, make_step
-from core import sharding
+from core import sharding, timing
 from core.data import ByteTokenizer, TextBatcher
 from core.data.text import sequential_windows
 from core.training import LoopConfig, config_fingerprint, train_loop
@@ -213,11 +212,11 @@ class Runner:
                **kw).block_until_ready()
         outs, secs = [], 0.0
         for b in range(c.sampling.batches):
-            t0 = time.perf_counter()
-            s = sample(model.spec, model.graphdef, model.eval_params, jax.random.key(seed + b),
-                       **kw)
-            s.block_until_ready()
-            secs += time.perf_counter() - t0
+            with timing.Stopwatch() as clock:
+                s = sample(model.spec, model.graphdef, model.eval_params, jax.random.key(seed + b),
+                           **kw)
+                s.block_until_ready()
+            secs += clock.seconds
             outs.append(np.asarray(s))
         smp = np.concatenate(outs)
         return smp, smp.size / secs

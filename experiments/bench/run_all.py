@@ -17,12 +17,12 @@ import os
 import pkgutil
 import platform
 import sys
-import time
 import traceback
 
 import jax
 from absl import app, flags, logging
 
+from core import timing
 from experiments.bench.timing import SIZE_NAMES
 
 _OUT = flags.DEFINE_string("out", "BENCHMARKS.md", "output markdown file")
@@ -82,13 +82,13 @@ def main(argv):
     failed = []
     for name in names:
         print(f"bench {name} ...", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        try:
-            section = importlib.import_module(f"experiments.bench.{name}").run(size=size)
-        except Exception:  # noqa: BLE001 - report and continue
-            failed.append(name)
-            section = f"## {name}: FAILED\n\n```\n{traceback.format_exc()[-3000:]}\n```\n"
-        parts += [section.strip(), "", f"_{name}: {time.perf_counter() - t0:.0f} s._", ""]
+        with timing.Stopwatch() as clock:
+            try:
+                section = importlib.import_module(f"experiments.bench.{name}").run(size=size)
+            except Exception:  # noqa: BLE001 - report and continue
+                failed.append(name)
+                section = f"## {name}: FAILED\n\n```\n{traceback.format_exc()[-3000:]}\n```\n"
+        parts += [section.strip(), "", f"_{name}: {clock.seconds:.0f} s._", ""]
     with open(_OUT.value, "w") as f:
         f.write("\n".join(parts))
     print(f"wrote {os.path.abspath(_OUT.value)}", file=sys.stderr)
