@@ -1,7 +1,7 @@
 """Reading a sweep: iso-compute curves, n*(C) with intervals, its scaling fits, interference and
 seed variance (host-side NumPy over the records of :func:`sweep.run_sweep`).
 
-Dimensions: K values of n, S seeds, J budgets.
+Dimensions: Q values of n, S seeds, C compute budgets.
 
 A record is one (n, B_p, seed) run read at one budget C (keys budget, n, bp, seed and the
 objectives easy_pass1, hard_passk, ...). At each budget and n the B_p with the best seed mean is
@@ -33,7 +33,7 @@ def best_curve(records: Sequence[dict], budget: int, ns: Sequence[int], objectiv
     with the best seed mean.
 
     Returns:
-      (the n present (every seed measured), float64 [S, K'] values, the chosen B_p per n).
+      (the n present (every seed measured), float64 [S, Q'] values, the chosen B_p per n).
     """
     present, cols, chosen = [], [], []
     for n in ns:

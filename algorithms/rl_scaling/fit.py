@@ -1,6 +1,6 @@
 """Fits for the compute-optimal number of rollouts per problem n*(C) (host-side NumPy/SciPy).
 
-Dimensions: K values of n, S seeds, J budgets.
+Dimensions: Q values of n, S seeds, C compute budgets.
 
 * n*(C) at one budget: the reward at each log2 n is smoothed by a parabola; n* is its vertex when
   the parabola is concave and the vertex lies inside the grid, else the best grid point (Cheng et
@@ -22,7 +22,7 @@ from scipy import optimize
 
 
 def n_star(log2_n: np.ndarray, reward: np.ndarray) -> float:
-    """log2 n* from the rewards [K] measured at log2 n [K] (K >= 1; the parabola needs K >= 3).
+    """log2 n* from the rewards [Q] measured at log2 n [Q] (Q >= 1; the parabola needs Q >= 3).
 
     Raises:
       ValueError: mismatched shapes, empty input, or non-finite rewards.
@@ -48,14 +48,14 @@ def bootstrap_n_star(log2_n: np.ndarray, rewards: np.ndarray, num_boot: int, see
     """(point estimate, lower, upper) of log2 n* with a percentile bootstrap over seeds.
 
     Args:
-      log2_n: [K].
-      rewards: [S, K] per-seed rewards (NaN where a configuration did not run is not allowed).
+      log2_n: [Q].
+      rewards: [S, Q] per-seed rewards (NaN where a configuration did not run is not allowed).
       num_boot: bootstrap replicates (>= 1).
       level: central interval mass.
     """
     rewards = np.asarray(rewards, np.float64)
     if rewards.ndim != 2 or rewards.shape[1] != len(log2_n):
-        raise ValueError(f"bootstrap_n_star: rewards must be [S, K={len(log2_n)}], got "
+        raise ValueError(f"bootstrap_n_star: rewards must be [S, Q={len(log2_n)}], got "
                          f"{rewards.shape}")
     rng = np.random.default_rng(seed)
     s = rewards.shape[0]
@@ -115,8 +115,8 @@ def fit_scaling(log2_c: np.ndarray, log2_nstar: np.ndarray, lo: float, hi_max: f
     """Fits the power law and the saturating sigmoid to log2 n*(C) and compares them.
 
     Args:
-      log2_c: [J] budgets (J >= 3).
-      log2_nstar: [J].
+      log2_c: [C] budgets (C >= 3).
+      log2_nstar: [C].
       lo: the sigmoid's floor (log2 of the smallest n tried).
       hi_max: upper bound for its ceiling (e.g. log2 of twice the largest n tried).
 
@@ -195,22 +195,22 @@ def bootstrap_scaling(log2_c: np.ndarray, log2_n: np.ndarray, rewards: np.ndarra
     rewards across budgets are one draw.
 
     Args:
-      log2_c: [J] budgets (J >= 3).
-      log2_n: [K] rollouts per problem (K >= 1).
-      rewards: [J, S, K] per-seed rewards.
+      log2_c: [C] budgets (C >= 3).
+      log2_n: [Q] rollouts per problem (Q >= 1).
+      rewards: [C, S, Q] per-seed rewards.
       num_boot: replicates (>= 1).
       seed: NumPy seed of the resampling.
       lo, hi_max: as in :func:`fit_scaling`.
       level: central interval mass.
 
     Raises:
-      ValueError: mismatched shapes, J < 3, num_boot < 1, non-finite rewards.
+      ValueError: mismatched shapes, C < 3, num_boot < 1, non-finite rewards.
     """
     x = np.asarray(log2_c, np.float64)
     n = np.asarray(log2_n, np.float64)
     r = np.asarray(rewards, np.float64)
     if r.ndim != 3 or r.shape[0] != x.size or r.shape[2] != n.size or x.size < 3:
-        raise ValueError(f"bootstrap_scaling: rewards must be [J={x.size} >= 3, S, K={n.size}], "
+        raise ValueError(f"bootstrap_scaling: rewards must be [C={x.size} >= 3, S, Q={n.size}], "
                          f"got {r.shape}")
     if num_boot < 1 or not np.all(np.isfinite(r)):
         raise ValueError(f"bootstrap_scaling: need num_boot >= 1 and finite rewards, got "

@@ -1,6 +1,6 @@
 """Policy rollouts with the KV cache, per-token log-probs, and completion masks.
 
-Dimensions: R rollouts, G distinct prompts, P prompt length, T max new tokens, V vocabulary.
+Dimensions: R rollouts, G distinct prompts, Lp prompt length, T max new tokens, V vocabulary.
 
 Sampling is a jitted prefill of the prompts followed by a ``lax.scan`` of single-token decode
 steps through the transformer's KV cache (as :func:`models.sampling.generate`), but a row stops at
@@ -14,7 +14,7 @@ prefilled once into a KV cache of G rows, the cache rows are gathered to R rows,
 completion tokens run per rollout (prefix sharing, as in vLLM's prefix caching, Kwon et al. 2023,
 Sec. 4.4). The log-probabilities are the same numbers as those of the full forward pass over the
 repeated prompts (the same per-position arithmetic; their gradients agree to float32 rounding), at
-G P + R T instead of R (P + T) token positions (with P = 10, T = 4 and n = 4, 2x fewer).
+G Lp + R T instead of R (Lp + T) token positions (with Lp = 10, T = 4 and n = 4, 2x fewer).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def completion_mask(tokens: jax.Array, end_id: int) -> jax.Array:
 
 
 def _check_rows(prompts: jax.Array, prompt_rows: jax.Array | None, where: str) -> int:
-    """The number of rollouts R (``prompt_rows`` [R] indexes the G rows of ``prompts`` [G, P])."""
+    """The number of rollouts R (``prompt_rows`` [R] indexes the G rows of ``prompts`` [G, Lp])."""
     if prompt_rows is None:
         return prompts.shape[0]
     if prompt_rows.ndim != 1 or not jnp.issubdtype(prompt_rows.dtype, jnp.integer):
@@ -62,9 +62,9 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: 
 
     Args:
       graphdef, params: a causal :class:`models.transformer.Transformer`, split with nnx.
-      prompts: int32 [R, P], or the G distinct prompts [G, P] with ``prompt_rows``.
+      prompts: int32 [R, Lp], or the G distinct prompts [G, Lp] with ``prompt_rows``.
       key: PRNG key.
-      max_new_tokens: T >= 1, with P + T <= the model's max_len.
+      max_new_tokens: T >= 1, with Lp + T <= the model's max_len.
       end_id: the end token; sampling of a row stops after it.
       temperature: sampling temperature (> 0); log-probs are under the temperature-1 policy.
       backend: KV-cache backend (its layer cache must be a pytree of arrays with a leading batch
@@ -78,7 +78,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: 
       the temperature-1 policy, mask bool [R, T] from :func:`completion_mask`).
 
     Raises:
-      ValueError: T < 1, P + T > max_len, temperature <= 0, or ``prompt_rows`` not an int
+      ValueError: T < 1, Lp + T > max_len, temperature <= 0, or ``prompt_rows`` not an int
         vector.
     """
     if max_new_tokens < 1 or not temperature > 0:
@@ -114,15 +114,15 @@ def completion_logprobs(model: nnx.Module, prompts: jax.Array, completions: jax.
                         prompt_rows: jax.Array | None = None) -> jax.Array:
     """Teacher-forced log-probs of ``completions`` [R, T] after their prompts: float32 [R, T].
 
-    Without ``prompt_rows``, ``prompts`` is [R, P] and this is one full forward pass over the
-    P + T - 1 input tokens. With ``prompt_rows`` int32 [R] (values in [0, G)), ``prompts`` holds
-    the G distinct prompts [G, P]: they are prefilled once through the dense KV cache and the
+    Without ``prompt_rows``, ``prompts`` is [R, Lp] and this is one full forward pass over the
+    Lp + T - 1 input tokens. With ``prompt_rows`` int32 [R] (values in [0, G)), ``prompts`` holds
+    the G distinct prompts [G, Lp]: they are prefilled once through the dense KV cache and the
     T - 1 completion inputs of every rollout attend to their prompt's cache rows (see the module
     docstring); the result equals the full pass over ``prompts[prompt_rows]``. Differentiable in
     the parameters either way.
 
     Raises:
-      ValueError: ``prompt_rows`` not an int vector of length R, or P + T - 1 > max_len.
+      ValueError: ``prompt_rows`` not an int vector of length R, or Lp + T - 1 > max_len.
     """
     g, p = prompts.shape
     if prompt_rows is None:

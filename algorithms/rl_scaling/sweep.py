@@ -154,7 +154,7 @@ def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
     Args:
       cfg: the sweep.
       graphdef, params0: the policy (warm start), split with nnx.
-      pool: training problems {"prompts" int32 [N, P], "targets" int32 [N, T], "lens" int32 [N]}
+      pool: training problems {"prompts" int32 [N, Lp], "targets" int32 [N, T], "lens" int32 [N]}
         with N >= the largest n B_p.
       evals: {"easy": (prompts, targets, lens), "hard": (...)} held-out problems.
       mesh: mesh whose ``data`` axis splits the lanes (default: every device).

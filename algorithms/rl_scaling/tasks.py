@@ -1,6 +1,6 @@
 """Verifiable arithmetic tasks with a difficulty knob and an exact-match checker.
 
-Dimensions: N problems, k terms per problem, P prompt length (tokens, incl. BOS), T completion
+Dimensions: N problems, k terms per problem, Lp prompt length (tokens, incl. BOS), T completion
 length (tokens).
 
 A problem is a sum of ``num_terms`` non-negative integers of at most ``num_digits`` digits, shown
@@ -102,7 +102,7 @@ def prompt_text(operands: np.ndarray, width: int) -> str:
 
 
 def encode_prompts(operands: np.ndarray, prompt_len: int, width: int) -> np.ndarray:
-    """int32 [N, P]: BOS, left padding with spaces, then the prompt bytes (terms zero-padded to
+    """int32 [N, Lp]: BOS, left padding with spaces, then the prompt bytes (terms zero-padded to
     ``width`` digits, normally the task's ``num_digits``).
 
     Raises:
@@ -199,7 +199,7 @@ class MixtureBatches:
 
 def encode_problems(operands: np.ndarray, task: ArithmeticTask, prompt_len: int, answer_len: int
                     ) -> dict[str, np.ndarray]:
-    """{"prompts" int32 [N, P], "targets" int32 [N, T], "lens" int32 [N]} for the problems
+    """{"prompts" int32 [N, Lp], "targets" int32 [N, T], "lens" int32 [N]} for the problems
     ``operands`` [N, k] of ``task`` (:func:`encode_prompts`, :func:`encode_answers`).
 
     Raises:
@@ -215,11 +215,11 @@ def problem_sets(tasks: tuple[ArithmeticTask, ...], num_train: int, num_heldout:
     """Encoded train and held-out problems of each task, in one shared geometry.
 
     Task i draws its split with seed ``seed + i`` (:func:`make_split`); prompts are padded to
-    P = 1 + the longest prompt and answers to T = the longest answer of all tasks, so that one
+    Lp = 1 + the longest prompt and answers to T = the longest answer of all tasks, so that one
     model and one compiled step serve every task.
 
     Returns:
-      (train {task.name: :func:`encode_problems` dict}, held-out {name: dict}, P, T).
+      (train {task.name: :func:`encode_problems` dict}, held-out {name: dict}, Lp, T).
     """
     prompt_len = 1 + max(t.prompt_chars for t in tasks)
     answer_len = max(t.answer_chars for t in tasks)

@@ -2,7 +2,7 @@
 per-problem gradient probe.
 
 Dimensions: N problems in a pool, R = B_p * n rollouts per step, B_p problems per step, n rollouts
-per problem, P prompt length, T completion length, D parameter count.
+per problem, Lp prompt length, T completion length, D parameter count.
 
 One RL step (Cheng et al. 2026, Sec. 2; GRPO, Shao et al. 2024, Sec. 4.1):
   1. draw B_p distinct training problems, repeat each n times (rollout r solves problem r // n);
@@ -95,7 +95,7 @@ def sft_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array
              ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Warm-start loss: mean negative log-likelihood per answer token of the correct completion.
 
-    ``batch`` = {"prompts" [B, P], "targets" [B, T], "lens" [B]}. Signature of
+    ``batch`` = {"prompts" [B, Lp], "targets" [B, T], "lens" [B]}. Signature of
     :func:`core.training.make_train_step`.
     """
     del key
@@ -131,7 +131,7 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
       n: int32 scalar, rollouts per problem; must divide R with R / n <= ``spec.problem_rows``
         (and n >= 2 for "grpo" advantages); checked by the caller, e.g. with
         :class:`allocation.Allocation`, since n may be traced.
-      pool: {"prompts" int32 [N, P], "targets" int32 [N, T], "lens" int32 [N]} training problems.
+      pool: {"prompts" int32 [N, Lp], "targets" int32 [N, T], "lens" int32 [N]} training problems.
       ref_params: reference-policy parameters for the KL term (None when kl_beta = 0).
 
     Returns:
@@ -211,7 +211,7 @@ def per_problem_gradients(graphdef: nnx.GraphDef, params: nnx.State, prompts: ja
     """Flattened GRPO gradients of each problem's own loss from its first ``n`` rollouts.
 
     Args:
-      prompts: int32 [G, P]; completions: int32 [G, N, T]; mask: bool [G, N, T];
+      prompts: int32 [G, Lp]; completions: int32 [G, N, T]; mask: bool [G, N, T];
       rewards: float32 [G, N] (N rollouts sampled per problem).
       n: group size, 1 <= n <= N; may be traced, so one compiled function serves every n.
       cfg: the loss configuration (first inner step: ratio 1, so the clip is inactive).
@@ -256,7 +256,7 @@ def group_gradient_cosine(graphdef: nnx.GraphDef, params: nnx.State, key: jax.Ar
                           end_id: int = tasks.END_ID) -> tuple[jax.Array, jax.Array]:
     """Mean cosine between per-problem GRPO gradients estimated from n rollouts each, per n.
 
-    For each of the G problems (``prompts`` [G, P], ``targets`` [G, T], ``target_len`` [G]) sample
+    For each of the G problems (``prompts`` [G, Lp], ``targets`` [G, T], ``target_len`` [G]) sample
     N = max(ns) completions once; for each n in ``ns`` take each problem's gradient from its first
     n rollouts (:func:`per_problem_gradients`, nested samples, one compilation for all n) and
     return :func:`metrics.mean_pairwise_cosine` over the problems with a non-zero gradient.
@@ -294,7 +294,7 @@ def sampled_correct(graphdef: nnx.GraphDef, params: nnx.State, key: jax.Array,
     """Correct completions out of ``num_samples`` sampled per problem: int32 [N].
 
     The input of the unbiased pass@k estimator (:func:`metrics.pass_at_k`, Chen et al. 2021,
-    Eq. 1). Each prompt [N, P] is prefilled once and shared by its samples. Jittable with
+    Eq. 1). Each prompt [N, Lp] is prefilled once and shared by its samples. Jittable with
     ``num_samples``, ``temperature`` and ``end_id`` static.
 
     Raises:

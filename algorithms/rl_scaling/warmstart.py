@@ -1,6 +1,6 @@
 """Supervised warm start of the policy in two stages that end on measured pass rates.
 
-Dimensions: B batch of problems, P prompt length, T answer length.
+Dimensions: B batch of problems, Lp prompt length, T answer length.
 
 A small model sits on a loss plateau (digits predicted without using the operands) for a number
 of steps that depends on the batch order, and learns nothing about hard sums from easy ones. So:

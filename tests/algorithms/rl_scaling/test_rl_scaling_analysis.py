@@ -46,7 +46,7 @@ def test_bootstrap_scaling_with_noise_has_spread_and_needs_three_budgets():
     boot = fit.bootstrap_scaling(log2_c, log2_n, rewards, 30, 0, lo=0.0, hi_max=6.0)
     lo, hi = boot.interval("slope")
     assert lo < hi and boot.loo_diff.shape == (30,)
-    with pytest.raises(ValueError, match="J="):
+    with pytest.raises(ValueError, match="C="):
         fit.bootstrap_scaling(log2_c[:2], log2_n, rewards[:2], 4, 0, lo=0.0, hi_max=6.0)
     with pytest.raises(ValueError, match="finite"):
         fit.bootstrap_scaling(log2_c, log2_n, rewards * np.nan, 4, 0, lo=0.0, hi_max=6.0)
