@@ -76,9 +76,16 @@ HELP = {
 }
 
 
+def _default_sigint():
+    # A job started in the background of a non-interactive shell inherits SIGINT ignored; the
+    # child must start with the default disposition, as it does from a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupted_at_start():
     proc = subprocess.Popen(_cmd("experiments.lm", f"--workdir={SCRATCH}/interrupted"),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     time.sleep(0.5)  # while Python imports JAX
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
