@@ -25,17 +25,9 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from kernels import checks
+from kernels.common import mesh_axis
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
-
-
-def _axis(mesh: Mesh, name: str | None, size: int, where: str) -> str | None:
-    if name is None:
-        return None
-    if name not in mesh.axis_names:
-        raise ValueError(f"{where}: mesh axis {name!r} is not one of the mesh's axes "
-                         f"{tuple(mesh.axis_names)}")
-    return name if size % mesh.shape[name] == 0 else None
 
 
 def qvg_chunk_attention_sharded(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode,
@@ -63,7 +55,7 @@ def qvg_chunk_attention_sharded(q: jax.Array, k_code: ref.QVGCode, v_code: ref.Q
     where = "qvg_chunk_attention_sharded"
     b, kh = k_code.codes.shape[:2]
     checks.array(q, "q", where, ndim=4, kind="float", shape=(b, kh, None, None), nonempty=True)
-    bax, hax = _axis(mesh, batch_axis, b, where), _axis(mesh, head_axis, kh, where)
+    bax, hax = mesh_axis(mesh, batch_axis, b, where), mesh_axis(mesh, head_axis, kh, where)
     blocks = PartitionSpec(bax, hax)
 
     def block(q, k_code, v_code, start, num_quantized):
@@ -107,8 +99,8 @@ class ShardedQVGCache(api.QVGCache):
             raise ValueError("ShardedQVGCache.cache_sharding: the backend has no mesh")
         b, kh = layer_cache["wk"].shape[:2]
         where = "ShardedQVGCache.cache_sharding"
-        spec = PartitionSpec(_axis(self.mesh, self.batch_axis, b, where),
-                             _axis(self.mesh, self.head_axis, kh, where))
+        spec = PartitionSpec(mesh_axis(self.mesh, self.batch_axis, b, where),
+                             mesh_axis(self.mesh, self.head_axis, kh, where))
 
         def leaf(x):
             lead = tuple(x.shape[:2])

@@ -28,18 +28,9 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from kernels import checks
+from kernels.common import mesh_axis
 from kernels.sparse_decode import api
 from kernels.sparse_decode import reference as ref
-
-
-def _axis(mesh: Mesh, name: str | None, size: int, where: str) -> str | None:
-    """``name`` if it is one of ``mesh``'s axes and divides ``size``; None otherwise."""
-    if name is None:
-        return None
-    if name not in mesh.axis_names:
-        raise ValueError(f"{where}: mesh axis {name!r} is not one of the mesh's axes "
-                         f"{tuple(mesh.axis_names)}")
-    return name if size % mesh.shape[name] == 0 else None
 
 
 def partition_specs(mesh: Mesh, batch: int, kv_heads: int, *, batch_axis: str | None = "data",
@@ -51,7 +42,7 @@ def partition_specs(mesh: Mesh, batch: int, kv_heads: int, *, batch_axis: str | 
       ValueError: an axis name that ``mesh`` does not have.
     """
     where = "ffd_decode_sharded"
-    return (_axis(mesh, batch_axis, batch, where), _axis(mesh, head_axis, kv_heads, where))
+    return (mesh_axis(mesh, batch_axis, batch, where), mesh_axis(mesh, head_axis, kv_heads, where))
 
 
 def ffd_decode_sharded(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, mesh: Mesh, *,
