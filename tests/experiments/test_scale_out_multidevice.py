@@ -37,7 +37,7 @@ def assert_same(out8, out1):
                  s8["params"], s1["params"])
 
 
-@pytest.mark.parametrize("family", ["mdlm", "duo"])
+@pytest.mark.parametrize("family", ["mdlm", "duo", "gidd"])
 def test_diffusion_lm_step_data_parallel(family):
     if jax.device_count() < 8:
         pytest.fail("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (see Makefile)")
