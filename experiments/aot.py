@@ -148,9 +148,8 @@ def diffusion_train(family: str, size_index: int | None = None) -> Callable:
                                   num_heads=heads, **backbone)
         tx = grid.optimizer(config.optim)
         b, L = config.batch_size, config.seq_len
-        fpt = forward_flops_per_token(mcfg, L)
-        if family == "esolm" and spec.alpha0 < 1:  # as experiments.diffusion_lm._Run counts it
-            fpt += 2 * forward_flops_per_token(mcfg, 2 * L)
+        # per data token, as the grid counts a run's compute (FamilySpec.train_passes)
+        fpt = sum(n * forward_flops_per_token(mcfg, n * L) for n in spec.train_passes)
         batch = {"x": jax.ShapeDtypeStruct((b, L), jnp.int32),
                  "train": jax.ShapeDtypeStruct((), jnp.float32),
                  "ce": jax.ShapeDtypeStruct((), jnp.float32)}

@@ -97,7 +97,8 @@ VARIANTS = {
         "eval_windows": 2048, "eval_reps": 2, "final_eval_windows": 4096, "final_eval_reps": 4,
         "sampling.steps": (16, 64, 256, 1024), "sampling.batches": 1, "log_every": 100,
         "bootstrap_samples": 2000,
-        "backbone.dtype": "bfloat16", "backbone.attention": "blockwise", "backbone.remat": "minimal",
+        # attention 'auto': splash on TPU, cuDNN on GPU, blockwise for Eso-LM's per-example masks
+        "backbone.dtype": "bfloat16", "backbone.attention": "auto", "backbone.remat": "minimal",
         # the evaluator: GPT-2 medium-sized, as the papers score with a larger AR model
         "evaluator.model.d_model": 1024, "evaluator.model.num_layers": 24,
         "evaluator.model.num_heads": 16, "evaluator.model.num_kv_heads": 16,
@@ -105,7 +106,7 @@ VARIANTS = {
         "evaluator.steps": 50_000, "evaluator.learning_rate": 3e-4,
         "evaluator.warmup_steps": 2000, "evaluator.log_every": 100,
         "evaluator.checkpoint_every": 1000, "evaluator.model.dtype": "bfloat16",
-        "evaluator.model.attention": "blockwise", "evaluator.model.remat": "minimal",
+        "evaluator.model.attention": "auto", "evaluator.model.remat": "minimal",
     },
 }
 
