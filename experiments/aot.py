@@ -516,7 +516,7 @@ def rl_scaling_train(devices) -> StepSpec:
     from algorithms.rl_scaling import allocation, grpo, tasks, trainer
     from core import sharding
     from experiments.configs import rl_scaling as rl_config
-    from models.transformer import Transformer, TransformerConfig, param_count
+    from models.transformer import Transformer, param_count
 
     config = rl_config.get_config("paper")
     budgets = allocation.budget_grid(config.smallest_budget, config.num_budgets)
@@ -524,9 +524,7 @@ def rl_scaling_train(devices) -> StepSpec:
     hard = tasks.ArithmeticTask(config.hard.terms, config.hard.digits, "hard")
     prompt_len = 1 + max(easy.prompt_chars, hard.prompt_chars)
     answer_len = max(easy.answer_chars, hard.answer_chars)
-    mcfg = TransformerConfig(vocab_size=258, max_len=prompt_len + answer_len,
-                             d_model=config.model.d_model, num_layers=config.model.num_layers,
-                             num_heads=config.model.num_heads, mlp_dim=config.model.mlp_dim)
+    mcfg = trainer.policy_config(config.model, prompt_len, answer_len)
     gd, params = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))
     tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
     gcfg = grpo.GRPOConfig(advantage=config.advantage, aggregation=config.aggregation,
@@ -542,7 +540,8 @@ def rl_scaling_train(devices) -> StepSpec:
     lanes = len(groups[r]) * config.num_seeds
     lanes += -lanes % mesh.shape[sharding.DATA]
     spec = trainer.RLSpec(rollouts_per_step=r, max_new_tokens=answer_len, grpo=gcfg,
-                          temperature=config.temperature)
+                          temperature=config.temperature,
+                          max_problems=r // min(n for n, _ in groups[r]))  # as run_sweep
     step = jax.vmap(trainer.make_rl_step(gd, tx, spec), in_axes=(0, 0, 0, 0, None, None))
     stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((lanes, *x.shape), x.dtype), params)
     opt = jax.eval_shape(jax.vmap(tx.init), stacked)
@@ -560,7 +559,8 @@ def rl_scaling_train(devices) -> StepSpec:
     return StepSpec(step, args, (0, 1), None, k,
                     f"{lanes} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x "
                     f"{config.num_seeds} seeds, padded), prompt {prompt_len} + {answer_len} "
-                    f"tokens, d {mcfg.d_model} x {mcfg.num_layers} layers, {k / 1e6:.0f}M params")
+                    f"tokens, d {mcfg.d_model} x {mcfg.num_layers} layers, {mcfg.dtype.name}, remat "
+                    f"{mcfg.remat}, {k / 1e6:.0f}M params")
 
 
 # name -> (builder, what it is). Order is the table's order.

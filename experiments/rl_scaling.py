@@ -37,7 +37,7 @@ from algorithms.rl_scaling import (
 from core import report
 from core.timing import Stopwatch
 from experiments import common
-from models.transformer import Transformer, TransformerConfig, param_count
+from models.transformer import Transformer, param_count
 
 NAME = "rl_scaling"
 TITLE = "Compute-optimal RL rollouts: GRPO IsoCompute sweep (rl_scaling)"
@@ -109,10 +109,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
             (easy_t, hard_t), config.num_train, config.num_heldout, config.seed)
         evals = {k: tuple(jnp.asarray(v[f]) for f in ("prompts", "targets", "lens"))
                  for k, v in held.items()}
-        m = config.model
-        gd, params = nnx.split(Transformer(TransformerConfig(
-            vocab_size=258, max_len=prompt_len + answer_len, d_model=m.d_model,
-            num_layers=m.num_layers, num_heads=m.num_heads, mlp_dim=m.mlp_dim),
+        gd, params = nnx.split(Transformer(
+            trainer.policy_config(config.model, prompt_len, answer_len),
             rngs=nnx.Rngs(config.seed)))
         params0, warm_info = warmstart.warm_start(
             warm_cfg, gd, params, train["easy"], train["hard"],

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+VOCAB_SIZE = 258  # core.data.ByteTokenizer().vocab_size: 256 bytes, PAD, BOS
 BOS_ID = 257  # core.data.ByteTokenizer().bos_id
 END_ID = ord("\n")
 PAD_ID = ord(" ")

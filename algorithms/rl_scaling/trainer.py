@@ -32,6 +32,7 @@ import optax
 from flax import nnx
 
 from algorithms.rl_scaling import grpo, metrics, rollout, tasks
+from models.transformer import TransformerConfig
 
 PyTree = Any
 
@@ -70,6 +71,21 @@ class RLSpec:
     def problem_rows(self) -> int:
         """G: distinct-problem rows per step (``max_problems``, default R)."""
         return self.rollouts_per_step if self.max_problems is None else self.max_problems
+
+
+def policy_config(model: Any, prompt_len: int, answer_len: int) -> TransformerConfig:
+    """The policy's :class:`~models.transformer.TransformerConfig` from a config's ``model``
+    fields (``d_model``, ``num_layers``, ``num_heads``, ``mlp_dim``, ``dtype``, ``remat``: any
+    object with those attributes) for prompts of ``prompt_len`` and answers of ``answer_len``
+    tokens, over the byte vocabulary (:data:`tasks.VOCAB_SIZE`).
+
+    Raises:
+      ValueError: a field the model refuses (``TransformerConfig`` checks them).
+    """
+    return TransformerConfig(
+        vocab_size=tasks.VOCAB_SIZE, max_len=prompt_len + answer_len, d_model=model.d_model,
+        num_layers=model.num_layers, num_heads=model.num_heads, mlp_dim=model.mlp_dim,
+        dtype=jnp.dtype(model.dtype), remat=model.remat)
 
 
 def target_mask(target_len: jax.Array, length: int) -> jax.Array:

@@ -26,7 +26,10 @@ def base() -> ml_collections.ConfigDict:
     c.hard = ml_collections.ConfigDict(dict(terms=3, digits=2))
     c.num_train = 4000  # training problems per split
     c.num_heldout = 256  # held-out problems per split
-    c.model = ml_collections.ConfigDict(dict(d_model=128, num_layers=3, num_heads=4, mlp_dim=256))
+    # The policy; dtype is the compute dtype (parameters and optimizer state stay float32), remat
+    # the per-block rematerialisation of the GRPO backward pass (models.transformer.REMAT_POLICIES).
+    c.model = ml_collections.ConfigDict(dict(d_model=128, num_layers=3, num_heads=4, mlp_dim=256,
+                                             dtype="float32", remat="none"))
     # Supervised warm start in two stages that end on exact pass@1 of `probe_problems` training
     # problems, checked every `check_every` steps: easy sums alone until easy >= `easy_target`
     # (a small model leaves its loss plateau much sooner on them, after a number of steps that
@@ -86,6 +89,7 @@ VARIANTS = {
              "num_seeds": 4},
     "paper": {
         "model.d_model": 512, "model.num_layers": 8, "model.num_heads": 8, "model.mlp_dim": 1536,
+        "model.dtype": "bfloat16", "model.remat": "full",
         "easy.digits": 3, "hard.terms": 3, "hard.digits": 3, "num_train": 50_000,
         "num_heldout": 1024, "warmup.max_easy_steps": 10_000, "warmup.max_steps": 20_000,
         "warmup.batch_size": 256, "warmup.probe_problems": 1024,
@@ -113,6 +117,8 @@ RULES = {
     "model.num_layers": cfg_lib.integer(lo=1),
     "model.num_heads": cfg_lib.integer(lo=1),
     "model.mlp_dim": cfg_lib.integer(lo=1),
+    "model.dtype": cfg_lib.one_of("float32", "bfloat16", "float16"),
+    "model.remat": cfg_lib.one_of("none", "full", "minimal", "dots"),
     "warmup.batch_size": cfg_lib.integer(lo=1),
     "warmup.learning_rate": _POSITIVE,
     "warmup.warmup_steps": cfg_lib.integer(lo=0),

@@ -206,3 +206,18 @@ def test_rl_step_on_distinct_problem_rows_matches_all_rows():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="max_problems"):
         trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4, max_problems=9)
+
+
+def test_policy_config_follows_the_config_and_the_tokenizer():
+    """The policy covers the tokenizer's vocabulary and takes its compute dtype and remat from the
+    config (paper: bfloat16 compute, full remat of the GRPO backward pass)."""
+    from core.data import ByteTokenizer
+    from experiments.configs import rl_scaling as rl_config
+
+    assert tasks.VOCAB_SIZE == ByteTokenizer().vocab_size
+    assert tasks.BOS_ID == ByteTokenizer().bos_id
+    paper = trainer.policy_config(rl_config.get_config("paper").model, 13, 5)
+    assert (paper.dtype, paper.remat, paper.max_len, paper.d_model) == (jnp.bfloat16, "full", 18,
+                                                                        512)
+    tiny = trainer.policy_config(rl_config.get_config("tiny").model, 9, 4)
+    assert (tiny.dtype, tiny.remat) == (jnp.float32, "none")
