@@ -101,26 +101,45 @@ def _train_spec(devices, config, mcfg, make_step, init_state, tx, batch, tokens,
                     3.0 * flops_per_token * tokens, n, f"{shape}, {n / 1e6:.0f}M params")
 
 
-def lm_train(devices) -> StepSpec:
-    """``experiments.lm`` paper train step (AdamW, next-token loss)."""
-    import jax
-    import jax.numpy as jnp
+def lm_train(**overrides) -> Callable:
+    """``experiments.lm`` paper train step (AdamW, next-token loss), with config ``overrides``
+    (dotted field -> value; e.g. a larger model for the scale rows)."""
 
-    from algorithms.lm import training as lm
-    from core.data import ByteTokenizer
-    from core.training import init_train_state, make_train_step
-    from experiments.configs import lm as lm_config
-    from models.transformer import forward_flops_per_token
+    def build(devices) -> StepSpec:
+        import jax
+        import jax.numpy as jnp
 
-    config = lm_config.get_config("paper")
-    mcfg = lm.model_config(config, ByteTokenizer().vocab_size)
-    tx = lm.optimizer(config)
-    b, L = config.batch_size, config.seq_len
-    return _train_spec(
-        devices, config, mcfg, lambda g: make_train_step(g, tx, lm.lm_loss), init_train_state, tx,
-        jax.ShapeDtypeStruct((b, L), jnp.int32), b * L, forward_flops_per_token(mcfg, L),
-        f"B {b} x L {L}, d {mcfg.d_model} x {mcfg.num_layers} layers, {mcfg.dtype.name}, "
-        f"{mcfg.attention} attention, remat {mcfg.remat}")
+        from algorithms.lm import training as lm
+        from core.data import ByteTokenizer
+        from core.training import init_train_state, make_train_step
+        from experiments.configs import lm as lm_config
+        from models.transformer import forward_flops_per_token
+
+        config = lm_config.get_config("paper")
+        config.update_from_flattened_dict(overrides)
+        mcfg = lm.model_config(config, ByteTokenizer().vocab_size)
+        tx = lm.optimizer(config)
+        b, L = config.batch_size, config.seq_len
+        return _train_spec(
+            devices, config, mcfg, lambda g: make_train_step(g, tx, lm.lm_loss), init_train_state,
+            tx, jax.ShapeDtypeStruct((b, L), jnp.int32), b * L, forward_flops_per_token(mcfg, L),
+            f"B {b} x L {L}, d {mcfg.d_model} x {mcfg.num_layers} layers, {mcfg.dtype.name}, "
+            f"{mcfg.attention} attention, remat {mcfg.remat}")
+
+    return build
+
+
+# Larger `lm` models for the scale rows: the paper batch (B 256 x L 1024) and one sequence per chip
+# of a 16-chip slice, the blocks fully rematerialised and scanned (one compiled block).
+LM_SCALE = {
+    "lm/train@1.1B": dict(**{"model.d_model": 2048, "model.num_layers": 24, "model.num_heads": 16,
+                             "model.num_kv_heads": 4, "model.remat": "full",
+                             "model.scan_layers": True}),
+    "lm/train@5.6B-b16": dict(**{"model.d_model": 4096, "model.num_layers": 32,
+                                 "model.num_heads": 32, "model.num_kv_heads": 8,
+                                 "model.remat": "full", "model.scan_layers": True,
+                                 "batch_size": 16}),
+}
 
 
 def diffusion_train(family: str, size_index: int | None = None) -> Callable:
@@ -565,7 +584,8 @@ def rl_scaling_train(devices) -> StepSpec:
 
 # name -> (builder, what it is). Order is the table's order.
 STEPS: dict[str, tuple[Callable[[Sequence[Any]], StepSpec], str]] = {
-    "lm/train": (lm_train, "byte LM train step"),
+    "lm/train": (lm_train(), "byte LM train step"),
+    **{name: (lm_train(**o), "byte LM train step, larger model") for name, o in LM_SCALE.items()},
     "diffusion_lm/mdlm": (diffusion_train("mdlm"), "MDLM train step, reference size"),
     "diffusion_lm/ar": (diffusion_train("ar"), "AR train step, reference size"),
     "diffusion_lm/duo": (diffusion_train("duo"), "Duo train step, reference size"),
