@@ -163,12 +163,15 @@ class ScalingBootstrap:
       onset: [num_boot] log2 C where the sigmoid reaches 90% of its rise
         (:func:`saturation_onset`).
       level: central interval mass of :meth:`interval`.
+      tol: differences of MSE within ``tol`` (in (log2 n)^2) of 0 are float rounding, not a
+        verdict: a bootstrap whose every replicate ties exactly gives such a zero-width interval.
     """
 
     loo_diff: np.ndarray
     slope: np.ndarray
     onset: np.ndarray
     level: float = 0.9
+    tol: float = 1e-9
 
     def interval(self, name: str) -> tuple[float, float]:
         """The central ``level`` percentile interval of ``loo_diff``, ``slope`` or ``onset``."""
@@ -178,10 +181,10 @@ class ScalingBootstrap:
 
     @property
     def decisive(self) -> bool:
-        """Whether the interval of ``loo_diff`` excludes 0: one form predicts held-out budgets
-        better by more than the bootstrap spread of the comparison."""
+        """Whether the interval of ``loo_diff`` excludes 0 by more than ``tol``: one form
+        predicts held-out budgets better by more than the bootstrap spread of the comparison."""
         lo, hi = self.interval("loo_diff")
-        return lo > 0 or hi < 0
+        return lo > self.tol or hi < -self.tol
 
 
 def bootstrap_scaling(log2_c: np.ndarray, log2_n: np.ndarray, rewards: np.ndarray, num_boot: int,

@@ -39,6 +39,17 @@ def test_bootstrap_scaling_on_an_exact_power_law_is_decisive_with_its_slope():
     assert boot.interval("loo_diff")[1] < 0 and boot.decisive  # the power law wins, decisively
 
 
+def test_a_zero_width_interval_of_rounding_is_not_decisive():
+    """Every replicate tying up to float rounding (as in a smoke run) is no verdict; a difference
+    above the tolerance either way is."""
+    z = np.zeros(8)
+    tie = fit.ScalingBootstrap(loo_diff=np.full(8, 3e-17), slope=z, onset=z)
+    assert tie.interval("loo_diff")[0] > 0 and not tie.decisive
+    assert not fit.ScalingBootstrap(loo_diff=np.full(8, -3e-17), slope=z, onset=z).decisive
+    assert fit.ScalingBootstrap(loo_diff=np.full(8, 1e-6), slope=z, onset=z).decisive
+    assert fit.ScalingBootstrap(loo_diff=np.linspace(-2e-6, -1e-6, 8), slope=z, onset=z).decisive
+
+
 def test_bootstrap_scaling_with_noise_has_spread_and_needs_three_budgets():
     log2_c = np.arange(6.0, 11.0)
     log2_n = np.arange(0.0, 6.0)
