@@ -851,8 +851,11 @@ NOTES = (
     "counts a loop body once (layer scans, blockwise attention), so the roofline uses the larger "
     "of XLA's FLOP count and the model's share per chip (shown as \"model: ...\" when larger); "
     "XLA's byte count is its estimate of HBM traffic after fusion (a loop body again counted "
-    "once). The Llama-3-8B decode rows run FFD's and QVG's Pallas kernels inside `shard_map` "
-    "(`kernels/*/sharded.py`); the `lm` decode rows use their XLA paths. Recompile chosen rows "
+    "once). Train steps with attention 'auto' run splash attention on TPU; on GPU they run "
+    "blockwise attention here, because cuDNN's is chosen only when a GPU is attached while "
+    "tracing, so their GPU temporaries are an upper bound. The Llama-3-8B decode rows run FFD's "
+    "and QVG's Pallas kernels inside `shard_map` (`kernels/*/sharded.py`); the `lm` decode rows "
+    "use their XLA paths. Recompile chosen rows "
     "with `python -m experiments.aot --only='<step>@<topology>,...'` (shell patterns; merged into "
     "this table). Kernel compiles (single device, Pallas TPU and GPU) are the compile tests: "
     "`make test-aot` (`tests/**/test_*_compile.py`).")
