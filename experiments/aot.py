@@ -130,15 +130,14 @@ def lm_train(**overrides) -> Callable:
 
 
 # Larger `lm` models for the scale rows: the paper batch (B 256 x L 1024) and one sequence per chip
-# of a 16-chip slice, the blocks fully rematerialised and scanned (one compiled block).
+# of a 16-chip slice, the blocks fully rematerialised (not scanned: XLA's cost analysis would count
+# one block's FLOPs and bytes, which leaves the roofline without its memory traffic).
 LM_SCALE = {
     "lm/train@1.1B": dict(**{"model.d_model": 2048, "model.num_layers": 24, "model.num_heads": 16,
-                             "model.num_kv_heads": 4, "model.remat": "full",
-                             "model.scan_layers": True}),
+                             "model.num_kv_heads": 4, "model.remat": "full"}),
     "lm/train@5.6B-b16": dict(**{"model.d_model": 4096, "model.num_layers": 32,
                                  "model.num_heads": 32, "model.num_kv_heads": 8,
-                                 "model.remat": "full", "model.scan_layers": True,
-                                 "batch_size": 16}),
+                                 "model.remat": "full", "batch_size": 16}),
 }
 
 
