@@ -16,10 +16,12 @@ def base() -> ml_collections.ConfigDict:
     c.corpus = ""  # comma-separated text files or folders; empty = the Shakespeare plays
     c.val_fraction = 0.1
     # TransformerConfig fields (models/transformer.py); dtype is the compute dtype (parameters and
-    # optimizer state stay float32), attention / remat select the training-length kernels.
+    # optimizer state stay float32), attention / remat select the training-length kernels,
+    # scan_layers applies the blocks with one scan (one compiled block).
     c.model = ml_collections.ConfigDict(dict(
         d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, max_len=256, mlp_dim=0,
-        dtype="float32", attention="reference", attention_block=512, remat="none"))
+        dtype="float32", attention="reference", attention_block=512, remat="none",
+        scan_layers=False))
     c.seq_len = 256  # = model.max_len: RoPE is only trained on positions below seq_len
     c.batch_size = 16
     c.steps = 400
@@ -74,6 +76,7 @@ RULES = {
     "model.attention": cfg_lib.one_of("reference", "blockwise", "cudnn", "splash", "auto"),
     "model.attention_block": cfg_lib.integer(lo=1),
     "model.remat": cfg_lib.one_of("none", "full", "minimal", "dots"),
+    "model.scan_layers": cfg_lib.boolean(),
     "seq_len": cfg_lib.integer(lo=2),  # next-token loss needs two positions
     "batch_size": cfg_lib.integer(lo=1),
     "steps": cfg_lib.integer(lo=1),

@@ -301,6 +301,16 @@ def test_roofline_row_without_model_flops_uses_xla_count_and_has_no_mfu():
     assert rf["mfu"] == pytest.approx(1.0, rel=1e-12)
 
 
+def test_a_step_whose_layers_loop_gets_no_roofline():
+    """XLA counts a scanned block once: such a row keeps its memory and has no roofline."""
+    row = {"status": "ok", "chip": "tpu-v5e", "chips": 16, "model_flops": 1e15, "flops": 1e12,
+           "bytes_accessed": 1e9, "layer_loop": True}
+    assert "roofline" not in orchestrator.add_roofline(row)
+    spec = orchestrator.STEPS["lm/train@1.1B"][0](jax.devices())
+    assert spec.layer_loop and "scanned layers" in spec.shape
+    assert not orchestrator.STEPS["lm/train"][0](jax.devices()).layer_loop
+
+
 def test_percent_keeps_two_significant_digits():
     assert [orchestrator._percent(x) for x in (0.19, 0.084, 0.00031, 1.0)] == [
         "19%", "8.4%", "0.031%", "100%"]
