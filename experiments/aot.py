@@ -133,18 +133,20 @@ def lm_train(**overrides) -> Callable:
     return build
 
 
-# Larger `lm` models for the scale rows (memory only): the paper batch (B 256 x L 1024) and one
+# Larger `lm` models for the scale rows (memory): the paper batch (B 256 x L 1024) and one
 # sequence per chip of a 16-chip slice, the blocks fully rematerialised and scanned, as one would
 # run them (unrolled, the 1.1B step needs 18.9 GiB of temporaries on v5e against 6.1 GiB scanned).
-# XLA's cost analysis counts a scanned block once, so these rows have no roofline.
+# XLA's cost analysis counts a scanned block once, so those rows have no roofline; the 4-block row
+# at the 1.1B model's width, unrolled, gives the roofline at that width.
 LM_SCALE = {
-    "lm/train@1.1B": dict(**{"model.d_model": 2048, "model.num_layers": 24, "model.num_heads": 16,
-                             "model.num_kv_heads": 4, "model.remat": "full",
-                             "model.scan_layers": True}),
-    "lm/train@5.6B-b16": dict(**{"model.d_model": 4096, "model.num_layers": 32,
-                                 "model.num_heads": 32, "model.num_kv_heads": 8,
-                                 "model.remat": "full", "model.scan_layers": True,
-                                 "batch_size": 16}),
+    "lm/train@1.1B": {"model.d_model": 2048, "model.num_layers": 24, "model.num_heads": 16,
+                      "model.num_kv_heads": 4, "model.remat": "full", "model.scan_layers": True},
+    # the 1.1B model's width and batch over 4 unrolled blocks: its roofline (MFU by width)
+    "lm/train@d2048x4": {"model.d_model": 2048, "model.num_layers": 4, "model.num_heads": 16,
+                         "model.num_kv_heads": 4, "model.remat": "full"},
+    "lm/train@5.6B-b16": {"model.d_model": 4096, "model.num_layers": 32, "model.num_heads": 32,
+                          "model.num_kv_heads": 8, "model.remat": "full",
+                          "model.scan_layers": True, "batch_size": 16},
 }
 
 
