@@ -122,6 +122,11 @@ FALLBACKS: tuple[CompileFallback, ...] = (
         "cuda", "Couldn't find output tile sizes", {"xla_gpu_enable_triton_gemm": False},
         "XLA:GPU picks Triton GEMM tiles by autotuning on the device and found none for a float32 "
         "dot without one; compiled with xla_gpu_enable_triton_gemm=False (the dots go to cuBLAS)"),
+    CompileFallback(
+        "cuda", "cudaErrorInvalidDevice", {"xla_gpu_enable_cub_radix_sort": False},
+        "XLA:GPU rewrites a large sort (here jax.random.permutation of the problem pool) into a CUB "
+        "radix sort and sizes its scratch through the CUDA runtime, which has no device here; "
+        "compiled with xla_gpu_enable_cub_radix_sort=False (XLA's own sort kernel)"),
 )
 
 
@@ -134,25 +139,36 @@ def compile_lowered(lowered: Any, platform: str,
                     compiler_options: dict[str, Any] | None = None) -> tuple[Any, CompileFallback | None]:
     """Compiles ``lowered`` (a ``jax.stages.Lowered``) for a target of ``platform``.
 
-    With XLA's defaults (or ``compiler_options``) first; if the compiler refuses the program with
-    the symptom of a :data:`FALLBACKS` entry of that platform, once more with that entry's options
-    added.
+    With XLA's defaults (or ``compiler_options``) first; each time the compiler refuses the
+    program with the symptom of a :data:`FALLBACKS` entry of that platform whose options are not in
+    force yet, once more with that entry's options added (a program may need several).
 
     Returns:
-      (the ``jax.stages.Compiled``, the fallback used or None).
+      (the ``jax.stages.Compiled``, the fallback used or None; several are merged into one whose
+      symptoms, options and reasons are those of each, in the order they were needed).
 
     Raises:
-      jax.errors.JaxRuntimeError: the compiler refused the program, and no fallback applies or the
-        fallback was refused too (the second error, XLA's message).
+      jax.errors.JaxRuntimeError: the compiler refused the program, and no further fallback
+        applies (XLA's last message).
     """
     options = dict(compiler_options or {})
-    try:
-        return lowered.compile(compiler_options=options or None), None
-    except jax.errors.JaxRuntimeError as e:
-        fallback = fallback_for(platform, str(e))
-        if fallback is None or all(options.get(k) == v for k, v in fallback.options.items()):
-            raise
-    return lowered.compile(compiler_options={**options, **fallback.options}), fallback
+    used: list[CompileFallback] = []
+    while True:
+        try:
+            compiled = lowered.compile(compiler_options=dict(options) or None)
+        except jax.errors.JaxRuntimeError as e:
+            fallback = fallback_for(platform, str(e))
+            if fallback is None or all(options.get(k) == v for k, v in fallback.options.items()):
+                raise
+            used.append(fallback)
+            options.update(fallback.options)
+            continue
+        break
+    if len(used) <= 1:
+        return compiled, (used[0] if used else None)
+    return compiled, CompileFallback(
+        platform, "; ".join(f.symptom for f in used),
+        {k: v for f in used for k, v in f.options.items()}, "; then ".join(f.reason for f in used))
 
 
 def memory_bytes(compiled: Any) -> dict[str, int]:

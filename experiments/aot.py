@@ -817,11 +817,6 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
 
 # What was found out about a failure, by a substring of its reason (measured on this machine).
 FAILURE_NOTES = {
-    "cudaErrorInvalidDevice": (
-        "with the Triton GEMM fallback the compile gets past the tiling, then a later XLA:GPU pass "
-        "calls the CUDA runtime, which has no device here (the same in two runs); the same step "
-        "compiles for h200 with the fallback: which pass, and why only for the H100 description, "
-        "is not yet isolated"),
     "tuple parameter that is being flattened": (
         "float64 on TPU is emulated: the same fit compiles for one v5e chip (225 s at 1000 rows) "
         "and in float32 on the 16-chip mesh (10 s); `judge_btl_precision` compiles it in float32 "

@@ -119,15 +119,16 @@ def test_static_keyword_arguments_reach_a_jitted_function():
 
 
 class _Lowered:
-    """A stand-in for ``jax.stages.Lowered`` that refuses the first compile with ``message``."""
+    """A stand-in for ``jax.stages.Lowered`` that refuses its first compiles with ``messages``,
+    one each."""
 
-    def __init__(self, message):
-        self.message, self.calls = message, []
+    def __init__(self, *messages):
+        self.messages, self.calls = messages, []
 
     def compile(self, compiler_options=None):
         self.calls.append(compiler_options)
-        if len(self.calls) == 1:
-            raise jax.errors.JaxRuntimeError(self.message)
+        if len(self.calls) <= len(self.messages):
+            raise jax.errors.JaxRuntimeError(self.messages[len(self.calls) - 1])
         return "compiled"
 
 
@@ -148,6 +149,34 @@ def test_compile_lowered_retries_once_with_the_platforms_fallback():
     assert lowered.calls[1] == {"xla_dump_to": "d", "xla_gpu_enable_triton_gemm": False}
     with pytest.raises(jax.errors.JaxRuntimeError):
         aot.compile_lowered(_Lowered(tile), "cuda", {"xla_gpu_enable_triton_gemm": False})
+
+
+def test_compile_lowered_chains_fallbacks_a_program_needs_one_after_another():
+    tile = "INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.62 = f32[28,512]"
+    cub = "INTERNAL: CUDA Runtime error: : cudaErrorInvalidDevice: invalid device ordinal"
+    lowered = _Lowered(tile, cub)
+    compiled, fallback = aot.compile_lowered(lowered, "cuda")
+    both = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_cub_radix_sort": False}
+    assert compiled == "compiled"
+    assert lowered.calls == [None, {"xla_gpu_enable_triton_gemm": False}, both]
+    assert fallback.options == both and "Triton GEMM" in fallback.reason and "CUB" in fallback.reason
+    # the same symptom again once its options are in force is XLA's error, not a loop
+    with pytest.raises(jax.errors.JaxRuntimeError, match="cudaErrorInvalidDevice"):
+        aot.compile_lowered(_Lowered(cub, cub), "cuda")
+
+
+@COMPILE
+def test_a_large_sort_compiles_for_h100_with_xlas_own_sort_kernel():
+    """XLA:GPU turns a 50k-key sort into a CUB radix sort whose scratch is sized through the CUDA
+    runtime, which a compile-only H100 lacks ("cudaErrorInvalidDevice", as the GRPO step's
+    permutation of its problem pool did); the fallback compiles it with XLA's sort."""
+    _need("h100")
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    res = aot.compile_for(lambda k: jax.random.permutation(k, 50_000), (key,), "h100")
+    assert res.fallback is not None
+    assert res.fallback.options == {"xla_gpu_enable_cub_radix_sort": False}
+    assert res.memory["output"] == 50_000 * 4
+    assert aot.compile_for(lambda k: jax.random.permutation(k, 1000), (key,), "h100").fallback is None
 
 
 def test_install_command_and_require_extras_name_the_packages():
