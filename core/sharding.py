@@ -111,6 +111,31 @@ def logical_to_spec(logical_axes: Sequence[str | None], rules: dict[str, str | N
     return PartitionSpec(*(rules.get(a) if a is not None else None for a in logical_axes))
 
 
+def constrain(x: jax.Array, logical_axes: Sequence[str | None],
+              rules: Mapping[str, str | None] = RULES) -> jax.Array:
+    """Pins the sharding of activation ``x`` (dimension ``i`` named ``logical_axes[i]``) on the
+    mesh in context (``jax.sharding.use_abstract_mesh``, as :func:`constrain_step` traces a step)
+    by the activation ``rules``.
+
+    The identity without a multi-device mesh in context; a mesh axis missing from the mesh or not
+    dividing its dimension leaves that dimension to the compiler.
+
+    Raises:
+      ValueError: ``logical_axes`` does not name every dimension of ``x``.
+    """
+    if len(logical_axes) != x.ndim:
+        raise ValueError(f"constrain: {len(logical_axes)} logical axes {tuple(logical_axes)} for "
+                         f"an array of rank {x.ndim}")
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    spec = []
+    for dim, name in zip(x.shape, logical_axes):
+        axis = rules.get(name) if name is not None else None
+        spec.append(axis if axis in mesh.axis_names and dim % mesh.shape[axis] == 0 else None)
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     """Sharding of a batch-leading array of rank ``ndim``: dimension 0 on ``data``."""
     return NamedSharding(mesh, PartitionSpec(DATA, *([None] * (ndim - 1))))

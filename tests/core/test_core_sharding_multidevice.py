@@ -63,3 +63,25 @@ def test_shard_batch_rejects_indivisible_batch():
         sharding.shard_batch(np.zeros((6, 4)), mesh)
     with pytest.raises(ValueError, match="must divide"):
         sharding.make_mesh(model_parallelism=3)
+
+
+def test_constrain_pins_named_axes_on_the_mesh_in_context_and_nothing_without_one():
+    if jax.device_count() < 8:
+        pytest.fail("needs XLA_FLAGS=--xla_force_host_platform_device_count=8 (see Makefile)")
+    x = np.zeros((16, 6, 4), np.float32)
+    axes = ("batch", "seq", "mlp")
+    # no mesh in context: the identity, even under jit
+    assert sharding.constrain(x, axes) is x
+    mesh = sharding.make_mesh(2)  # data 4 x model 2
+
+    def f(x):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return sharding.constrain(x * 2, axes)
+
+    out = jax.jit(f)(jax.device_put(x, sharding.replicated(mesh)))
+    assert out.sharding.spec == jax.sharding.PartitionSpec("data", None, "model")
+    # an axis that does not divide its dimension is left to the compiler
+    odd = jax.jit(f)(jax.device_put(np.zeros((8, 6, 3), np.float32), sharding.replicated(mesh)))
+    assert odd.sharding.is_equivalent_to(sharding.batch_sharding(mesh, 3), 3)
+    with pytest.raises(ValueError, match="2 logical axes"):
+        sharding.constrain(x, ("batch", "seq"))
