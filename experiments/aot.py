@@ -150,9 +150,9 @@ LM_SCALE = {
 }
 
 
-def diffusion_train(family: str, size_index: int | None = None) -> Callable:
+def diffusion_train(family: str, size_index: int | None = None, **overrides) -> Callable:
     """The ``experiments.diffusion_lm`` paper train step of ``family`` at ``sizes[size_index]``
-    (default: the reference size)."""
+    (default: the reference size), with config ``overrides`` (dotted field -> value)."""
 
     def build(devices) -> StepSpec:
         import jax
@@ -166,6 +166,7 @@ def diffusion_train(family: str, size_index: int | None = None) -> Callable:
         from models.transformer import forward_flops_per_token
 
         config = dl_config.get_config("paper")
+        config.update_from_flattened_dict(overrides)
         idx = config.reference_size if size_index is None else size_index
         d, layers, heads = config.sizes[idx]
         spec = grid.family_spec(config, family, ByteTokenizer())
@@ -600,6 +601,9 @@ STEPS: dict[str, tuple[Callable[[Sequence[Any]], StepSpec], str]] = {
     "diffusion_lm/gidd": (diffusion_train("gidd"), "GIDD train step, reference size"),
     "diffusion_lm/esolm": (diffusion_train("esolm"), "Eso-LM train step, reference size"),
     "diffusion_lm/mdlm@largest": (diffusion_train("mdlm", -1), "MDLM train step, largest grid size"),
+    "diffusion_lm/mdlm@largest-remat-full": (
+        diffusion_train("mdlm", -1, **{"backbone.remat": "full"}),
+        "MDLM train step, largest grid size, blocks fully rematerialised (for v5e)"),
     "lm/decode-dense": (lm_decode("dense"), "lm decode step, dense KV cache"),
     "lm/decode-ffd": (lm_decode("ffd"), "lm decode step, FFD KV cache"),
     "lm/decode-qvg": (lm_decode("qvg"), "lm decode step, QVG KV cache"),
