@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The project without its dependencies plus the `aot` extra (jax with libtpu, the CUDA plugin, ptxas,
-# pytest): all that the compile tests import.
+# pytest, flax and optax): all that the compile tests import.
 $(AOT_STAMP): pyproject.toml
 	test -x $(AOT_PY) || $(PYTHON) -m venv $(AOT_VENV)
 	$(AOT_PY) -m pip install --quiet --upgrade pip
