@@ -156,14 +156,13 @@ def compile_lowered(lowered: Any, platform: str,
     while True:
         try:
             compiled = lowered.compile(compiler_options=dict(options) or None)
+            break
         except jax.errors.JaxRuntimeError as e:
             fallback = fallback_for(platform, str(e))
             if fallback is None or all(options.get(k) == v for k, v in fallback.options.items()):
                 raise
             used.append(fallback)
             options.update(fallback.options)
-            continue
-        break
     if len(used) <= 1:
         return compiled, (used[0] if used else None)
     return compiled, CompileFallback(

@@ -129,10 +129,8 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None],
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return x
-    spec = []
-    for dim, name in zip(x.shape, logical_axes):
-        axis = rules.get(name) if name is not None else None
-        spec.append(axis if axis in mesh.axis_names and dim % mesh.shape[axis] == 0 else None)
+    spec = [axis if axis in mesh.axis_names and dim % mesh.shape[axis] == 0 else None
+            for dim, axis in zip(x.shape, logical_to_spec(logical_axes, dict(rules)))]
     return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
 
 
