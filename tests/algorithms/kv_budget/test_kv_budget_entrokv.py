@@ -109,3 +109,83 @@ def test_selection_is_newest_window_then_top_votes(seed, budget, levels):
     want = np.zeros(p, bool)
     want[want_order[:budget]] = True
     np.testing.assert_array_equal(keep, want)
+
+
+def test_snapkv_pools_the_prefix_only():
+    """16 tokens, window 4, pool 3, budget 5; votes 0.01 but 0.5 on token 2 and 2.0 on the window.
+    SnapKV pools the prefix alone, so tokens 1-3 tie at 0.5 and one of them is kept with the
+    window 12-15; pooling over the whole prompt gave token 11 the window's 2.0 (kept 11-15)."""
+    vote = np.full(16, 0.01, np.float32)
+    vote[2], vote[12:] = 0.5, 2.0
+    votes = entrokv.snapkv_votes(jnp.asarray(vote)[None, None], window=4, pool=3)  # [1, 16]
+    np.testing.assert_allclose(votes[0, :12], [0.01, 0.5, 0.5, 0.5] + [0.01] * 8)
+    assert bool(jnp.all(jnp.isposinf(votes[0, 12:])))
+    kept = set(np.flatnonzero(np.asarray(entrokv.select_tokens(votes, jnp.array([5])))[0]))
+    assert len(kept) == 5 and set(range(12, 16)) <= kept and len(kept & {1, 2, 3}) == 1
+    assert kept == {1, 12, 13, 14, 15}  # ties go to the oldest token
+
+
+@pytest.mark.parametrize("pooling", ["max", "avg"])
+@pytest.mark.parametrize("p,window,pool", [(40, 6, 7), (40, 6, 1), (8, 5, 7), (6, 6, 3)])
+def test_snapkv_pooling_matches_scipy(pooling, p, window, pool):
+    """The prefix's vote pooled as SnapKV's reference does (stride 1, pool // 2 padding: -inf for
+    max pooling, zeros counted in the mean for average pooling), against scipy.ndimage."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng(p * 100 + pool)
+    probs = rng.random((2, 3, 5, p)).astype(np.float32)  # [B, K, Wq, P]
+    got = np.asarray(entrokv.snapkv_votes(jnp.asarray(probs), window, pool, pooling))
+    vote = probs[..., :p - window].astype(np.float64).sum(axis=-2)
+    if pooling == "max":
+        want = ndimage.maximum_filter1d(vote, pool, axis=-1, mode="constant", cval=-np.inf)
+    else:
+        want = ndimage.uniform_filter1d(vote, pool, axis=-1, mode="constant", cval=0.0)
+    assert got.shape == (2, 3, p)
+    np.testing.assert_allclose(got[..., :p - window], want, rtol=1e-6)
+    assert np.all(np.isposinf(got[..., p - window:]))
+
+
+def test_allocate_budgets_refuses_non_finite_scores():
+    """[0.3, nan, 0.5] into 10 slots (min 1, capacity 8) gave [8, 2, 0]: below min_budget."""
+    with pytest.raises(ValueError, match=r"scores must be finite, got nan at head 1"):
+        entrokv.allocate_budgets(jnp.array([0.3, jnp.nan, 0.5]), 10, 1, 8)
+    with pytest.raises(ValueError, match=r"got inf at head 2"):
+        entrokv.allocate_budgets(jnp.array([0.3, 0.2, jnp.inf]), 10, 1, 8)
+    # Traced (no check possible): NaN counts as tiny, +inf as the largest score; the bounds and
+    # the exact sum hold. NaN head: 1 slot, the other 9 split 3:5 = 3.375 / 5.625 -> 3, 6.
+    alloc = jax.jit(lambda s: entrokv.allocate_budgets(s, 10, 1, 8))
+    np.testing.assert_array_equal(alloc(jnp.array([0.3, jnp.nan, 0.5])), [3, 1, 6])
+    np.testing.assert_array_equal(alloc(jnp.array([0.3, jnp.inf, 0.5])), [1, 8, 1])
+    with pytest.raises(ValueError, match="min_budget"):
+        entrokv.allocate_budgets(jnp.ones(3), 9, min_budget=-1)
+
+
+def test_public_functions_refuse_non_finite_values():
+    nan_probs = jnp.full((2, 6), 1.0 / 6).at[1, 3].set(jnp.nan)
+    valid = jnp.ones((2, 6), bool)
+    with pytest.raises(ValueError, match=r"normalized_entropy: probs must be finite, got nan at "
+                                         r"index \(1, 3\)"):
+        entrokv.normalized_entropy(nan_probs, valid)
+    with pytest.raises(ValueError, match="probs must be non-negative"):
+        entrokv.normalized_entropy(jnp.full((2, 6), 1.0 / 6).at[0, 0].set(-0.1), valid)
+    # traced: the NaN propagates to that head instead of being dropped from the sum
+    assert bool(jnp.isnan(jax.jit(entrokv.normalized_entropy)(nan_probs, valid)))
+    with pytest.raises(ValueError, match="blend_scores: entropy must be finite"):
+        entrokv.blend_scores(jnp.array([0.2, jnp.inf]), entrokv.EntroKVConfig())
+    with pytest.raises(ValueError, match="snapkv_votes: probs must be finite"):
+        entrokv.snapkv_votes(nan_probs, window=2, pool=3)
+    with pytest.raises(ValueError, match="snapkv_votes: window"):
+        entrokv.snapkv_votes(jnp.ones((2, 6)), window=7, pool=3)
+    with pytest.raises(ValueError, match="snapkv_votes: pooling"):
+        entrokv.snapkv_votes(jnp.ones((2, 6)), window=2, pool=3, pooling="mean")
+    with pytest.raises(ValueError, match=r"select_tokens: votes must be free of NaN, got nan"):
+        entrokv.select_tokens(nan_probs, jnp.array([1, 2]))
+    with pytest.raises(ValueError, match="select_tokens: budgets must be non-negative"):
+        entrokv.select_tokens(jnp.ones((2, 6)), jnp.array([1, -2]))
+    with pytest.raises(ValueError, match="select_tokens: budgets"):
+        entrokv.select_tokens(jnp.ones((2, 6)), jnp.array([1, 2, 3]))
+    q = jnp.ones((1, 4, 6, 8)).at[0, 1, 2, 3].set(jnp.inf)
+    with pytest.raises(ValueError, match=r"observation_probs: q must be finite, got inf"):
+        entrokv.observation_probs(q, jnp.ones((1, 2, 6, 8)), 2)
+    with pytest.raises(ValueError, match="observation_probs: k"):
+        entrokv.observation_probs(jnp.ones((1, 4, 6, 8)), jnp.ones((1, 3, 6, 8)), 2)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from algorithms.kv_budget import cache as bcache
 from algorithms.kv_budget import entrokv, quality
@@ -55,3 +56,24 @@ def test_head_entropies_limits():
     ent = np.asarray(bcache.head_entropies([(qpos, k), (qpos, flat)], cfg))
     assert ent.shape == (b, 2 * kh)
     assert np.all(ent[:, :kh] < 1e-3) and np.allclose(ent[:, kh:], 1.0, atol=1e-5)
+
+
+def test_quality_measures_refuse_non_finite_and_zero_references():
+    b = jnp.array([3.0, 4.0])
+    with pytest.raises(ValueError, match="relative_error: a must be finite, got nan at index 1"):
+        quality.relative_error(b.at[1].set(jnp.nan), b)
+    with pytest.raises(ValueError, match="relative_error: b must be a reference with a non-zero"):
+        quality.relative_error(b, jnp.zeros(2))
+    q = jax.random.normal(jax.random.key(0), (1, 2, 3, 8))
+    k = jax.random.normal(jax.random.key(1), (1, 1, 3, 8))
+    v = jax.random.normal(jax.random.key(2), (1, 1, 3, 8))
+    with pytest.raises(ValueError, match="attention: v must be finite"):
+        quality.attention(q, k, v.at[0, 0, 1, 2].set(jnp.inf))
+    with pytest.raises(ValueError, match="attention: q must be at most S = 3"):
+        quality.attention(jnp.ones((1, 2, 4, 8)), k, v)
+    cfg = ref.KIVIConfig(bits=8, group=8, block=8, residual=8)
+    with pytest.raises(ValueError, match=r"attention_error \(layer 1\): k must be finite"):
+        quality.attention_error([(q, k, v), (q, k.at[0, 0, 0, 0].set(jnp.nan), v)], cfg,
+                                jax.random.key(3))
+    with pytest.raises(ValueError, match="outlier_channels"):
+        quality.synthetic_keys(jax.random.key(0), 16, 8, 1, 2, 9, 2)
