@@ -49,7 +49,8 @@ def settings(config: ml_collections.ConfigDict):
     warm = warmstart.WarmStartConfig(**w.to_dict(), grad_clip=config.grad_clip, seed=config.seed)
     gcfg = grpo.GRPOConfig(advantage=config.advantage, aggregation=config.aggregation,
                            clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high,
-                           kl_beta=config.kl_beta, inner_steps=config.inner_steps)
+                           kl_beta=config.kl_beta, kl_estimator=config.kl_estimator,
+                           inner_steps=config.inner_steps)
     budgets = allocation.budget_grid(config.smallest_budget, config.num_budgets)
     cfg = sweep.SweepConfig(ns=tuple(config.ns), problems_per_batch=tuple(config.problems_per_batch),
                             num_seeds=config.num_seeds, budgets=budgets, grpo=gcfg,
@@ -117,7 +118,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
             workdir=os.path.join(out, "warmstart"), desc=f"{NAME} warm start",
             fingerprint=(config.seed, config.grad_clip, config.warmup, config.model,
                          config.easy, config.hard, config.num_train))
-        warm = {k: np.asarray(trainer.answer_prob(gd, params0, *evals[k])) for k in evals}
+        warm = {k: np.asarray(trainer.answer_prob(gd, params0, *evals[k], config.temperature))
+                for k in evals}
         warm_metrics = {"easy_pass1": float(warm["easy"].mean()),
                         "hard_pass1": float(warm["hard"].mean()),
                         "hard_passk": float(metrics.expected_pass_at_k(warm["hard"],
@@ -137,7 +139,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         if config.cosine_problems:
             ids = np.linspace(0, len(pool["lens"]) - 1, config.cosine_problems).astype(int)
             cos_fn = jax.jit(functools.partial(trainer.group_gradient_cosine, gd, ns=tuple(ns),
-                                               max_new_tokens=answer_len, cfg=cfg.grpo))
+                                               max_new_tokens=answer_len, cfg=cfg.grpo,
+                                               temperature=config.temperature))
             cos, pairs = jax.device_get(cos_fn(params0, jax.random.key(config.seed + 7),
                                                *(pool[f][ids] for f in ("prompts", "targets",
                                                                         "lens"))))
@@ -146,7 +149,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         sampled = {}
         if config.sampled_eval:
             correct = trainer.sampled_correct(gd, params0, jax.random.key(config.seed + 11),
-                                              *evals["hard"], num_samples=config.sampled_eval)
+                                              *evals["hard"], num_samples=config.sampled_eval,
+                                              temperature=config.temperature)
             for k in sorted({1, config.pass_k}):
                 sampled[f"pass@{k}_unbiased"] = float(metrics.pass_at_k(
                     jnp.full_like(correct, config.sampled_eval), correct, k).mean())

@@ -1,4 +1,5 @@
-"""GRPO and Dr.GRPO: group-relative advantages, the PPO-clip surrogate, and the k3 KL penalty.
+"""GRPO and Dr.GRPO: group-relative advantages, the PPO-clip surrogate, and a KL penalty to a frozen
+reference policy with a selectable estimator.
 
 Dimensions: R rollouts in a batch (R = B_p * n: B_p problems, n rollouts per problem), T completion
 tokens (padded), G groups (= problems).
@@ -7,12 +8,36 @@ GRPO (Shao et al. 2024, "DeepSeekMath", Sec. 4.1, Eq. 3) scores each of the n co
 prompt relative to its group, A_i = (r_i - mean_g r) / (std_g r + eps), and maximises the PPO-clip
 surrogate (Schulman et al. 2017, Eq. 7) per token,
 
-    J = agg_t [ min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A) ] - beta * KL_k3,
+    J = agg_t [ min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A) ] - beta * agg_t [ kl_t ],
     rho_t = pi_theta(y_t | x, y_<t) / pi_old(y_t | x, y_<t),
 
-with an asymmetric upper clip eps_high ("clip-higher", Yu et al. 2025, DAPO, Sec. 3.1) and the k3
-estimator of KL(pi_theta || pi_ref) per token, k3 = exp(q) - q - 1 with q = log pi_ref - log
-pi_theta (Schulman 2020, "Approximating KL divergence"), which is >= 0 and 0 iff the policies agree.
+with an asymmetric upper clip eps_high ("clip-higher", Yu et al. 2025, DAPO, Sec. 3.1) and a
+per-token penalty kl_t whose expected gradient is that of KL(pi_theta || pi_ref), the KL of the
+policy from the reference (reverse KL, mode-seeking).
+
+KL estimators (``GRPOConfig.kl_estimator``). With q = log pi_ref(y_t) - log pi_theta(y_t) at a
+sampled token, Schulman (2020, "Approximating KL divergence", joschu.net/blog/kl-approx.html)
+gives three estimators of the value KL(pi_theta || pi_ref) from samples of pi_theta:
+k1 = -q (unbiased), k2 = q^2 / 2 (biased, low variance) and k3 = exp(q) - q - 1 (unbiased, >= 0).
+Used as a loss, what matters is the expected gradient of the penalty, which is not the gradient of
+the expected value: the sample's distribution depends on theta too, and the loss differentiates
+only the log-probs of fixed samples. Per sampled token, d kl_t / d log pi_theta(y_t) is
+
+  * ``"k3_ratio"`` (default): rho_t * k3 with rho_t = pi_theta / pi_old (pi_old held constant):
+    rho_t log(pi_theta / pi_ref). Its expectation under pi_old is the gradient of
+    KL(pi_theta || pi_ref) for any behaviour policy, on- and off-policy. This is the "unbiased KL
+    estimate" of DeepSeek-AI 2025 (DeepSeek-V3.2, arXiv:2512.02556, Sec. 3.1, Eq. 7; TRL's
+    ``GRPOConfig.use_bias_correction_kl``). Its value is also an unbiased estimate of
+    KL(pi_theta || pi_ref) from samples of pi_old.
+  * ``"k2"``: log(pi_theta / pi_ref): on-policy (pi_old = pi_theta) its expectation is the gradient
+    of KL(pi_theta || pi_ref) too, but not once the samples are off-policy (inner steps after the
+    first).
+  * ``"k3"``: 1 - pi_ref / pi_theta, whose expectation under pi_theta is the gradient of
+    KL(pi_ref || pi_theta) (forward KL, mass-covering), not of the reverse KL: this is the penalty
+    of DeepSeekMath Eq. 3-4 as usually implemented (GRPO; verl's ``low_var_kl``), kept to reproduce
+    it.
+
+k1 is not offered: as a loss its gradient, 1 per token, has expectation E[grad log pi] = 0.
 
 Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", Sec. 3.2) removes the two biases:
 advantages are mean-centred only (no std division) and tokens are summed and divided by a constant
@@ -22,6 +47,11 @@ Aggregation modes (``GRPOConfig.aggregation``):
   * ``"seq_mean"``: mean over sequences of each sequence's token mean (GRPO as published);
   * ``"token_mean"``: sum over all tokens / number of valid tokens (DAPO's token-level mean);
   * ``"constant"``: sum over all tokens / (R * T) (Dr.GRPO's constant normaliser).
+
+Temperature: the log-probs passed here must be those of the sampling policy, softmax(logits / tau)
+at the rollout temperature tau, for the policy, the behaviour and the reference alike
+(:func:`rollout.completion_logprobs` with ``temperature=tau``); otherwise rho is not 1 on-policy
+and the surrogate is off-policy.
 """
 
 from __future__ import annotations
@@ -35,6 +65,7 @@ from kernels import checks
 
 ADVANTAGE_MODES = ("grpo", "drgrpo")
 AGGREGATIONS = ("seq_mean", "token_mean", "constant")
+KL_ESTIMATORS = ("k3_ratio", "k2", "k3")
 # A group whose reward spread is within this many float32 ulps of its largest |reward| is constant.
 FLAT_ULPS = 8
 
@@ -48,7 +79,10 @@ class GRPOConfig:
       aggregation: ``"seq_mean"``, ``"token_mean"`` or ``"constant"`` (see the module docstring).
       clip_eps: lower clip epsilon (ratio floor 1 - clip_eps).
       clip_eps_high: upper clip epsilon (ratio ceiling 1 + clip_eps_high); None = clip_eps.
-      kl_beta: weight of the k3 KL to the frozen reference policy (0 disables it).
+      kl_beta: weight of the KL penalty to the frozen reference policy (0 disables it).
+      kl_estimator: the per-token penalty (module docstring): ``"k3_ratio"`` (default; expected
+        gradient that of KL(pi || pi_ref) on- and off-policy), ``"k2"`` (the same on-policy only)
+        or ``"k3"`` (expected gradient that of KL(pi_ref || pi)).
       adv_eps: epsilon in the std normaliser.
       inner_steps: optimizer steps taken on each batch of rollouts (>= 1).
     """
@@ -58,6 +92,7 @@ class GRPOConfig:
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     kl_beta: float = 0.0
+    kl_estimator: str = "k3_ratio"
     adv_eps: float = 1e-6
     inner_steps: int = 1
 
@@ -68,6 +103,9 @@ class GRPOConfig:
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"GRPOConfig.aggregation={self.aggregation!r}: expected one of "
                              f"{AGGREGATIONS}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"GRPOConfig.kl_estimator={self.kl_estimator!r}: expected one of "
+                             f"{KL_ESTIMATORS}")
         checks.number(self.clip_eps, "clip_eps", "GRPOConfig", minimum=0.0, open_min=True)
         if self.clip_eps_high is not None:
             checks.number(self.clip_eps_high, "clip_eps_high", "GRPOConfig", minimum=0.0,
@@ -165,10 +203,43 @@ def group_advantages(rewards: jax.Array, group_size: jax.Array | int, *, mode: s
 
 
 def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
-    """Per-token k3 estimate of KL(pi || pi_ref) from samples of pi: exp(q) - q - 1,
-    q = ref_logp - logp (Schulman 2020). Non-negative; 0 where the log-probs agree. Same shape."""
+    """Per-token k3 estimate of the value KL(pi || pi_ref) from samples of pi: exp(q) - q - 1,
+    q = ref_logp - logp (Schulman 2020). Non-negative; 0 where the log-probs agree. Same shape.
+
+    As a loss its expected gradient is that of KL(pi_ref || pi), not KL(pi || pi_ref) (module
+    docstring); :func:`kl_penalty` with ``"k3_ratio"`` is the penalty for the latter."""
     q = ref_logp - logp
     return jnp.exp(q) - q - 1.0
+
+
+def kl_penalty(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array,
+               estimator: str = "k3_ratio") -> jax.Array:
+    """Per-token KL penalty to the reference policy, to be minimised (module docstring).
+
+    Args:
+      logp: float [R, T] current-policy log-probs of the sampled tokens (differentiable).
+      old_logp: float [R, T] behaviour-policy log-probs (held constant; used by ``"k3_ratio"``).
+      ref_logp: float [R, T] reference-policy log-probs (held constant).
+      estimator: ``"k3_ratio"``: exp(logp - old_logp) * k3 (DeepSeek-V3.2, Eq. 7), expected
+        gradient grad KL(pi || pi_ref) under samples of pi_old; ``"k2"``: (logp - ref_logp)^2 / 2,
+        the same gradient on-policy only; ``"k3"``: :func:`k3_kl`, expected gradient
+        grad KL(pi_ref || pi) (Schulman 2020).
+
+    Returns:
+      float32 [R, T].
+
+    Raises:
+      ValueError: unknown estimator.
+    """
+    old_logp = jax.lax.stop_gradient(old_logp)
+    ref_logp = jax.lax.stop_gradient(ref_logp)
+    if estimator == "k3_ratio":
+        return jnp.exp(logp - old_logp) * k3_kl(logp, ref_logp)
+    if estimator == "k2":
+        return 0.5 * jnp.square(logp - ref_logp)
+    if estimator == "k3":
+        return k3_kl(logp, ref_logp)
+    raise ValueError(f"kl_penalty: estimator {estimator!r}: expected one of {KL_ESTIMATORS}")
 
 
 def clipped_surrogate(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, clip_eps: float,
@@ -219,11 +290,14 @@ def grpo_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Ar
       adv: float [R] advantages (constants).
       mask: bool/float [R, T], 1 on completion tokens up to and including the end token.
       cfg: :class:`GRPOConfig`.
-      ref_logp: float [R, T] reference-policy log-probs; required iff ``cfg.kl_beta > 0``.
+      ref_logp: float [R, T] reference-policy log-probs (constants); required iff
+        ``cfg.kl_beta > 0``. All three log-prob arrays must be taken at the sampling temperature.
 
     Returns:
       (scalar loss, {"clip_frac", "kl", "ratio_mean"}) where clip_frac is the share of valid tokens
-      whose ratio lies outside the trust region.
+      whose ratio lies outside the trust region and kl (0 when ``kl_beta = 0``) the token mean of
+      rho * k3, an unbiased estimate of KL(pi || pi_ref) per token from the behaviour samples,
+      whichever estimator the penalty uses.
 
     Raises:
       ValueError: ``kl_beta > 0`` without ``ref_logp``, or mismatched shapes.
@@ -242,9 +316,12 @@ def grpo_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Ar
         if ref_logp is None:
             raise ValueError("grpo_loss: kl_beta > 0 needs ref_logp (the reference policy's "
                              "log-probs)")
-        kl_tok = k3_kl(logp, jax.lax.stop_gradient(ref_logp))
-        per_token = per_token + cfg.kl_beta * kl_tok
-        kl = aggregate(kl_tok, maskf, "token_mean")
+        if ref_logp.shape != logp.shape:
+            raise ValueError(f"grpo_loss: ref_logp {ref_logp.shape} and logp {logp.shape} differ")
+        ref_logp = jax.lax.stop_gradient(ref_logp)
+        per_token = per_token + cfg.kl_beta * kl_penalty(logp, old_logp, ref_logp,
+                                                         cfg.kl_estimator)
+        kl = aggregate(ratio * k3_kl(logp, ref_logp), maskf, "token_mean")
     loss = aggregate(per_token, maskf, cfg.aggregation)
     outside = ((ratio > 1.0 + cfg.eps_high) | (ratio < 1.0 - cfg.clip_eps)).astype(jnp.float32)
     denom = jnp.maximum(maskf.sum(), 1.0)

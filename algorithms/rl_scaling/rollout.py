@@ -15,6 +15,13 @@ completion tokens run per rollout (prefix sharing, as in vLLM's prefix caching, 
 Sec. 4.4). The log-probabilities are the same numbers as those of the full forward pass over the
 repeated prompts (the same per-position arithmetic; their gradients agree to float32 rounding), at
 G Lp + R T instead of R (Lp + T) token positions (with Lp = 10, T = 4 and n = 4, 2x fewer).
+
+Temperature. Sampling at temperature tau draws from pi_tau = softmax(logits / tau), and every
+log-prob here is log pi_tau, so that the policy-gradient loss sees the policy that produced the
+samples (the behaviour, current and reference log-probs of GRPO alike; at tau != 1 the
+temperature-1 log-probs differ from the sampling policy's by nats and make the importance ratio
+differ from 1 on-policy). TRL, verl and open-instruct divide the training logits by the rollout
+temperature in the same way.
 """
 
 from __future__ import annotations
@@ -66,7 +73,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: 
       key: PRNG key.
       max_new_tokens: T >= 1, with Lp + T <= the model's max_len.
       end_id: the end token; sampling of a row stops after it.
-      temperature: sampling temperature (> 0); log-probs are under the temperature-1 policy.
+      temperature: sampling temperature tau (> 0); tokens are drawn from softmax(logits / tau)
+        and their log-probs are under that policy.
       backend: KV-cache backend (its layer cache must be a pytree of arrays with a leading batch
         axis when ``prompt_rows`` is given).
       prompt_rows: optional int32 [R] with values in [0, G): the prompt of each rollout. The
@@ -75,7 +83,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: 
 
     Returns:
       (tokens int32 [R, T] (end_id after the end), logp float32 [R, T] of the sampled tokens under
-      the temperature-1 policy, mask bool [R, T] from :func:`completion_mask`).
+      the sampling policy, log softmax(logits / tau), mask bool [R, T] from
+      :func:`completion_mask`).
 
     Raises:
       ValueError: T < 1, Lp + T > max_len, temperature <= 0, or ``prompt_rows`` not an int
@@ -98,9 +107,10 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: 
 
     def body(carry, key_t):
         cache, last, pos, done = carry
-        tok = jax.random.categorical(key_t, last / temperature, axis=-1).astype(jnp.int32)
+        scaled = last / temperature
+        tok = jax.random.categorical(key_t, scaled, axis=-1).astype(jnp.int32)
         tok = jnp.where(done, end_id, tok)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
+        logp = jnp.take_along_axis(jax.nn.log_softmax(scaled), tok[:, None], axis=-1)[:, 0]
         logits, cache = model.decode(tok[:, None], cache, pos, backend)
         return (cache, logits[:, 0], pos + 1, done | (tok == end_id)), (tok, logp)
 
@@ -111,8 +121,11 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: 
 
 
 def completion_logprobs(model: nnx.Module, prompts: jax.Array, completions: jax.Array,
-                        prompt_rows: jax.Array | None = None) -> jax.Array:
-    """Teacher-forced log-probs of ``completions`` [R, T] after their prompts: float32 [R, T].
+                        prompt_rows: jax.Array | None = None, temperature: float = 1.0
+                        ) -> jax.Array:
+    """Teacher-forced log-probs of ``completions`` [R, T] after their prompts: float32 [R, T],
+    log softmax(logits / ``temperature``) of each completion token (pass the rollout's sampling
+    temperature to get the sampling policy's log-probs, as :func:`rollout` returns them).
 
     Without ``prompt_rows``, ``prompts`` is [R, Lp] and this is one full forward pass over the
     Lp + T - 1 input tokens. With ``prompt_rows`` int32 [R] (values in [0, G)), ``prompts`` holds
@@ -122,8 +135,11 @@ def completion_logprobs(model: nnx.Module, prompts: jax.Array, completions: jax.
     the parameters either way.
 
     Raises:
-      ValueError: ``prompt_rows`` not an int vector of length R, or Lp + T - 1 > max_len.
+      ValueError: ``prompt_rows`` not an int vector of length R, Lp + T - 1 > max_len, or
+        ``temperature`` not > 0.
     """
+    if not temperature > 0:
+        raise ValueError(f"completion_logprobs: temperature={temperature}: expected > 0")
     g, p = prompts.shape
     if prompt_rows is None:
         seq = jnp.concatenate([prompts, completions], axis=1)
@@ -139,4 +155,5 @@ def completion_logprobs(model: nnx.Module, prompts: jax.Array, completions: jax.
         rest, _ = model.decode(completions[:, :-1], _gather_rows(cache, prompt_rows),
                                jnp.full((r,), p, jnp.int32))
         logits = jnp.concatenate([first[prompt_rows, -1:], rest], axis=1)
-    return jnp.take_along_axis(jax.nn.log_softmax(logits), completions[..., None], axis=-1)[..., 0]
+    logp = jax.nn.log_softmax(logits / temperature)
+    return jnp.take_along_axis(logp, completions[..., None], axis=-1)[..., 0]

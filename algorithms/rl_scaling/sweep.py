@@ -46,7 +46,8 @@ class SweepConfig:
       grpo: the loss configuration.
       learning_rate: constant Adam learning rate (constant, so budgets are prefixes of one run).
       grad_clip: global-norm clip.
-      temperature: rollout sampling temperature.
+      temperature: rollout sampling temperature tau; the loss's log-probs and the held-out exact
+        pass@1 / pass@k are under the same policy softmax(logits / tau).
       pass_k: k of the exact pass@k in the records.
       seed: base seed; lane (n, B_p, s) uses ``fold_in(fold_in(key(seed + 1 + s), n), B_p)``.
 
@@ -96,7 +97,7 @@ class SweepResult:
 
     Attributes:
       records: one dict per (lane, budget): budget, n, bp, seed, steps, easy_pass1, hard_pass1,
-        easy_passk, hard_passk (held-out, exact), train_reward (mean over the steps so far).
+        easy_passk, hard_passk (held-out, exact, at the sweep's temperature), train_reward (mean over the steps so far).
       step_metrics: {(n, bp, seed): {metric: float32 [M]}} per-step diagnostics of each lane
         (see :func:`trainer.make_rl_step`).
       rollouts: rollouts sampled in the timed steps (every step but each group's first).
@@ -185,8 +186,8 @@ def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
     @jax.jit
     def evaluate(params):
         def one(p):
-            return (trainer.answer_prob(graphdef, p, *evals["easy"]),
-                    trainer.answer_prob(graphdef, p, *evals["hard"]))
+            return (trainer.answer_prob(graphdef, p, *evals["easy"], cfg.temperature),
+                    trainer.answer_prob(graphdef, p, *evals["hard"], cfg.temperature))
         return jax.vmap(one)(params)
 
     records, step_metrics = [], {}

@@ -15,6 +15,10 @@ One RL step (Cheng et al. 2026, Sec. 2; GRPO, Shao et al. 2024, Sec. 4.1):
   5. diagnostics, among them interference: the exact pass probability of each batch problem before
      and after the update (one correct completion, so p = pi(answer | prompt) exactly).
 
+Every log-prob of the step (current, behaviour, reference, and the pass-probability probes) is
+under the sampling policy softmax(logits / tau) at the rollout temperature tau = ``RLSpec.temperature``
+(:mod:`rollout`, "Temperature"), so the first inner step is exactly on-policy at any tau.
+
 ``n`` is a traced scalar and R is static, so every (n, B_p) with the same R = n * B_p runs in one
 compiled function and can be ``vmap``-ed together with seeds. Shapes that depend on B_p = R / n
 use the static bound G = ``RLSpec.max_problems`` >= R / n (rows past B_p are masked out).
@@ -45,7 +49,8 @@ class RLSpec:
       rollouts_per_step: R = n * B_p (static; n is passed at run time).
       max_new_tokens: T, completion length cap.
       grpo: the GRPO/Dr.GRPO loss configuration.
-      temperature: rollout sampling temperature.
+      temperature: rollout sampling temperature tau; the loss's log-probs (current, behaviour,
+        reference) and the pass-rate probes are all under softmax(logits / tau).
       end_id: end-of-answer token.
       max_problems: G, the static number of distinct-problem rows per step: at least
         B_p = R / n for every n the step is called with, i.e. R // (smallest n); None = R (any n).
@@ -94,17 +99,38 @@ def target_mask(target_len: jax.Array, length: int) -> jax.Array:
 
 
 def answer_logprob(model: nnx.Module, prompts: jax.Array, targets: jax.Array,
-                   target_len: jax.Array) -> jax.Array:
-    """log pi(answer | prompt), float32 [N]: the teacher-forced log-probability of the one correct
-    completion (digits + end token). exp of it is the exact pass@1 of temperature-1 sampling."""
-    logp = rollout.completion_logprobs(model, prompts, targets)
+                   target_len: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """log pi_tau(answer | prompt), float32 [N]: the teacher-forced log-probability of the one
+    correct completion (digits + end token) under softmax(logits / ``temperature``). exp of it is
+    the exact pass@1 of sampling at that temperature."""
+    logp = rollout.completion_logprobs(model, prompts, targets, temperature=temperature)
     return (logp * target_mask(target_len, targets.shape[1])).sum(axis=1)
 
 
 def answer_prob(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
-                targets: jax.Array, target_len: jax.Array) -> jax.Array:
-    """Exact pass@1 per problem, float32 [N] in [0, 1] (see :func:`answer_logprob`)."""
-    return jnp.exp(answer_logprob(nnx.merge(graphdef, params), prompts, targets, target_len))
+                targets: jax.Array, target_len: jax.Array, temperature: float = 1.0
+                ) -> jax.Array:
+    """Exact pass@1 per problem of sampling at ``temperature``, float32 [N] in [0, 1] (see
+    :func:`answer_logprob`)."""
+    return jnp.exp(answer_logprob(nnx.merge(graphdef, params), prompts, targets, target_len,
+                                  temperature))
+
+
+def policy_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
+                    completions: jax.Array, prompt_rows: jax.Array | None, temperature: float
+                    ) -> jax.Array:
+    """The log-probs the GRPO loss uses, float32 [R, T]: teacher-forced log softmax(logits / tau)
+    of ``completions`` [R, T] at the sampling temperature tau = ``temperature``, for the current,
+    behaviour and reference parameters alike (:func:`make_rl_step`). ``prompts`` is [G, Lp] with
+    ``prompt_rows`` int32 [R] (or [R, Lp] with None), as in :func:`rollout.completion_logprobs`.
+    Differentiable in ``params``. On the rollout's own samples it equals the log-probs
+    :func:`rollout.rollout` returns, so the first inner step's ratio is 1.
+
+    Raises:
+      ValueError: as :func:`rollout.completion_logprobs`.
+    """
+    return rollout.completion_logprobs(nnx.merge(graphdef, params), prompts, completions,
+                                       prompt_rows, temperature=temperature)
 
 
 def sft_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array
@@ -153,8 +179,8 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
     Returns:
       (params, opt_state, metrics) with scalar metrics: reward (mean over rollouts), informative
       (share of groups with mixed rewards), loss, clip_frac, kl, grad_norm, pass_before /
-      pass_after (mean exact pass@1 of the batch problems), fallen (share of batch problems whose
-      pass@1 fell), length (mean completion tokens).
+      pass_after (mean exact pass@1 of the batch problems at the sampling temperature), fallen
+      (share of batch problems whose pass@1 fell), length (mean completion tokens).
     """
     cfg = spec.grpo
     r, t, g = spec.rollouts_per_step, spec.max_new_tokens, spec.problem_rows
@@ -176,7 +202,7 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
         adv = grpo.group_advantages(rewards, n, mode=cfg.advantage, eps=cfg.adv_eps)
 
         def logp_fn(p):
-            return rollout.completion_logprobs(nnx.merge(graphdef, p), prompts, completions, rows)
+            return policy_logprobs(graphdef, p, prompts, completions, rows, spec.temperature)
 
         ref_logp = jax.lax.stop_gradient(logp_fn(ref_params)) if ref_needed else None
 
@@ -198,11 +224,11 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
         # Exact pass@1 of the batch's distinct problems before and after the update.
         batch_valid = jnp.arange(g) < r // n
         probe = (prompts, pool["targets"][problems], pool["lens"][problems])
-        before = answer_prob(graphdef, params, *probe)
+        before = answer_prob(graphdef, params, *probe, spec.temperature)
         firsts = jnp.arange(cfg.inner_steps) == 0
         (new_params, opt_state, _), inner_m = jax.lax.scan(
             inner, (params, opt_state, jnp.zeros((r, t), jnp.float32)), firsts)
-        after = answer_prob(graphdef, new_params, *probe)
+        after = answer_prob(graphdef, new_params, *probe, spec.temperature)
 
         group_mean = jax.ops.segment_sum(rewards, rows, num_segments=g) / n
         mixed = ((group_mean > 0) & (group_mean < 1)).astype(jnp.float32)
@@ -223,7 +249,8 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
 
 def per_problem_gradients(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array,
                           completions: jax.Array, mask: jax.Array, rewards: jax.Array,
-                          n: jax.Array | int, cfg: grpo.GRPOConfig) -> jax.Array:
+                          n: jax.Array | int, cfg: grpo.GRPOConfig, temperature: float = 1.0
+                          ) -> jax.Array:
     """Flattened GRPO gradients of each problem's own loss from its first ``n`` rollouts.
 
     Args:
@@ -231,6 +258,8 @@ def per_problem_gradients(graphdef: nnx.GraphDef, params: nnx.State, prompts: ja
       rewards: float32 [G, N] (N rollouts sampled per problem).
       n: group size, 1 <= n <= N; may be traced, so one compiled function serves every n.
       cfg: the loss configuration (first inner step: ratio 1, so the clip is inactive).
+      temperature: the temperature the completions were sampled at (log-probs under
+        softmax(logits / temperature)).
 
     Returns:
       float32 [G, D]: for each problem, a positive multiple of the gradient of the GRPO loss on
@@ -256,7 +285,8 @@ def per_problem_gradients(graphdef: nnx.GraphDef, params: nnx.State, prompts: ja
 
         def loss(prm):
             model = nnx.merge(graphdef, prm)
-            logp = rollout.completion_logprobs(model, jnp.broadcast_to(prompt, (num, p)), comp)
+            logp = rollout.completion_logprobs(model, jnp.broadcast_to(prompt, (num, p)), comp,
+                                               temperature=temperature)
             return grpo.grpo_loss(logp, jax.lax.stop_gradient(logp), ad, msk & valid[:, None],
                                   cfg)[0]
 
@@ -269,14 +299,17 @@ def per_problem_gradients(graphdef: nnx.GraphDef, params: nnx.State, prompts: ja
 def group_gradient_cosine(graphdef: nnx.GraphDef, params: nnx.State, key: jax.Array,
                           prompts: jax.Array, targets: jax.Array, target_len: jax.Array, *,
                           ns: tuple[int, ...], max_new_tokens: int, cfg: grpo.GRPOConfig,
-                          end_id: int = tasks.END_ID) -> tuple[jax.Array, jax.Array]:
+                          end_id: int = tasks.END_ID, temperature: float = 1.0
+                          ) -> tuple[jax.Array, jax.Array]:
     """Mean cosine between per-problem GRPO gradients estimated from n rollouts each, per n.
 
     For each of the G problems (``prompts`` [G, Lp], ``targets`` [G, T], ``target_len`` [G]) sample
     N = max(ns) completions once; for each n in ``ns`` take each problem's gradient from its first
     n rollouts (:func:`per_problem_gradients`, nested samples, one compilation for all n) and
     return :func:`metrics.mean_pairwise_cosine` over the problems with a non-zero gradient.
-    Jittable with ``ns``, ``max_new_tokens``, ``cfg``, ``end_id`` static.
+    The completions are sampled at ``temperature`` and the gradients taken with log-probs at the
+    same temperature (the GRPO step's policy). Jittable with ``ns``, ``max_new_tokens``, ``cfg``,
+    ``end_id`` and ``temperature`` static.
 
     Returns:
       (mean cosine float32 [K], number of contributing pairs int32 [K]) for K = len(ns).
@@ -291,14 +324,16 @@ def group_gradient_cosine(graphdef: nnx.GraphDef, params: nnx.State, key: jax.Ar
     g, num = prompts.shape[0], max(ns)
     rep = jnp.repeat(jnp.arange(g), num)
     completions, _, mask = rollout.rollout(graphdef, params, prompts[rep], key,
-                                           max_new_tokens=max_new_tokens, end_id=end_id)
+                                           max_new_tokens=max_new_tokens, end_id=end_id,
+                                           temperature=temperature)
     rewards = tasks.exact_match(completions, targets[rep], target_len[rep]).reshape(g, num)
     comp = completions.reshape(g, num, -1)
     msk = mask.reshape(g, num, -1)
 
     def for_n(n):
         return metrics.mean_pairwise_cosine(
-            per_problem_gradients(graphdef, params, prompts, comp, msk, rewards, n, cfg))
+            per_problem_gradients(graphdef, params, prompts, comp, msk, rewards, n, cfg,
+                                  temperature))
 
     return jax.vmap(for_n)(jnp.asarray(ns, jnp.int32))
 

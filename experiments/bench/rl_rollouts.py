@@ -58,7 +58,8 @@ def recompute_rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
       key: PRNG key (split per step exactly as :func:`rollout.rollout` does).
       max_new_tokens: T >= 1 with P + T <= the model's max_len.
       end_id: the end token; a row emits only ``end_id`` after it.
-      temperature: sampling temperature (> 0); log-probs are under the temperature-1 policy.
+      temperature: sampling temperature tau (> 0); tokens and their log-probs are under
+        softmax(logits / tau), as in :func:`rollout.rollout`.
 
     Returns:
       (tokens int32 [R, T], logp float32 [R, T], mask bool [R, T]) as :func:`rollout.rollout`.
@@ -79,9 +80,10 @@ def recompute_rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
         i, key_t = xs
         logits = model(seq)  # [R, P + T, V]; causal, so the padding after p + i does not matter
         last = jax.lax.dynamic_index_in_dim(logits, p + i - 1, axis=1, keepdims=False)
-        tok = jax.random.categorical(key_t, last / temperature, axis=-1).astype(jnp.int32)
+        scaled = last / temperature
+        tok = jax.random.categorical(key_t, scaled, axis=-1).astype(jnp.int32)
         tok = jnp.where(done, end_id, tok)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
+        logp = jnp.take_along_axis(jax.nn.log_softmax(scaled), tok[:, None], axis=-1)[:, 0]
         seq = jax.lax.dynamic_update_slice_in_dim(seq, tok[:, None], p + i, axis=1)
         return (seq, done | (tok == end_id)), (tok, logp)
 

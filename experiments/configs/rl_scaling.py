@@ -10,6 +10,14 @@ seeds); ``full`` is the whole CPU sweep (7 budgets, C = 64..4096, n up to 32, B_
 runs every code path in seconds with meaningless numbers:
 
     python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:smoke --workdir=workdir
+
+GRPO loss in every variant (``tiny``, ``smoke``, ``full``, ``paper``): PPO-clip with eps = 0.2 /
+eps_high = 0.28, two inner steps, rollouts sampled at temperature 1 (the loss's log-probs are always
+taken at the sampling temperature), and no KL penalty (``kl_beta = 0``); a run that sets
+``kl_beta > 0`` gets ``kl_estimator = "k3_ratio"``, the importance-weighted k3 whose expected
+gradient is that of KL(pi || pi_ref) (DeepSeek-V3.2, arXiv:2512.02556, Eq. 7), unless it selects
+``"k2"`` (the same gradient on-policy only) or ``"k3"`` (Schulman 2020, "Approximating KL
+divergence": expected gradient that of KL(pi_ref || pi)); see ``algorithms/rl_scaling/grpo.py``.
 """
 
 import ml_collections
@@ -44,11 +52,15 @@ def base() -> ml_collections.ConfigDict:
     c.aggregation = "seq_mean"  # "token_mean", "constant"
     c.clip_eps = 0.2
     c.clip_eps_high = 0.28
-    c.kl_beta = 0.0
+    c.kl_beta = 0.0  # no KL penalty in any variant
+    # Estimator of the KL penalty when kl_beta > 0: "k3_ratio" (rho * k3, gradient of
+    # KL(pi || pi_ref) on- and off-policy), "k2" (that gradient on-policy only) or "k3" (gradient
+    # of KL(pi_ref || pi)); algorithms.rl_scaling.grpo.KL_ESTIMATORS.
+    c.kl_estimator = "k3_ratio"
     c.inner_steps = 2
     c.learning_rate = 3e-4  # constant: a run at budget C is the prefix of the run at 2C
     c.grad_clip = 1.0
-    c.temperature = 1.0
+    c.temperature = 1.0  # rollout sampling temperature; every log-prob of the loss is taken at it
     c.hard_fraction_rl = 0.5  # share of hard problems in the RL training pool
     # Sweep: budgets C (rollouts) on a log2 grid, n and B_p grids, seeds.
     c.smallest_budget = 64
@@ -134,6 +146,7 @@ RULES = {
     "clip_eps": _POSITIVE,
     "clip_eps_high": _POSITIVE,
     "kl_beta": cfg_lib.number(lo=0),
+    "kl_estimator": cfg_lib.one_of("k3_ratio", "k2", "k3"),
     "inner_steps": cfg_lib.integer(lo=1),
     "learning_rate": _POSITIVE,
     "grad_clip": _POSITIVE,

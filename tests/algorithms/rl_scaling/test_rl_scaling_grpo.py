@@ -68,6 +68,81 @@ def test_k3_nonnegative_and_zero_at_equal_policies():
     assert float(k3) == pytest.approx(float((p * jnp.log(p / q)).sum()), rel=1e-5)
 
 
+# One position over V = 4 outcomes: logits z, uniform reference, zero advantages, kl_beta = 1.
+_Z = np.array([2.0, 0.0, -1.0, 0.5])
+_REF = np.full(4, 0.25)
+
+
+def _expected_loss_gradient(estimator, old_logits=None):
+    """sum_a pi_old(a) * d loss(a) / dz, exactly over the V = 4 outcomes, with the loss's own
+    stop-gradients: on-policy (``old_logits`` None) old_logp is stop_gradient(logp), as the first
+    inner step of the trainer; otherwise the behaviour log-probs of ``old_logits`` (constants)."""
+    cfg = grpo.GRPOConfig(kl_beta=1.0, kl_estimator=estimator, adv_eps=0.0)
+    ref_logp = jnp.log(jnp.asarray(_REF, jnp.float32))
+    z = jnp.asarray(_Z, jnp.float32)
+    old = None if old_logits is None else jax.nn.log_softmax(jnp.asarray(old_logits, jnp.float32))
+
+    def loss(z, a):
+        logp = jax.nn.log_softmax(z)[a].reshape(1, 1)
+        old_logp = jax.lax.stop_gradient(logp) if old is None else old[a].reshape(1, 1)
+        return grpo.grpo_loss(logp, old_logp, jnp.zeros(1), jnp.ones((1, 1)), cfg,
+                              ref_logp[a].reshape(1, 1))
+
+    weights = jax.nn.softmax(z) if old is None else jnp.exp(old)
+    grads = jnp.stack([jax.grad(lambda z: loss(z, a)[0])(z) for a in range(4)])
+    kls = jnp.stack([loss(z, a)[1]["kl"] for a in range(4)])
+    return np.asarray(weights @ grads), float(weights @ kls)
+
+
+def _reverse_kl_gradient():
+    """d KL(pi || ref) / dz for pi = softmax(z), from the definition: pi * (log(pi / ref) - KL)."""
+    pi = np.exp(_Z - _Z.max())
+    pi /= pi.sum()
+    kl = float(pi @ np.log(pi / _REF))
+    return pi * (np.log(pi / _REF) - kl), kl
+
+
+def test_kl_penalty_expected_gradient_is_that_of_reverse_kl():
+    """The default penalty (rho * k3) descends KL(pi || ref) as the docstring states; plain k3's
+    expected gradient is that of KL(ref || pi) (= pi - ref for a softmax), a different vector."""
+    want, _ = _reverse_kl_gradient()
+    np.testing.assert_allclose(want, [0.3806, -0.1407, -0.0871, -0.1528], atol=5e-5)
+    assert grpo.GRPOConfig().kl_estimator == "k3_ratio"
+    for estimator in ("k3_ratio", "k2"):  # k2: the same gradient on-policy
+        got, _ = _expected_loss_gradient(estimator)
+        np.testing.assert_allclose(got, want, atol=1e-6, err_msg=estimator)
+    old_k3, _ = _expected_loss_gradient("k3")
+    np.testing.assert_allclose(old_k3, [0.4601, -0.1539, -0.2146, -0.0916], atol=5e-5)
+    pi = np.exp(_Z) / np.exp(_Z).sum()
+    np.testing.assert_allclose(old_k3, pi - _REF, atol=1e-6)  # grad of KL(ref || pi)
+    assert np.abs(old_k3 - want).max() > 0.1
+
+
+def test_k3_ratio_is_unbiased_off_policy_and_its_kl_metric_too():
+    """Samples from a behaviour policy pi_old != pi (a later inner step): rho * k3 still has the
+    expected gradient of KL(pi || ref), and the reported kl is an unbiased estimate of its value;
+    k2 loses the gradient off-policy."""
+    want, kl = _reverse_kl_gradient()
+    old_logits = [0.0, 1.0, 0.0, -1.0]
+    got, kl_metric = _expected_loss_gradient("k3_ratio", old_logits)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert kl_metric == pytest.approx(kl, rel=1e-5)
+    k2, _ = _expected_loss_gradient("k2", old_logits)
+    assert np.abs(k2 - want).max() > 0.05
+
+
+def test_kl_estimator_is_validated_and_named_by_the_experiment_config():
+    with pytest.raises(ValueError, match="kl_estimator"):
+        grpo.GRPOConfig(kl_estimator="k1")
+    with pytest.raises(ValueError, match="estimator"):
+        grpo.kl_penalty(jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.zeros((1, 1)), "kl")
+    from experiments.configs import rl_scaling as rl_config
+    rule = rl_config.RULES["kl_estimator"]
+    for name in ("tiny", "smoke", "full", "paper"):
+        assert rl_config.get_config(name).kl_estimator == "k3_ratio"
+    assert all(rule.accepts(e) for e in grpo.KL_ESTIMATORS) and not rule.accepts("k1")
+
+
 def test_aggregation_modes_closed_form():
     per_tok = jnp.array([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     mask = jnp.array([[1, 1, 1], [1, 0, 0]], bool)

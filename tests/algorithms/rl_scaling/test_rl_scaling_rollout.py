@@ -32,7 +32,7 @@ def test_rollout_logprobs_match_teacher_forcing_and_stop_at_end():
     end = int(jnp.argmax(nnx.merge(gd, params)(prompts)[0, -1]))
     toks, logp, mask = jax.jit(lambda p, k: rollout.rollout(
         gd, p, prompts, k, max_new_tokens=6, end_id=end, temperature=0.05))(params, jax.random.key(0))
-    tf = rollout.completion_logprobs(nnx.merge(gd, params), prompts, toks)
+    tf = rollout.completion_logprobs(nnx.merge(gd, params), prompts, toks, temperature=0.05)
     chex.assert_trees_all_close(jnp.where(mask, logp, 0), jnp.where(mask, tf, 0), atol=2e-5)
     # after the first end token every position holds the end token and is masked
     first = np.argmax(np.asarray(toks) == end, axis=1)
@@ -42,6 +42,74 @@ def test_rollout_logprobs_match_teacher_forcing_and_stop_at_end():
         if has[i]:
             assert (np.asarray(toks)[i, first[i]:] == end).all()
             assert np.asarray(mask)[i].sum() == first[i] + 1
+
+
+def _tempered_logprobs(model, prompts, completions, temperature):
+    """log softmax(logits / temperature) of each completion token from one causal forward pass
+    over prompt + completion (no KV cache, no shared prefill), in float64 numpy: float64 [R, T]."""
+    seq = np.concatenate([np.asarray(prompts), np.asarray(completions)], axis=1)
+    p = prompts.shape[1]
+    z = np.asarray(model(jnp.asarray(seq[:, :-1]))[:, p - 1:], np.float64) / temperature
+    z -= z.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    return np.take_along_axis(logp, seq[:, p:, None], axis=-1)[..., 0]
+
+
+def test_loss_logprobs_are_the_sampling_policy_at_temperature():
+    """At tau = 0.6 the rollout's log-probs, and those the loss takes (current, behaviour and
+    reference alike, :func:`trainer.policy_logprobs`), are log softmax(logits / tau) of the sampled
+    tokens, so the importance ratio of the sampling policy is 1 on-policy; temperature-1 log-probs
+    are not those of the sampling policy."""
+    gd, params = _model()
+    tau = 0.6
+    prompts = jnp.asarray(tasks.encode_prompts(np.array([[12, 34], [5, 99]]), 7, 2))
+    rows = jnp.array([0, 0, 0, 1, 1, 1], jnp.int32)
+    toks, roll_logp, mask = jax.jit(lambda p: rollout.rollout(
+        gd, p, prompts, jax.random.key(5), max_new_tokens=5, end_id=tasks.END_ID,
+        temperature=tau, prompt_rows=rows))(params)
+    want = _tempered_logprobs(nnx.merge(gd, params), prompts[rows], toks, tau)
+    loss_logp = trainer.policy_logprobs(gd, params, prompts, toks, rows, tau)
+    m = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(roll_logp)[m], want[m], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(loss_logp)[m], want[m], atol=1e-5)
+    ratio = np.exp(np.asarray(loss_logp) - np.asarray(roll_logp))[m]
+    np.testing.assert_allclose(ratio, 1.0, atol=1e-5)
+    _, aux = grpo.grpo_loss(loss_logp, roll_logp, jnp.ones(6), mask, grpo.GRPOConfig())
+    assert float(aux["clip_frac"]) == 0.0 and float(aux["ratio_mean"]) == pytest.approx(1, abs=1e-5)
+    # the temperature-1 log-probs of the same tokens are a different policy
+    t1 = _tempered_logprobs(nnx.merge(gd, params), prompts[rows], toks, 1.0)
+    assert np.abs(t1 - want)[m].max() > 0.1
+    with pytest.raises(ValueError, match="temperature"):
+        rollout.completion_logprobs(nnx.merge(gd, params), prompts, toks, rows, temperature=0.0)
+
+
+def test_rl_step_with_kl_at_temperature_is_on_policy_and_probes_the_sampling_policy():
+    """The GRPO step at tau = 0.6 with a KL penalty to a reference equal to the policy: the
+    reference log-probs are at tau too (KL exactly 0), the first inner step is on-policy, and the
+    pass-rate probe is the exact pass@1 of sampling at tau."""
+    gd, params = _model()
+    tau = 0.6
+    ops = np.array([[a, b] for a in range(2) for b in range(4)])
+    targets, lens = tasks.encode_answers(ops, 4)
+    pool = {"prompts": jnp.asarray(tasks.encode_prompts(ops, 7, 2)),
+            "targets": jnp.asarray(targets), "lens": jnp.asarray(lens)}
+    spec = trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4, temperature=tau,
+                          grpo=grpo.GRPOConfig(kl_beta=0.5))
+    tx = optax.sgd(0.0)  # no update: pass_after = pass_before
+    step = jax.jit(trainer.make_rl_step(gd, tx, spec))
+    _, _, m = step(params, tx.init(params), jax.random.key(0), jnp.int32(2), pool, params)
+    assert float(m["kl"]) == 0.0 and float(m["ratio_mean"]) == 1.0
+    assert float(m["clip_frac"]) == 0.0
+    # the batch holds B_p = R / n = 4 problems, the first 4 that sample_batch draws with the step's
+    # batch key; the probe is their mean exact pass@1 at tau, recomputed here from the definition
+    ids = np.asarray(trainer.sample_batch(jax.random.split(jax.random.key(0))[0], 8, 8,
+                                          jnp.int32(2))[1])[:4]
+    model = nnx.merge(gd, params)
+    tm = np.asarray(trainer.target_mask(jnp.asarray(lens), 4))
+    logp = _tempered_logprobs(model, pool["prompts"][ids], jnp.asarray(targets[ids]), tau)
+    want = np.exp((logp * tm[ids]).sum(axis=1)).mean()
+    assert float(m["pass_before"]) == pytest.approx(want, rel=1e-4)
+    assert float(m["pass_after"]) == pytest.approx(want, rel=1e-4)
 
 
 def test_answer_prob_is_probability_of_the_target_sequence():
