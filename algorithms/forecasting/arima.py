@@ -2,7 +2,8 @@
 
 Parameters are fitted once by maximum likelihood on the end of the training segment; each test
 window is then forecast from its own L inputs with those parameters (the information the other
-methods get), and the Gaussian predictive distribution is represented by S quantiles.
+methods get), and the forecast is S iid draws from its Gaussian predictive distribution, the
+representation every method is scored in (:mod:`algorithms.forecasting.metrics`).
 
 Dimension legend: B windows, L input length, H horizon, S samples.
 """
@@ -12,8 +13,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+import jax
 import numpy as np
-from scipy import stats
 
 from core.timing import Stopwatch
 
@@ -47,25 +48,35 @@ def fit_arima(train: np.ndarray, order: tuple[int, int, int],
     return fitted, sw.seconds
 
 
-def arima_sampler(fitted, horizon: int, num_samples: int) -> Callable[[np.ndarray], np.ndarray]:
+def arima_predictive(fitted, x: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation f64 [B, H] of the Gaussian predictive distribution of each
+    window, forecast from its own inputs ``x`` f32 [B, L, 1] (``fitted.apply``)."""
+    mean = np.empty((x.shape[0], horizon))
+    std = np.empty((x.shape[0], horizon))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for b in range(x.shape[0]):
+            fc = fitted.apply(np.asarray(x[b, :, 0], np.float64)).get_forecast(horizon)
+            mean[b] = np.asarray(fc.predicted_mean)
+            std[b] = np.sqrt(np.asarray(fc.var_pred_mean))
+    return mean, std
+
+
+def arima_sampler(fitted, horizon: int, num_samples: int
+                  ) -> Callable[[np.ndarray, jax.Array], np.ndarray]:
     """A forecaster from fitted SARIMAX parameters.
 
-    Each window is forecast from its own inputs (``fitted.apply``); the predictive Gaussian
-    ``N(mean_h, var_h)`` is represented by its quantiles at levels ``(s + 1/2) / S``.
+    Each window is forecast from its own inputs; a forecast is ``num_samples`` iid draws from the
+    marginal predictive normal ``N(mean_h, var_h)`` of each step h (:func:`arima_predictive`).
 
     Returns:
-      ``sample(x f32 [B, L, 1]) -> f32 [B, S, H, 1]`` (host arrays).
+      ``sample(x f32 [B, L, 1], key) -> f32 [B, S, H, 1]`` (host arrays; ``key`` a PRNG key).
     """
-    z = stats.norm.ppf((np.arange(num_samples) + 0.5) / num_samples)
 
-    def sample(x: np.ndarray) -> np.ndarray:
-        out = np.empty((x.shape[0], num_samples, horizon, 1), np.float32)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for b in range(x.shape[0]):
-                fc = fitted.apply(x[b, :, 0]).get_forecast(horizon)
-                mean, std = np.asarray(fc.predicted_mean), np.sqrt(np.asarray(fc.var_pred_mean))
-                out[b, :, :, 0] = mean[None] + std[None] * z[:, None]
-        return out
+    def sample(x: np.ndarray, key: jax.Array) -> np.ndarray:
+        x = np.asarray(x)
+        mean, std = arima_predictive(fitted, x, horizon)
+        z = np.asarray(jax.random.normal(key, (x.shape[0], num_samples, horizon)), np.float64)
+        return (mean[:, None] + std[:, None] * z).astype(np.float32)[..., None]
 
     return sample

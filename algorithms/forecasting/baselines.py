@@ -9,8 +9,13 @@ Dimension legend: B windows, L input length, H horizon, N channels, S samples.
   window, and with ``W_s = W_t = W`` it reaches every linear map, so the least-squares fit here is
   the MSE optimum of DLinear's function class (up to the ridge term) rather than an SGD estimate.
 * :func:`seasonal_naive` / :func:`seasonal_naive_samples`: repeat the last season of the window;
-  the predictive distribution is the empirical residual distribution of the training windows at
-  each horizon step and channel, represented by S of its quantiles at levels (s + 1/2) / S.
+  the predictive distribution is the empirical distribution of the training windows' residual
+  paths (:func:`seasonal_residuals`), and a forecast is S draws from it (bootstrap: each draw adds
+  the whole [H, N] residual of one training window picked uniformly with replacement, so the
+  dependence across steps and channels is kept).
+
+Every sampler here returns S iid draws from its predictive distribution, like the networks', so all
+methods are scored by the same estimators (:mod:`algorithms.forecasting.metrics`).
 """
 
 from __future__ import annotations
@@ -88,17 +93,35 @@ def seasonal_naive(x: jax.Array, horizon: int, period: int) -> jax.Array:
     return x[:, idx]
 
 
-@functools.partial(jax.jit, static_argnames=("horizon", "period", "num_samples"))
-def residual_quantiles(x: jax.Array, y: jax.Array, horizon: int, period: int,
-                       num_samples: int) -> jax.Array:
-    """Quantiles f32 [S, H, N] at levels (s + 1/2)/S of the seasonal-naive residuals ``y - point``
-    over the training windows ``x`` [B, L, N], ``y`` [B, H, N]."""
-    resid = y - seasonal_naive(x, horizon, period)
-    levels = (jnp.arange(num_samples, dtype=jnp.float32) + 0.5) / num_samples
-    return jnp.quantile(resid, levels, axis=0)
-
-
 @functools.partial(jax.jit, static_argnames=("horizon", "period"))
-def seasonal_naive_samples(x: jax.Array, quantiles: jax.Array, horizon: int, period: int) -> jax.Array:
-    """f32 [B, S, H, N]: the seasonal-naive point forecast plus each residual quantile."""
-    return seasonal_naive(x, horizon, period)[:, None] + quantiles[None]
+def seasonal_residuals(x: jax.Array, y: jax.Array, horizon: int, period: int) -> jax.Array:
+    """Residual paths f32 [R, H, N] ``y - seasonal_naive(x)`` of R training windows ``x`` f32
+    [R, L, N], ``y`` f32 [R, H, N]: the support of the seasonal-naive predictive distribution.
+
+    Raises:
+      ValueError: ``period`` is not in [1, L].
+    """
+    return y - seasonal_naive(x, horizon, period)
+
+
+@functools.partial(jax.jit, static_argnames=("horizon", "period", "num_samples"))
+def seasonal_naive_samples(x: jax.Array, residuals: jax.Array, key: jax.Array, horizon: int,
+                           period: int, num_samples: int) -> jax.Array:
+    """S iid draws f32 [B, S, H, N] from the seasonal-naive predictive distribution.
+
+    Draw s of window b is ``seasonal_naive(x)[b] + residuals[r]`` with ``r`` uniform on
+    ``0..R-1``, independently for each (b, s).
+
+    Args:
+      x: f32 [B, L, N] inputs. residuals: f32 [R, H, N] from :func:`seasonal_residuals`, R >= 1.
+      key: PRNG key. horizon: H. period: the season, in [1, L]. num_samples: S.
+
+    Raises:
+      ValueError: ``period`` not in [1, L], or ``residuals`` empty or not [R, H, N].
+    """
+    if residuals.ndim != 3 or residuals.shape[0] < 1 or residuals.shape[1:] != (horizon, x.shape[2]):
+        raise ValueError(f"residuals must be [R >= 1, H={horizon}, N={x.shape[2]}], got "
+                         f"{residuals.shape}")
+    point = seasonal_naive(x, horizon, period)
+    idx = jax.random.randint(key, (x.shape[0], num_samples), 0, residuals.shape[0])
+    return point[:, None] + residuals[idx]

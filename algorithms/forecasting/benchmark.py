@@ -4,7 +4,9 @@ The protocol of the PPM paper's tables: chronological train/val/test segments
 (:func:`algorithms.forecasting.data.split_borders`), networks trained with early stopping on the
 validation windows (:func:`algorithms.forecasting.training.fit_network`), and every method scored
 by CRPS, CRPS-sum, QICE, MSE, MAE and interval coverage (:mod:`algorithms.forecasting.metrics`) on
-the standardised scale.
+the standardised scale. Every method is scored on the same footing: each sampler returns S iid
+draws from its predictive distribution (the closed-form baselines too), and CRPS is the fair
+ensemble CRPS, unbiased for such draws (the plain one is kept as ``crps_plain``).
 
 Dimension legend: T time steps, N channels, L input length, H horizon, B windows, S samples.
 """
@@ -108,9 +110,10 @@ class HorizonResult:
     """What :func:`run_horizon` returns.
 
     Attributes:
-      results: {method: metrics (``crps``, ``crps_sum``, ``qice`` in percent, ``mse``, ``mae``,
-        ``coverage_50``, ``coverage_90``, ...) + ``train_seconds``, ``sample_seconds``,
-        ``test_windows``}.
+      results: {method: metrics (``crps`` and ``crps_sum`` fair, ``crps_plain``, ``qice`` in
+        percent, ``mse``, ``mae``, ``coverage_50``, ``coverage_90``; see
+        :func:`algorithms.forecasting.metrics.finalize_metrics`) + ``train_seconds``,
+        ``sample_seconds``, ``test_windows``}.
       fan: ``{"x": f32 [F, L, N], "y": f32 [F, H, N], method: f32 [F, S, H, N]}`` for F fan
         windows (``x`` is ``None`` without fan windows).
       histories: {network method: its fit history}.
@@ -126,7 +129,10 @@ def score(sampler: Callable[[jax.Array, jax.Array], jax.Array], series: np.ndarr
           out_of_range: str = "ppm", desc: str = "score", progress: bool = True
           ) -> dict[str, float]:
     """Metrics of ``sampler(x [B, L, N], key) -> samples [B, S, H, N]`` over the windows starting
-    at ``starts`` (batch ``i`` uses ``fold_in(key, i)``); QICE in percent.
+    at ``starts`` (batch ``i`` uses ``fold_in(key, i)``); QICE in percent. ``samples`` must be S >= 2
+    iid draws from the method's predictive distribution: the fair CRPS is unbiased for those (a
+    deterministic quantile set would need the plain estimator, module doc of
+    :mod:`algorithms.forecasting.metrics`).
 
     Raises:
       ValueError: a metric is not finite (NaN/inf forecasts or targets).
@@ -210,11 +216,11 @@ def run_horizon(series: np.ndarray, timestamps: tuple[str, ...] | None, split: s
     if "seasonal_naive" in chosen:
         period = min(config.seasonal_period or data.seasonal_period_guess(timestamps), L)
         with Stopwatch() as sw:
-            q = jax.block_until_ready(baselines.residual_quantiles(
-                jnp.asarray(x_tr), jnp.asarray(y_tr), H, period, S))
+            resid = jax.block_until_ready(baselines.seasonal_residuals(
+                jnp.asarray(x_tr), jnp.asarray(y_tr), H, period))
         seconds["seasonal_naive"] = sw.seconds
-        samplers["seasonal_naive"] = lambda x, k, q=q, p=period: baselines.seasonal_naive_samples(
-            x, q, H, p)
+        samplers["seasonal_naive"] = lambda x, k, r=resid, p=period: \
+            baselines.seasonal_naive_samples(x, r, k, H, p, S)
     if "arima" in chosen and series.shape[1] == 1:
         arima_cache = {} if arima_cache is None else arima_cache
         if "fitted" not in arima_cache:
@@ -223,7 +229,7 @@ def run_horizon(series: np.ndarray, timestamps: tuple[str, ...] | None, split: s
                 config.arima_fit_steps)
         seconds["arima"] = arima_cache["seconds"]
         fn = arima.arima_sampler(arima_cache["fitted"], H, S)
-        samplers["arima"] = lambda x, k, fn=fn: jnp.asarray(fn(np.asarray(x)))
+        samplers["arima"] = lambda x, k, fn=fn: jnp.asarray(fn(np.asarray(x), k))
     del x_tr, y_tr
 
     results, fan = {}, {}

@@ -8,20 +8,40 @@ their total into the metrics, so a streamed evaluation equals a one-shot one exa
 summation order).
 
 Conventions:
-  * CRPS is the ensemble estimator ``CRPS(F_S, y) = E|X - y| - 1/2 E|X - X'|`` with X, X'
-    independent draws from the S-sample empirical distribution (pairs with X = X' included, i.e. the
-    1/S^2 normalisation; Gneiting & Raftery 2007, eq. 21; ``properscoring.crps_ensemble``). It is
-    computed after one sort in its quantile-score form (Laio & Tamea 2007): with ``x_(1) <= ... <=
-    x_(S)``,
+  * One representation for every method: the functions score S independent draws from each
+    method's predictive distribution F, and the benchmark (:mod:`algorithms.forecasting.benchmark`)
+    feeds every method that way, the closed-form baselines included (SARIMA draws from its
+    predictive normal, seasonal naive resamples its residuals). A deterministic quantile set is not
+    scored here: the same estimator gives it a different value than draws of the same F (below),
+    so mixing the two puts methods on different footings.
+  * CRPS is the *fair* ensemble CRPS (Ferro 2014, "Fair scores for ensemble forecasts", Q. J. R.
+    Meteorol. Soc. 140, 1917-1923), the unbiased estimator of
+    ``CRPS(F, y) = E|X - y| - 1/2 E|X - X'|`` (Gneiting & Raftery 2007, eq. 21) from S iid draws:
 
-        CRPS = 2/S^2 sum_i [ (x_(i) - y)(S - i + 1/2)  if x_(i) > y,  (y - x_(i))(i - 1/2)  else ],
+        CRPS_fair = 1/S sum_i |x_i - y| - 1/(2 S (S - 1)) sum_{i != j} |x_i - x_j|.
 
-    a sum of non-negative terms, so it is >= 0 exactly in floating point and has no cancellation
-    when the samples sit far from zero (the form ``E|X - y| - S^-2 sum_i (2i - S - 1) x_(i)``
-    loses all digits of the spread term at large offsets). Reported as the mean over all B*H*N
-    points (as in the PPM authors' evaluation).
-  * CRPS-sum is the CRPS of the channel sum (samples and target summed over N), averaged over the
-    B*H points; it is not normalised by the target's magnitude. With N = 1 it equals CRPS.
+    The plain ensemble CRPS (``fair=False``; ``properscoring.crps_ensemble``, and the ``CRPS``
+    package's first output, which the PPM authors report) divides the pair sum by ``2 S^2``
+    instead: it is the CRPS of the S-point empirical distribution and, for iid draws, has
+    expectation ``CRPS(F, y) + E|X - X'| / (2 S)``. For a perfect N(0, 1) forecast that is
+    ``1 / (S sqrt(pi))`` = 0.0056 too much at S = 100, i.e. 1/S = 1% of the mean CRPS
+    ``1/sqrt(pi)`` when y ~ N(0, 1), and the charge grows with the forecast's spread, so it favours
+    narrow ensembles. (On the quantile set ``F^-1((i - 1/2)/S)`` the plain form is the right one: it
+    is within O(1/S^2) of ``CRPS(F, y)``, and the fair form is then O(1/S) too low.)
+    Both are computed after one sort as a sum of non-negative terms (the quantile-score form of
+    Laio & Tamea 2007): with ``x_(1) <= ... <= x_(S)`` and ``d_i = x_(i) - y``,
+
+        plain: 2/S^2      sum_i [ d_i (S - i + 1/2)  if d_i > 0,  -d_i (i - 1/2)  else ],
+        fair:  2/(S(S-1)) sum_i [ d_i (S - i)        if d_i > 0,  -d_i (i - 1)    else ],
+
+    (from ``sum_{i,j} |x_i - x_j| = 2 sum_i (2i - S - 1) x_(i)`` and ``sum_i (2i - S - 1) = 0``),
+    so both are >= 0 exactly in floating point and have no cancellation when the samples sit far
+    from zero (the form ``E|X - y| - S^-2 sum_i (2i - S - 1) x_(i)`` loses all digits of the
+    spread term at large offsets). The fair CRPS needs S >= 2. Reported as the mean over all B*H*N
+    points (as in the PPM authors' evaluation); :func:`metric_sums` also returns the plain one
+    (``crps_plain``) for comparison with numbers computed that way.
+  * CRPS-sum is the fair CRPS of the channel sum (samples and target summed over N), averaged over
+    the B*H points; it is not normalised by the target's magnitude. With N = 1 it equals CRPS.
   * QICE (quantile interval coverage error; Han et al. 2022, CARD) with M bins: the sample
     quantiles ``q_0 <= ... <= q_M`` at levels 0, 1/M, ..., 1 cut the line into M intervals; a target
     y is in interval m (1..M) when exactly m of them are strictly below it. QICE = mean_m
@@ -35,7 +55,18 @@ Conventions:
     QICE lies in ``[0, max(1/M, 2(M-1)/M^2)]``. Reported as a percentage in the experiments.
   * Coverage of the central p interval: fraction of points in ``[q_(1-p)/2, q_(1+p)/2]`` (sample
     quantiles with linear interpolation, like ``numpy.quantile``).
-  * MSE and MAE are those of the sample mean (float32: squared errors overflow beyond ~1e19).
+  * QICE and coverage of a *perfect* forecast are not exactly 0 and p at finite S. With y and the S
+    iid draws exchangeable, y lies below the smallest or above the largest draw with probability
+    2/(S+1), and (exactly for a uniform F, closely otherwise) below the interpolated sample quantile
+    at virtual index t (0-based) with probability (t+1)/(S+1). So the central p interval covers
+    ``p (S-1)/(S+1)`` (0.882 for p = 0.9 at S = 100), each QICE bin holds
+    ``(S-1)/(M (S+1))`` of the points under the PPM convention, and QICE tends to ``2/(M (S+1))`` =
+    0.20% (``4 (M-2)/(M^2 (S+1))`` = 0.32% under CARD's) at S = 100, M = 10 as the test set grows
+    (a finite one adds the bins' sampling noise). The midpoint quantile set of the same F gives
+    about 0.891, 0.099 and 0.10%: another reason for one representation.
+  * MSE and MAE are those of the sample mean (float32: squared errors overflow beyond ~1e19). For
+    iid draws the sample mean's MSE exceeds that of the predictive mean by the predictive variance
+    over S on average (1% of it at S = 100), as in the PPM authors' evaluation.
 
 Bad values. Shapes are static and checked everywhere (ValueError, also under ``jit``), including
 empty axes (B, S, H or N of size 0), which would otherwise give all-NaN metrics. Values are checked
@@ -82,15 +113,26 @@ def _bad_points(xs: jax.Array, target: jax.Array) -> jax.Array:
     return ~jnp.isfinite(target) | jnp.any(~jnp.isfinite(xs), axis=-1)
 
 
-def _crps_sorted(xs: jax.Array, target: jax.Array) -> jax.Array:
-    """CRPS from samples sorted ascending along the last axis (quantile-score form, module doc).
-    NaN where the target or a sample is not finite."""
+def _check_fair(num_samples: int, fair: bool) -> None:
+    if fair and num_samples < 2:
+        raise ValueError(f"the fair CRPS needs at least 2 samples per point, got S = {num_samples}; "
+                         "pass fair=False for the CRPS of a single-member ensemble, |x - y|")
+
+
+def _crps_sorted(xs: jax.Array, target: jax.Array, fair: bool) -> jax.Array:
+    """CRPS from samples sorted ascending along the last axis (quantile-score form, module doc),
+    fair (``fair=True``, S >= 2) or plain. NaN where the target or a sample is not finite."""
     s = xs.shape[-1]
     i = jnp.arange(s, dtype=xs.dtype)                                    # 0-based rank
     d = xs - target[..., None]
-    # (S - i - 1/2)/S above the target, (i + 1/2)/S below (0-based i): both in (0, 1), so no term
-    # exceeds |x - y| and the sum cannot overflow where the differences do not.
-    terms = jnp.where(d > 0, d * ((s - i - 0.5) / s), -d * ((i + 0.5) / s))
+    # Weights of |d| above / below the target (0-based i), both in [0, 1], so no term exceeds
+    # |x - y| and the sum cannot overflow where the differences do not:
+    #   plain (S - i - 1/2)/S and (i + 1/2)/S;  fair (S - 1 - i)/(S - 1) and i/(S - 1).
+    if fair:
+        above, below = (s - 1 - i) / (s - 1), i / (s - 1)
+    else:
+        above, below = (s - i - 0.5) / s, (i + 0.5) / s
+    terms = jnp.where(d > 0, d * above, -d * below)
     crps = jnp.sum(terms, axis=-1) * (2.0 / s)
     return jnp.where(_bad_points(xs, target), jnp.nan, crps)
 
@@ -106,20 +148,27 @@ def _quantiles_sorted(xs: jax.Array, levels) -> jax.Array:
     return xs[..., lo] * (1.0 - frac) + xs[..., hi] * frac
 
 
-def crps_ensemble(samples: jax.Array, target: jax.Array, axis: int = -1) -> jax.Array:
-    """Ensemble CRPS of each target point (equals ``properscoring.crps_ensemble``; module doc).
+def crps_ensemble(samples: jax.Array, target: jax.Array, axis: int = -1, *,
+                  fair: bool = True) -> jax.Array:
+    """Ensemble CRPS of each target point from S draws (module doc).
+
+    ``fair=True`` (default; Ferro 2014): ``1/S sum_i |x_i - y| - 1/(2S(S-1)) sum_{i!=j} |x_i - x_j|``,
+    unbiased for ``CRPS(F, y)`` when the x_i are iid draws from F. ``fair=False``: the pair sum
+    over ``2 S^2``, the CRPS of the empirical distribution (equals ``properscoring.crps_ensemble``),
+    whose expectation for iid draws exceeds ``CRPS(F, y)`` by ``E|X - X'| / (2S)``.
 
     Args:
-      samples: f32 [..., S, ...], the S >= 1 draws along ``axis``.
+      samples: f32 [..., S, ...], the draws along ``axis``; S >= 2 for the fair CRPS, >= 1 else.
       target: f32 with the shape of ``samples`` without ``axis``.
       axis: the sample axis of ``samples``.
+      fair: the estimator (keyword only).
 
     Returns:
       f32 with ``target``'s shape, >= 0, in the units of the data; NaN where the target or one of
       its samples is NaN or infinite (traceable: no host check of values).
 
     Raises:
-      ValueError: shapes do not match, or there are no samples.
+      ValueError: shapes do not match, no samples, or one sample with ``fair=True``.
     """
     x = jnp.moveaxis(jnp.asarray(samples), axis, -1)
     target = jnp.asarray(target)
@@ -127,7 +176,8 @@ def crps_ensemble(samples: jax.Array, target: jax.Array, axis: int = -1) -> jax.
         raise ValueError(f"samples {samples.shape} (sample axis {axis}) do not match target {target.shape}")
     if x.shape[-1] < 1:
         raise ValueError(f"samples has no draws along axis {axis} (shape {samples.shape})")
-    return _crps_sorted(jnp.sort(x, axis=-1), target)
+    _check_fair(x.shape[-1], fair)
+    return _crps_sorted(jnp.sort(x, axis=-1), target, bool(fair))
 
 
 def _qice_counts_sorted(xs: jax.Array, target: jax.Array, num_bins: int, out_of_range: str
@@ -193,15 +243,16 @@ def metric_sums(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS
 
     Returns:
       dict of f32 scalars (and ``qice_counts`` [num_bins]): ``points`` (B*H*N), ``sum_points``
-      (B*H), ``crps``, ``crps_sum``, ``se``, ``ae``, ``covered_50``, ``covered_90`` (sums), and
-      ``qice_counts``. Jitted, so values are not checked: if any sample or target is NaN or
+      (B*H), ``crps`` (fair), ``crps_plain``, ``crps_sum`` (fair), ``se``, ``ae``, ``covered_50``,
+      ``covered_90`` (sums), and ``qice_counts``. Jitted, so values are not checked: if any sample or target is NaN or
       infinite, every entry except ``points`` and ``sum_points`` is NaN.
 
     Raises:
-      ValueError: shapes are not [B, S, H, N] and [B, H, N], an axis is empty, bad ``num_bins`` or
-        ``out_of_range`` (raised while tracing).
+      ValueError: shapes are not [B, S, H, N] and [B, H, N], an axis is empty, S < 2 (the fair
+        CRPS), bad ``num_bins`` or ``out_of_range`` (raised while tracing).
     """
     _check(samples, target)
+    _check_fair(samples.shape[1], True)
     _check_bins(num_bins, out_of_range)
     target = target.astype(jnp.float32)
     samples = samples.astype(jnp.float32)
@@ -215,8 +266,9 @@ def metric_sums(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS
     out = {
         "points": jnp.asarray(target.size, jnp.float32),
         "sum_points": jnp.asarray(target.shape[0] * target.shape[1], jnp.float32),
-        "crps": value_sum(_crps_sorted(xs, target)),
-        "crps_sum": value_sum(crps_ensemble(samples.sum(-1), target.sum(-1), axis=1)),
+        "crps": value_sum(_crps_sorted(xs, target, fair=True)),
+        "crps_plain": value_sum(_crps_sorted(xs, target, fair=False)),
+        "crps_sum": value_sum(crps_ensemble(samples.sum(-1), target.sum(-1), axis=1, fair=True)),
         "se": value_sum((mean - target) ** 2),
         "ae": value_sum(jnp.abs(mean - target)),
         "qice_counts": _qice_counts_sorted(xs, target, num_bins, out_of_range),
@@ -234,14 +286,14 @@ def add_sums(a: dict | None, b: dict) -> dict:
 
 
 def finalize_metrics(sums: dict) -> dict[str, float]:
-    """Metrics from summed statistics: ``crps``, ``crps_sum``, ``qice`` (fraction), ``mse``, ``mae``,
-    ``coverage_50``, ``coverage_90`` as Python floats; NaN where the sums are NaN (a batch held a
-    non-finite sample or target, see :func:`metric_sums`).
+    """Metrics from summed statistics: ``crps`` (fair), ``crps_plain``, ``crps_sum`` (fair), ``qice``
+    (fraction), ``mse``, ``mae``, ``coverage_50``, ``coverage_90`` as Python floats; NaN where the
+    sums are NaN (a batch held a non-finite sample or target, see :func:`metric_sums`).
 
     Raises:
       ValueError: ``sums`` lacks a statistic or counts no points.
     """
-    need = ("points", "sum_points", "crps", "crps_sum", "se", "ae", "qice_counts") + tuple(
+    need = ("points", "sum_points", "crps", "crps_plain", "crps_sum", "se", "ae", "qice_counts") + tuple(
         f"covered_{round(100 * p)}" for p in COVERAGE_LEVELS)
     missing = [k for k in need if k not in sums]
     if missing:
@@ -251,6 +303,7 @@ def finalize_metrics(sums: dict) -> dict[str, float]:
         raise ValueError(f"sums['points'] is {float(n)}: no target points were scored")
     out = {
         "crps": sums["crps"] / n,
+        "crps_plain": sums["crps_plain"] / n,
         "crps_sum": sums["crps_sum"] / sums["sum_points"],
         "qice": qice_from_counts(sums["qice_counts"], n),
         "mse": sums["se"] / n,
@@ -278,7 +331,7 @@ def evaluate(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS,
       num_bins, out_of_range: as in :func:`metric_sums`.
 
     Raises:
-      ValueError: bad shapes or an empty axis; a NaN or infinite value in ``samples`` or
+      ValueError: bad shapes, an empty axis or S < 2; a NaN or infinite value in ``samples`` or
         ``target`` (the message names the array and the first bad index).
     """
     samples, target = jnp.asarray(samples), jnp.asarray(target)

@@ -15,6 +15,19 @@ from scipy import stats
 from algorithms.forecasting import losses, metrics
 
 
+def _fair_crps_ref(samples, target):
+    """The fair CRPS from its definition (Ferro 2014), float64: samples [..., S], target [...]."""
+    x, y = np.asarray(samples, np.float64), np.asarray(target, np.float64)
+    s = x.shape[-1]
+    pairs = np.abs(x[..., :, None] - x[..., None, :]).sum((-1, -2))   # sum over i != j (diag 0)
+    return np.abs(x - y[..., None]).mean(-1) - pairs / (2 * s * (s - 1))
+
+
+def _normal_crps(y):
+    """Closed-form CRPS of N(0, 1) at y (Gneiting & Raftery 2007)."""
+    return y * (2 * stats.norm.cdf(y) - 1) + 2 * stats.norm.pdf(y) - 1 / math.sqrt(math.pi)
+
+
 def _case(seed, b=3, s=17, h=5, n=2):
     rng = np.random.default_rng(seed)
     samples = rng.normal(size=(b, s, h, n)).astype(np.float32) * rng.uniform(0.5, 2.0)
@@ -25,19 +38,96 @@ def _case(seed, b=3, s=17, h=5, n=2):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_crps_matches_properscoring(seed):
     samples, target = _case(seed)
-    ours = metrics.crps_ensemble(jnp.asarray(samples), jnp.asarray(target), axis=1)
+    plain = metrics.crps_ensemble(jnp.asarray(samples), jnp.asarray(target), axis=1, fair=False)
     ref = properscoring.crps_ensemble(target, np.moveaxis(samples, 1, -1))
-    np.testing.assert_allclose(np.asarray(ours), ref, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(plain), ref, rtol=2e-5, atol=2e-6)
+    # properscoring's is the plain estimator A - P/(2S^2) (P: the pair sum); the fair one is
+    # A - P/(2S(S-1)) = plain - P/(2 S^2 (S-1)), and the default.
+    x = np.moveaxis(samples, 1, -1).astype(np.float64)
+    s = x.shape[-1]
+    pairs = np.abs(x[..., :, None] - x[..., None, :]).sum((-1, -2))
+    fair = metrics.crps_ensemble(jnp.asarray(samples), jnp.asarray(target), axis=1)
+    np.testing.assert_allclose(np.asarray(fair), ref - pairs / (2 * s * s * (s - 1)), rtol=2e-5,
+                               atol=2e-6)
+    np.testing.assert_allclose(np.asarray(fair), _fair_crps_ref(x, target), rtol=2e-5, atol=2e-6)
 
 
 def test_crps_closed_forms():
-    # One sample: CRPS = |x - y|. Gaussian ensemble: approaches the closed form of Gneiting & Raftery.
+    # One sample: the plain CRPS is |x - y|; the fair one needs two.
     x = jnp.array([[1.5]]), jnp.array([-0.5])
-    np.testing.assert_allclose(metrics.crps_ensemble(x[0], x[1]), [2.0], rtol=1e-6)
-    z = jnp.asarray(stats.norm.ppf((np.arange(4000) + 0.5) / 4000), jnp.float32)
-    y = 0.7
-    closed = y * (2 * stats.norm.cdf(y) - 1) + 2 * stats.norm.pdf(y) - 1 / math.sqrt(math.pi)
-    np.testing.assert_allclose(float(metrics.crps_ensemble(z, jnp.float32(y))), closed, rtol=2e-3)
+    np.testing.assert_allclose(metrics.crps_ensemble(x[0], x[1], fair=False), [2.0], rtol=1e-6)
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        metrics.crps_ensemble(x[0], x[1])
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        metrics.metric_sums(jnp.zeros((2, 1, 3, 1)), jnp.zeros((2, 3, 1)))
+    # Two samples at -1 and 1, target 0: E|X - y| = 1, E|X - X'| = 2 over distinct pairs (fair: 0)
+    # and 1 over all four ordered pairs (plain: 1/2).
+    two, zero = jnp.array([-1.0, 1.0]), jnp.float32(0.0)
+    assert float(metrics.crps_ensemble(two, zero)) == 0.0
+    assert float(metrics.crps_ensemble(two, zero, fair=False)) == 0.5
+
+
+QUANTILE_Y = np.linspace(-2.5, 2.5, 11)
+
+
+@pytest.mark.parametrize("s", [50, 400])
+def test_quantile_set_needs_the_plain_estimator(s):
+    # The midpoint quantile set F^-1((i - 1/2)/S) of N(0, 1): the plain CRPS is a midpoint rule for
+    # 2 int_0^1 QS_tau(F^-1(tau), y) d tau, whose integrand has a kink of slope ~1/f(y) at
+    # tau = F(y), so it is within O(1/(f(y) S^2)) of the closed form (float64: max |error| S^2 f(y)
+    # grows from 0.18 to 0.32 over S = 25..1600, the tails' log factor); the fair one is too low by
+    # E|X - X'|/(2(S - 1)) = 1/(sqrt(pi)(S - 1)) to leading order. So a quantile set and iid draws
+    # cannot share one estimator.
+    q = jnp.asarray(stats.norm.ppf((np.arange(s) + 0.5) / s), jnp.float32)
+    qs = jnp.broadcast_to(q, (len(QUANTILE_Y), s))
+    y = jnp.asarray(QUANTILE_Y, jnp.float32)
+    closed = _normal_crps(QUANTILE_Y)
+    plain = np.asarray(metrics.crps_ensemble(qs, y, fair=False))
+    assert np.max(np.abs(plain - closed) * stats.norm.pdf(QUANTILE_Y)) <= 0.5 / s**2
+    fair = np.asarray(metrics.crps_ensemble(qs, y))
+    np.testing.assert_allclose((fair - closed) * math.sqrt(math.pi) * (s - 1), -1.0, atol=0.3)
+
+
+def test_fair_crps_of_draws_is_unbiased_and_plain_is_not():
+    # A perfect N(0, 1) forecast as S = 100 iid draws, R = 192 independent ensembles at each of 48
+    # targets spread like N(0, 1) (its midpoint quantiles). For iid draws E[fair] = CRPS(N(0,1), y)
+    # exactly; E[plain] = CRPS + E|X - X'|/(2S) = CRPS + 1/(S sqrt(pi)) at every y, which is
+    # 1/S = 1.00% of the mean CRPS 1/sqrt(pi) over y ~ N(0, 1).
+    s, r, k = 100, 192, 48
+    y = stats.norm.ppf((np.arange(k) + 0.5) / k)
+    draws = np.random.default_rng(11).standard_normal((k, r, s)).astype(np.float32)
+    target = np.broadcast_to(y[:, None], (k, r)).astype(np.float32)
+    fair = np.asarray(metrics.crps_ensemble(jnp.asarray(draws), jnp.asarray(target)), np.float64)
+    plain = np.asarray(metrics.crps_ensemble(jnp.asarray(draws), jnp.asarray(target), fair=False),
+                       np.float64)
+    closed = _normal_crps(y)
+    se = fair.std(1, ddof=1) / math.sqrt(r)                     # per target
+    z = (fair.mean(1) - closed) / se
+    assert np.max(np.abs(z)) < 4.0, z                           # no target is off by 4 SE
+    pooled_se = math.sqrt(np.sum(se**2)) / k
+    assert abs(fair.mean() - closed.mean()) < 4 * pooled_se
+    bias = 1 / (s * math.sqrt(math.pi))
+    # plain - fair = P/(2 S^2 (S-1)) with E[P] = S(S-1) E|X-X'|: its mean is the bias exactly.
+    diff = plain - fair
+    assert abs(diff.mean() - bias) < 4 * diff.std(ddof=1) / math.sqrt(diff.size)
+    assert abs(plain.mean() - closed.mean() - bias) < 4 * pooled_se
+    assert plain.mean() - closed.mean() > 5 * pooled_se       # the plain bias (8.5 SE) shows
+    np.testing.assert_allclose(bias / closed.mean(), 1 / s, rtol=0.01)   # 1% of the mean CRPS
+
+
+def test_perfect_draws_have_the_documented_coverage_and_qice_floor():
+    # Uniform F, S = 20 iid draws per point: the rank of y among the S + 1 values is uniform, so y is
+    # inside [min, max] with probability (S-1)/(S+1), and inside the central p interval of the
+    # interpolated sample quantiles with probability p (S-1)/(S+1), not p (module doc).
+    s, n = 20, 8000
+    rng = np.random.default_rng(3)
+    samples = jnp.asarray(rng.random((n, s, 1, 1)), jnp.float32)
+    target = jnp.asarray(rng.random((n, 1, 1)), jnp.float32)
+    sums = metrics.metric_sums(samples, target)
+    for got, p in ((float(sums["covered_50"]) / n, 0.5), (float(sums["covered_90"]) / n, 0.9),
+                   (float(sums["qice_counts"].sum()) / n, 1.0)):
+        want = p * (s - 1) / (s + 1)
+        assert abs(got - want) < 4 * math.sqrt(want * (1 - want) / n), (p, got, want)
 
 
 def test_crps_sum_and_streaming_equal_one_shot():
@@ -50,8 +140,13 @@ def test_crps_sum_and_streaming_equal_one_shot():
     two = metrics.finalize_metrics(sums)
     for k in one:
         np.testing.assert_allclose(two[k], one[k], rtol=1e-5, err_msg=k)
-    ref_sum = properscoring.crps_ensemble(target.sum(-1), np.moveaxis(samples.sum(-1), 1, -1)).mean()
+    ref_sum = _fair_crps_ref(np.moveaxis(samples.sum(-1), 1, -1), target.sum(-1)).mean()
     np.testing.assert_allclose(one["crps_sum"], ref_sum, rtol=2e-5)
+    np.testing.assert_allclose(one["crps"], _fair_crps_ref(np.moveaxis(samples, 1, -1), target).mean(),
+                               rtol=2e-5)
+    np.testing.assert_allclose(
+        one["crps_plain"], properscoring.crps_ensemble(target, np.moveaxis(samples, 1, -1)).mean(),
+        rtol=2e-5)
     mean = samples.mean(1)
     np.testing.assert_allclose(one["mse"], ((mean - target) ** 2).mean(), rtol=1e-5)
     np.testing.assert_allclose(one["mae"], np.abs(mean - target).mean(), rtol=1e-5)
@@ -165,7 +260,7 @@ def test_gaussian_nll_clamps_degenerate_windows():
 # ----------------------------------------------------------------------------------------------
 # Bad values, empty batches and properties over wide magnitudes.
 
-VALUE_SUMS = ("crps", "crps_sum", "se", "ae", "covered_50", "covered_90")
+VALUE_SUMS = ("crps", "crps_plain", "crps_sum", "se", "ae", "covered_50", "covered_90")
 
 
 @pytest.mark.parametrize("where,value", [("target", np.nan), ("samples", np.nan),
@@ -213,8 +308,12 @@ def test_crps_accurate_far_from_zero():
     s = (1e6 + rng.normal(size=(50, 100))).astype(np.float32)
     y = (1e6 + rng.normal(size=50)).astype(np.float32)
     ref = properscoring.crps_ensemble(y.astype(np.float64), s.astype(np.float64))
-    ours = np.asarray(metrics.crps_ensemble(jnp.asarray(s), jnp.asarray(y)))
+    ours = np.asarray(metrics.crps_ensemble(jnp.asarray(s), jnp.asarray(y), fair=False))
     np.testing.assert_allclose(ours, ref, rtol=100 * np.finfo(np.float32).eps)
+    # The fair form has the same structure (non-negative terms); the reference subtracts exact
+    # float64 differences of the float32 samples.
+    fair = np.asarray(metrics.crps_ensemble(jnp.asarray(s), jnp.asarray(y)))
+    np.testing.assert_allclose(fair, _fair_crps_ref(s, y), rtol=100 * np.finfo(np.float32).eps)
 
 
 S_P, P_P = 16, 12   # fixed shapes for the property tests (no recompilation per example)
@@ -238,11 +337,18 @@ def ensembles(draw):
 @given(ensembles())
 def test_crps_nonnegative_and_equals_properscoring(case):
     samples, target = case
-    ours = np.asarray(metrics.crps_ensemble(jnp.asarray(samples), jnp.asarray(target)))
+    eps = np.finfo(np.float32).eps
+    ours = np.asarray(metrics.crps_ensemble(jnp.asarray(samples), jnp.asarray(target), fair=False))
     ref = properscoring.crps_ensemble(target.astype(np.float64), samples.astype(np.float64))
     assert np.all(ours >= 0)
     # A sum of S non-negative float32 terms: relative error below a few S float32 epsilons.
-    np.testing.assert_allclose(ours, ref, rtol=4 * S_P * np.finfo(np.float32).eps, atol=0)
+    np.testing.assert_allclose(ours, ref, rtol=4 * S_P * eps, atol=0)
+    # Fair: also a sum of non-negative terms, so the same relative bound holds against the
+    # definition, whose float64 cancellation is at most ~1e-15 of the plain value.
+    fair = np.asarray(metrics.crps_ensemble(jnp.asarray(samples), jnp.asarray(target)))
+    assert np.all(fair >= 0) and np.all(fair <= ours * (1 + 4 * S_P * eps))   # fair <= plain
+    fair_ref = _fair_crps_ref(samples, target)
+    assert np.all(np.abs(fair - fair_ref) <= 4 * S_P * eps * fair_ref + 1e-13 * ref)
 
 
 @settings(max_examples=40, deadline=None)
