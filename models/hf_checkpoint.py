@@ -5,14 +5,19 @@ A directory holds ``config.json``, the weights as ``model.safetensors`` or shard
 Nothing is downloaded: the directory must already be on disk.
 
 * :func:`config_from_hf` maps ``config.json`` (both the ``rope_theta`` / ``rope_scaling`` schema and
-  the newer ``rope_parameters`` one) to :class:`models.llama.LlamaConfig`.
+  the newer ``rope_parameters`` one) to :class:`models.llama.LlamaConfig`. A key the file lacks
+  means what it means to the reference implementation (``transformers``' config class of the
+  model type): :data:`HF_DEFAULTS`, e.g. Qwen2's ``max_window_layers`` 28 and Mistral's
+  ``sliding_window`` 4096.
 * :func:`load_checkpoint` builds the model's parameters tensor by tensor: the model is created
   abstractly (no random initialisation), every tensor is checked against the model before any is
   read (name, shape, dtype, the memory it needs), then each is read, transposed, cast and placed on
   its devices (sharded by the logical-axis rules of :mod:`core.sharding` when a mesh is given, each
   device reading only its slice) before the next one is read. The host never holds a second copy
   of the model. Name mapping and transposes are the one table :data:`WEIGHTS`.
-* :func:`load_tokenizer` wraps ``tokenizer.json`` with the ``tokenizers`` library.
+* :func:`load_tokenizer` wraps ``tokenizer.json`` with the ``tokenizers`` library;
+  :meth:`Tokenizer.encode_prompt` never puts the BOS twice, :meth:`Tokenizer.decode_continuation`
+  decodes generated ids in the context of their prompt.
 
 Every bad input raises a one-line ValueError that names the file and, where there is one, the
 tensor; nothing partially loaded is returned.
@@ -39,6 +44,25 @@ from models.llama import Llama, LlamaConfig
 from models.rope import ROPE_KINDS, RotaryEmbedding
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+# What the reference implementation (the `transformers` config classes LlamaConfig, MistralConfig
+# and Qwen2Config, and their modeling code) assumes for each config.json key read here when the key
+# is absent. A key missing from a model type's row is one that model type's reference ignores
+# (e.g. Qwen2's attention biases are fixed, Llama has no sliding window). None for
+# num_key_value_heads / head_dim means derived: H, and E // H.
+_BASE_DEFAULTS: dict[str, Any] = dict(
+    vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+    head_dim=None, hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
+    rope_theta=10_000.0, partial_rotary_factor=1.0, eos_token_id=2)
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {**_BASE_DEFAULTS, "intermediate_size": 11008, "num_key_value_heads": None,
+              "max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False},
+    "mistral": {**_BASE_DEFAULTS, "intermediate_size": 14336, "num_key_value_heads": 8,
+                "max_position_embeddings": 4096 * 32, "sliding_window": 4096},
+    "qwen2": {**_BASE_DEFAULTS, "vocab_size": 151936, "intermediate_size": 22016,
+              "num_key_value_heads": 32, "max_position_embeddings": 32768, "eos_token_id": None,
+              "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
+}
 
 # (our parameter path, with {i} for the layer; Hugging Face tensor name; transpose (HF stores
 #  Linear weights [out, in], we store kernels [in, out]); logical axes of our array)
@@ -106,30 +130,48 @@ def read_json(path: str) -> dict:
     return data
 
 
+def _hf_value(hf: dict, key: str) -> Any:
+    """``hf[key]``, or the reference default of ``hf``'s model type when the key is absent."""
+    return hf[key] if key in hf else HF_DEFAULTS[hf["model_type"]][key]
+
+
+# RoPE keys the reference requires in rope_parameters / rope_scaling for each type (it refuses a
+# config without them; rope_theta and original_max_position_embeddings have defaults).
+_ROPE_REQUIRED = {"default": (), "linear": ("factor",), "yarn": ("factor",),
+                  "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
+
+
 def _rope_from_hf(hf: dict, where: str) -> RotaryEmbedding:
     params = hf.get("rope_parameters")
     if params is not None and any(isinstance(v, dict) for v in params.values()):
         raise ValueError(f"{where}: per-layer-type rope_parameters ({sorted(params)}) are not "
                          "supported")
-    scaling = dict(params or hf.get("rope_scaling") or {})
-    theta = scaling.get("rope_theta", hf.get("rope_theta", 10_000.0))
+    # The reference reads a legacy rope_scaling in preference to rope_parameters.
+    scaling = dict(hf.get("rope_scaling") or params or {})
+    theta = scaling.get("rope_theta", _hf_value(hf, "rope_theta"))
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_KINDS:
         raise ValueError(f"{where}: rope type {kind!r} is not supported; supported: "
                          f"{', '.join(ROPE_KINDS)}")
-    if scaling.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+    missing = [k for k in _ROPE_REQUIRED[kind] if k not in scaling]
+    if missing:
+        raise ValueError(f"{where}: rope type {kind!r} needs {', '.join(missing)} in "
+                         "rope_parameters / rope_scaling")
+    if scaling.get("partial_rotary_factor", _hf_value(hf, "partial_rotary_factor")) != 1.0:
         raise ValueError(f"{where}: partial_rotary_factor != 1 is not supported")
-    max_pos = hf.get("max_position_embeddings")
+    max_pos = _hf_value(hf, "max_position_embeddings")
     orig = scaling.get("original_max_position_embeddings", max_pos)
     factor = scaling.get("factor", 1.0)
-    if kind == "yarn" and factor is None and max_pos and orig:
-        factor = max_pos / orig
-    kwargs = dict(theta=float(theta), kind=kind, factor=float(factor if factor else 1.0))
+    if factor is None and kind == "yarn" and max_pos and orig:
+        factor = max_pos / orig  # the reference's implicit YaRN factor
+    if factor is None and kind != "default":
+        raise ValueError(f"{where}: rope type {kind!r} needs a numeric factor, got null")
+    kwargs = dict(theta=float(theta), kind=kind, factor=float(factor or 1.0))
     if kind in ("llama3", "yarn"):
         kwargs["original_max_len"] = int(orig) if orig else None
     if kind == "llama3":
-        kwargs.update(low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
-                      high_freq_factor=float(scaling.get("high_freq_factor", 4.0)))
+        kwargs.update(low_freq_factor=float(scaling["low_freq_factor"]),
+                      high_freq_factor=float(scaling["high_freq_factor"]))
     if kind == "yarn":
         kwargs.update(beta_fast=float(scaling.get("beta_fast") or 32.0),
                       beta_slow=float(scaling.get("beta_slow") or 1.0),
@@ -138,37 +180,61 @@ def _rope_from_hf(hf: dict, where: str) -> RotaryEmbedding:
                       truncate=bool(scaling.get("truncate", True)))
     try:
         return RotaryEmbedding(**kwargs)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: {e}") from None
 
 
 def _windows_from_hf(hf: dict, n: int, where: str) -> tuple[int | None, ...] | None:
-    window = hf.get("sliding_window")
+    """Per-layer sliding windows as the reference models apply them.
+
+    Llama has none (``sliding_window`` / ``layer_types`` are ignored); Mistral windows every layer
+    by ``sliding_window`` (default 4096; ``null`` = none; ``layer_types`` ignored); Qwen2 windows
+    by ``sliding_window`` (default 4096) only when ``use_sliding_window`` (default false), the
+    ``sliding_attention`` entries of ``layer_types`` when given, else layers
+    ``i >= max_window_layers`` (default 28).
+    """
+    model_type = hf["model_type"]
+    if model_type == "llama":
+        return None
+    window = _hf_value(hf, "sliding_window")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool)
+                               or window < 1):
+        raise ValueError(f"{where}: sliding_window must be a positive integer or null, got "
+                         f"{window!r}")
+    if model_type == "mistral":
+        return None if window is None else (window,) * n
+    if not _hf_value(hf, "use_sliding_window"):
+        window = None
     layer_types = hf.get("layer_types")
     if layer_types is not None:
-        if len(layer_types) != n:
-            raise ValueError(f"{where}: layer_types has {len(layer_types)} entries for "
-                             f"num_hidden_layers={n}")
+        if not isinstance(layer_types, list) or len(layer_types) != n:
+            raise ValueError(f"{where}: layer_types must be a list of num_hidden_layers={n} "
+                             f"entries, got {layer_types!r}")
         unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
         if unknown:
             raise ValueError(f"{where}: layer type(s) {unknown} are not supported")
-        if "sliding_attention" in layer_types and not window:
-            raise ValueError(f"{where}: sliding_attention layers but sliding_window={window}")
-        out = tuple(window if t == "sliding_attention" else None for t in layer_types)
-    elif hf.get("model_type") == "qwen2":
-        first = hf.get("max_window_layers", n)
-        use = hf.get("use_sliding_window", False) and window
-        out = tuple(window if use and i >= first else None for i in range(n))
-    elif hf.get("model_type") == "mistral" and window:
-        out = (int(window),) * n
+        if "sliding_attention" in layer_types and window is None:
+            raise ValueError(f"{where}: layer_types has sliding_attention layers but no window "
+                             f"(use_sliding_window={_hf_value(hf, 'use_sliding_window')}, "
+                             f"sliding_window={hf.get('sliding_window')})")
+        sliding = [t == "sliding_attention" for t in layer_types]
     else:
-        return None
+        first = _hf_value(hf, "max_window_layers")
+        if not isinstance(first, int) or isinstance(first, bool):
+            raise ValueError(f"{where}: max_window_layers must be an integer, got {first!r}")
+        sliding = [window is not None and i >= first for i in range(n)]
+    out = tuple(window if s else None for s in sliding)
     return out if any(w is not None for w in out) else None
 
 
 def config_from_hf(hf: dict, *, where: str = "config.json", dtype: Any = jnp.float32,
                    max_len: int | None = None) -> LlamaConfig:
     """:class:`LlamaConfig` of a Hugging Face ``config.json`` object.
+
+    A key that ``hf`` lacks takes the value the reference implementation (``transformers``'
+    config class of that model type) gives it: :data:`HF_DEFAULTS`. Keys the reference ignores
+    for a model type are ignored here too (Qwen2's and Mistral's ``attention_bias`` /
+    ``mlp_bias``, Llama's ``sliding_window``, Llama's and Mistral's ``layer_types``).
 
     Args:
       hf: the parsed ``config.json``.
@@ -178,33 +244,38 @@ def config_from_hf(hf: dict, *, where: str = "config.json", dtype: Any = jnp.flo
 
     Raises:
       ValueError (naming ``where``): unsupported ``model_type`` or activation, MLP biases, an
-        unsupported RoPE type or scaling, a missing or non-positive size.
+        unsupported RoPE type or scaling or one missing a key its type needs, a non-positive or
+        non-integer size, an invalid sliding-window setting.
     """
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"{where}: model_type {model_type!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-    act = hf.get("hidden_act", "silu")
+    act = _hf_value(hf, "hidden_act")
     if act != "silu":
         raise ValueError(f"{where}: hidden_act {act!r} is not supported (SwiGLU needs 'silu')")
-    if hf.get("mlp_bias", False):
+    if model_type == "llama" and _hf_value(hf, "mlp_bias"):
         raise ValueError(f"{where}: mlp_bias=true is not supported")
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads"):
-        if not isinstance(hf.get(key), int) or hf[key] < 1:
-            raise ValueError(f"{where}: {key} must be a positive integer, got {hf.get(key)!r}")
-    n = hf["num_hidden_layers"]
-    attention_bias = bool(hf.get("attention_bias", False))
+    sizes = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads"] + ([] if max_len else ["max_position_embeddings"])
+    for key in sizes:
+        value = _hf_value(hf, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{where}: {key} must be a positive integer, got {value!r}")
+    n = _hf_value(hf, "num_hidden_layers")
+    heads = _hf_value(hf, "num_attention_heads")
+    # Only Llama reads attention_bias; Qwen2 always has q/k/v biases and none on o_proj.
+    attention_bias = model_type == "llama" and bool(_hf_value(hf, "attention_bias"))
     try:
         return LlamaConfig(
-            vocab_size=hf["vocab_size"],
-            max_len=int(max_len or hf.get("max_position_embeddings") or 4096),
-            d_model=hf["hidden_size"], num_layers=n, num_heads=hf["num_attention_heads"],
-            num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-            mlp_dim=hf["intermediate_size"], head_dim=hf.get("head_dim"),
-            rope=_rope_from_hf(hf, where), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            vocab_size=_hf_value(hf, "vocab_size"),
+            max_len=int(max_len or _hf_value(hf, "max_position_embeddings")),
+            d_model=_hf_value(hf, "hidden_size"), num_layers=n, num_heads=heads,
+            num_kv_heads=_hf_value(hf, "num_key_value_heads") or heads,
+            mlp_dim=_hf_value(hf, "intermediate_size"), head_dim=_hf_value(hf, "head_dim"),
+            rope=_rope_from_hf(hf, where), norm_eps=float(_hf_value(hf, "rms_norm_eps")),
             qkv_bias=model_type == "qwen2" or attention_bias, out_bias=attention_bias,
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_embeddings=bool(_hf_value(hf, "tie_word_embeddings")),
             layer_windows=_windows_from_hf(hf, n, where),
             dtype=dtype, param_dtype=dtype, model_type=model_type)
     except ValueError as e:
@@ -435,7 +506,8 @@ class Tokenizer:
     Attributes:
       backend: the ``tokenizers.Tokenizer``.
       eos_ids: ids that end generation (``generation_config.json``'s ``eos_token_id``, else
-        ``config.json``'s; an int or a list in either).
+        ``config.json``'s, else the reference default of its model type, :data:`HF_DEFAULTS`;
+        an int or a list in either).
     """
 
     backend: Any
@@ -452,6 +524,47 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text of ``ids`` (a sequence of ints)."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def encode_prompt(self, text: str) -> tuple[list[int], int]:
+        """Token ids of a prompt with the post-processing's prefix (e.g. BOS) exactly once.
+
+        A prompt that already begins with the prefix's text (a chat template's output starts
+        with ``<s>`` or ``<|begin_of_text|>``) would otherwise get it twice, ``[BOS, BOS, ...]``:
+        then the added copy is dropped and the ids are those of the text alone.
+
+        Returns:
+          (ids, dropped): the ids, and how many leading ids were dropped (0 or len(prefix)).
+        """
+        ids = self.encode(text)
+        prefix = list(self.prefix_ids())
+        k = len(prefix)
+        if k and ids[:k] == prefix and ids[k:2 * k] == prefix:
+            plain = self.encode(text, add_special_tokens=False)
+            if plain[:k] == prefix:  # the text itself begins with the prefix
+                return ids[k:], k
+        return ids, 0
+
+    def decode_continuation(self, prompt_ids, new_ids) -> str:
+        """Text of ``new_ids`` as a continuation of ``prompt_ids``.
+
+        Decoding ``new_ids`` alone loses context-dependent text: a Metaspace (SentencePiece
+        ``▁``) decoder strips the leading space of the first token it decodes, so the
+        continuation " is nobler" of "to be or" would come back as "is nobler". This returns
+        ``decode(prompt_ids + new_ids)`` minus its prefix ``decode(prompt_ids)``, so that
+        ``decode(prompt_ids) + text == decode(prompt_ids + new_ids)``. Where the full text does
+        not begin with the prompt's text (a decoder that rewrites across the boundary), the
+        continuation starts after their longest common prefix.
+        """
+        head = self.decode(prompt_ids)
+        full = self.decode(list(prompt_ids) + list(new_ids))
+        if full.startswith(head):
+            return full[len(head):]
+        common = 0
+        for a, b in zip(head, full):
+            if a != b:
+                break
+            common += 1
+        return full[common:]
 
     def prefix_ids(self) -> tuple[int, ...]:
         """The special ids the tokenizer's post-processing puts before a text (e.g. Llama's BOS;
@@ -485,12 +598,15 @@ def load_tokenizer(path: str) -> Tokenizer:
     except Exception as e:  # noqa: BLE001 - the library raises plain Exception on bad files
         raise ValueError(f"{file}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
     eos: Any = None
-    for name in ("generation_config.json", "config.json"):
-        f = os.path.join(path, name)
-        if os.path.isfile(f):
-            eos = read_json(f).get("eos_token_id")
-            if eos is not None:
-                break
+    gen_file = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_file):
+        eos = read_json(gen_file).get("eos_token_id")
+    cfg_file = os.path.join(path, "config.json")
+    if eos is None and os.path.isfile(cfg_file):
+        hf = read_json(cfg_file)
+        eos = (HF_DEFAULTS[hf["model_type"]]["eos_token_id"]
+               if "eos_token_id" not in hf and hf.get("model_type") in HF_DEFAULTS
+               else hf.get("eos_token_id"))
     eos_ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [eos] if eos is not None
                                      else []))
     return Tokenizer(backend, eos_ids)

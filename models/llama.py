@@ -12,7 +12,8 @@ the embedding. Options read from a Hugging Face ``config.json`` (:func:`config_f
 * RoPE with the checkpoint's ``rope_theta`` and its ``rope_scaling`` (linear, Llama-3, YaRN), see
   :class:`models.rope.RotaryEmbedding`; YaRN's attention factor m is folded into the queries
   (q * m^2), so keys stay purely rotated and every cache sees the same keys;
-* Qwen2's biases on the q/k/v projections (``attention_bias`` adds one on the output too);
+* Qwen2's biases on the q/k/v projections (always, none on the output); Llama's
+  ``attention_bias`` puts one on all four projections;
 * Mistral's (and Qwen2's per-layer) sliding window: query i sees keys j with i - w < j <= i.
 
 The module tree mirrors :class:`models.transformer.Transformer` (``embed``, ``blocks[i].norm1``,

@@ -1,5 +1,6 @@
 """Loading Hugging Face checkpoint directories: configs, sharded weights, bad input, tokenizer."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -94,8 +95,166 @@ def test_windows_from_configs():
     assert hfc.config_from_hf({**base, "model_type": "mistral",
                                "sliding_window": 6}).layer_windows == (6,) * 4
     typed = hfc.config_from_hf({**base, "model_type": "qwen2", "sliding_window": 5,
+                                "use_sliding_window": True,
                                 "layer_types": ["full_attention", "sliding_attention"] * 2})
     assert typed.layer_windows == (None, 5, None, 5)
+    # transformers' Qwen2 windows nothing without use_sliding_window (its model then fails on
+    # sliding_attention layers): refused
+    with pytest.raises(ValueError, match="sliding_attention layers but no window"):
+        hfc.config_from_hf({**base, "model_type": "qwen2", "sliding_window": 5,
+                            "layer_types": ["full_attention", "sliding_attention"] * 2})
+    # 32 layers, no max_window_layers: transformers windows layers 28..31 (its default is 28)
+    qwen32 = hfc.config_from_hf({**base, "num_hidden_layers": 32, "model_type": "qwen2",
+                                 "use_sliding_window": True, "sliding_window": 8})
+    assert qwen32.layer_windows == (None,) * 28 + (8,) * 4
+    # Llama ignores windows; Mistral's window defaults to 4096 and is off only when null
+    assert hfc.config_from_hf({**base, "model_type": "llama", "sliding_window": 6,
+                               "layer_types": ["sliding_attention"] * 4}).layer_windows is None
+    assert hfc.config_from_hf({**base, "model_type": "mistral"}).layer_windows == (4096,) * 4
+    assert hfc.config_from_hf({**base, "model_type": "mistral",
+                               "sliding_window": None}).layer_windows is None
+
+
+# -- every config.json key the loader reads, absent: the reference's default -------------------
+
+# A config of each model type whose every key read by the loader differs from the reference's
+# default, so that dropping any one key changes the model the reference builds.
+_BASE = dict(vocab_size=99, hidden_size=512, intermediate_size=96, num_hidden_layers=30,
+             num_attention_heads=64, num_key_value_heads=4, head_dim=16,
+             max_position_embeddings=300, rms_norm_eps=1e-5, tie_word_embeddings=True,
+             rope_theta=5e5, hidden_act="silu", partial_rotary_factor=1.0, eos_token_id=7)
+_BASES = {
+    "llama": {**_BASE, "attention_bias": True, "mlp_bias": False},
+    "mistral": {**_BASE, "sliding_window": 6},
+    "qwen2": {**_BASE, "use_sliding_window": True, "sliding_window": 6, "max_window_layers": 2},
+}
+_ABSENT = [(mt, key) for mt in hfc.SUPPORTED_MODEL_TYPES for key in [None, *hfc.HF_DEFAULTS[mt]]]
+
+
+def _reference_view(hf: dict) -> dict:
+    """What transformers builds from ``hf``: sizes and biases of its model (on the meta device,
+    nothing allocated), norm epsilon, RoPE frequencies, per-layer windows, EOS of generation."""
+    hf = dict(hf)
+    model_type = hf.pop("model_type")
+    cfg = transformers.AutoConfig.for_model(model_type, **hf)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    layer = "model.layers.0."
+    attn = model.model.layers[0].self_attn
+    n = len(model.model.layers)
+    if model_type == "qwen2":  # per layer, from config.layer_types
+        windows = tuple(b.self_attn.sliding_window for b in model.model.layers)
+    elif model_type == "mistral":  # every layer gets config.sliding_window
+        windows = (cfg.sliding_window,) * n
+    else:  # LlamaAttention has no window
+        windows = (None,) * n
+    rotary = type(model.model.rotary_emb)(config=cfg)
+    eos = transformers.GenerationConfig.from_model_config(cfg).eos_token_id
+    return dict(
+        vocab=shapes["model.embed_tokens.weight"][0], width=shapes["model.embed_tokens.weight"][1],
+        mlp=shapes[layer + "mlp.gate_proj.weight"][0], layers=n,
+        q=shapes[layer + "self_attn.q_proj.weight"][0],
+        kv=shapes[layer + "self_attn.k_proj.weight"][0], head_dim=attn.head_dim,
+        qkv_bias=layer + "self_attn.q_proj.bias" in shapes,
+        out_bias=layer + "self_attn.o_proj.bias" in shapes,
+        mlp_bias=layer + "mlp.gate_proj.bias" in shapes, act=cfg.hidden_act,
+        tie=bool(cfg.tie_word_embeddings), max_len=cfg.max_position_embeddings,
+        eps=model.model.norm.variance_epsilon, inv_freq=rotary.inv_freq.numpy().tolist(),
+        attention_scale=float(rotary.attention_scaling), windows=windows,
+        eos=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]))
+
+
+def _our_view(hf: dict, tmp_path) -> dict:
+    cfg = hfc.config_from_hf(hf)
+    d = cfg.dim_per_head
+    # the EOS ids come from config.json through load_tokenizer
+    from tokenizers import Tokenizer, models
+
+    tmp_path.mkdir(exist_ok=True)
+    Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a")).save(
+        str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    return dict(
+        vocab=cfg.vocab_size, width=cfg.d_model, mlp=cfg.mlp_dim, layers=cfg.num_layers,
+        q=cfg.num_heads * d, kv=cfg.num_kv_heads * d, head_dim=d, qkv_bias=cfg.qkv_bias,
+        out_bias=cfg.out_bias, mlp_bias=False, act="silu", tie=cfg.tie_embeddings,
+        max_len=cfg.max_len, eps=cfg.norm_eps, inv_freq=cfg.rope.inv_freq(d).tolist(),
+        attention_scale=cfg.rope.attention_scale,
+        windows=cfg.layer_windows or (None,) * cfg.num_layers,
+        eos=hfc.load_tokenizer(str(tmp_path)).eos_ids)
+
+
+@pytest.mark.parametrize("model_type,key", _ABSENT, ids=[f"{m}-{k}" for m, k in _ABSENT])
+def test_an_absent_key_means_what_it_means_to_transformers(model_type, key, tmp_path):
+    """Each config.json key the loader reads, dropped from a config where it differs from the
+    default: the model we build is the one transformers builds (sizes, biases, epsilon, RoPE,
+    windows, EOS); None: the full config, where both must agree too."""
+    hf = {"model_type": model_type, **_BASES[model_type]}
+    if key is not None:
+        del hf[key]
+    ours, ref = _our_view(hf, tmp_path / "ck"), _reference_view(hf)
+    assert set(ours) == set(ref)
+    for name in ref:
+        if name == "inv_freq":
+            np.testing.assert_allclose(ours[name], ref[name], rtol=2e-6, err_msg=name)
+        else:
+            assert ours[name] == pytest.approx(ref[name]), name
+
+
+def test_the_defaults_table_is_the_reference_config_classes():
+    """HF_DEFAULTS equals the field defaults of transformers' config classes, key by key (the
+    keys that are no field of a class: RoPE's theta and partial rotary factor, Qwen2's head_dim,
+    which its modeling code derives as E // H)."""
+    from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+
+    classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+               "qwen2": transformers.Qwen2Config}
+    for model_type, table in hfc.HF_DEFAULTS.items():
+        cls = classes[model_type]
+        fields = {f.name: f.default for f in dataclasses.fields(cls)}
+        for key, ours in table.items():
+            if key == "rope_theta":
+                assert ours == cls.default_theta == RotaryEmbeddingConfigMixin.default_theta
+            elif key == "partial_rotary_factor" or (key == "head_dim" and key not in fields):
+                assert ours in (1.0, None), (model_type, key)
+            else:
+                assert fields[key] == ours, (model_type, key)
+        # and every key the reference class reads that we read has a row
+        read = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "hidden_act",
+                "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "eos_token_id",
+                "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window",
+                "max_window_layers", "head_dim"}
+        assert read & set(fields) <= set(table), (model_type, read & set(fields) - set(table))
+
+
+@pytest.mark.parametrize("scaling,match", [
+    ({"rope_type": "linear"}, "rope type 'linear' needs factor"),
+    ({"rope_type": "yarn"}, "rope type 'yarn' needs factor"),
+    ({"rope_type": "llama3", "factor": 8.0}, "needs low_freq_factor, high_freq_factor"),
+])
+def test_rope_without_a_key_its_type_needs_is_refused(scaling, match):
+    """transformers refuses these too (KeyError: missing required keys)."""
+    hf = {"model_type": "llama", **SMALL, "rope_scaling": scaling}
+    with pytest.raises(KeyError):
+        transformers.LlamaConfig.from_dict({k: v for k, v in hf.items() if k != "model_type"})
+    with pytest.raises(ValueError, match=match):
+        hfc.config_from_hf(hf, where="ck/config.json")
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "yarn", "factor": 4.0},  # original_max_position_embeddings: the default max
+    {"type": "yarn", "factor": 4.0, "beta_fast": None},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+])
+def test_rope_defaults_with_max_position_embeddings_absent(scaling, tmp_path):
+    hf = {"model_type": "llama", **{k: v for k, v in _BASES["llama"].items()
+                                    if k != "max_position_embeddings"}, "rope_scaling": scaling}
+    ours, ref = _our_view(hf, tmp_path / "ck"), _reference_view(hf)
+    np.testing.assert_allclose(ours["inv_freq"], ref["inv_freq"], rtol=2e-6)
+    assert ours["attention_scale"] == pytest.approx(ref["attention_scale"], rel=1e-12)
+    assert ours["max_len"] == ref["max_len"] == 2048
 
 
 @pytest.mark.parametrize("changes,match", [
@@ -219,3 +378,84 @@ def test_tokenizer_from_tokenizer_json(saved, tmp_path):
         f.write("{}")
     with pytest.raises(ValueError, match="not a valid tokenizer.json"):
         hfc.load_tokenizer(path)
+
+
+# -- prompts in, ids out, text back: against transformers' tokenizer of the same tokenizer.json ---
+
+HAMLET = ("to be or not to be that is the question whether tis nobler in the mind to suffer "
+          "the slings and arrows of outrageous fortune")
+
+
+def _tokenizer_dir(tmp_path, kind: str) -> str:
+    """A tokenizer.json trained here: ``metaspace`` (SentencePiece-style "▁" words, as Llama-2
+    and Mistral) or ``bytelevel`` (GPT-2-style bytes, as Llama-3 and Qwen2); both put <s> first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    if kind == "metaspace":
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+        alphabet = []
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator([HAMLET] * 4, trainers.BpeTrainer(
+        vocab_size=150, special_tokens=["<s>", "</s>"], initial_alphabet=alphabet))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    path = tmp_path / kind
+    path.mkdir()
+    tok.save(str(path / "tokenizer.json"))
+    return str(path)
+
+
+def _reference_tokenizer(path: str):
+    return transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "bytelevel"])
+def test_a_prompt_that_begins_with_bos_gets_one_bos(tmp_path, kind):
+    path = _tokenizer_dir(tmp_path, kind)
+    ours, ref = hfc.load_tokenizer(path), _reference_tokenizer(path)
+    bos = ref.convert_tokens_to_ids("<s>")
+    assert ours.prefix_ids() == (bos,)
+    # a plain prompt: the post-processor's BOS, as transformers encodes it
+    ids, dropped = ours.encode_prompt("to be or")
+    assert ids == ref("to be or")["input_ids"] and ids[0] == bos and dropped == 0
+    # a chat-template-like prompt that carries its own BOS text: the tokenizer alone gives two
+    templated = "<s>to be or"
+    assert ours.encode(templated)[:2] == [bos, bos]
+    ids, dropped = ours.encode_prompt(templated)
+    assert dropped == 1 and ids[0] == bos and ids.count(bos) == 1
+    assert ids == ref(templated, add_special_tokens=False)["input_ids"]
+    # a BOS text inside the prompt is text the user wrote, not a duplicate: kept
+    ids, dropped = ours.encode_prompt("to <s> be")
+    assert dropped == 0 and ids == ref("to <s> be")["input_ids"] and ids.count(bos) == 2
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "bytelevel"])
+def test_a_continuation_keeps_its_leading_space(tmp_path, kind):
+    """decode(prompt ids) + continuation == decode(all ids), as transformers decodes them."""
+    path = _tokenizer_dir(tmp_path, kind)
+    ours, ref = hfc.load_tokenizer(path), _reference_tokenizer(path)
+    prompt, full = "to be or", "to be or is nobler in the mind"
+    prompt_ids, all_ids = ours.encode(prompt), ours.encode(full)
+    assert all_ids[:len(prompt_ids)] == prompt_ids  # word-wise: the prompt's ids are a prefix
+    new = all_ids[len(prompt_ids):]
+    text = ours.decode_continuation(prompt_ids, new)
+    assert text == " is nobler in the mind"
+    assert prompt + text == ref.decode(all_ids, skip_special_tokens=True) == full
+    if kind == "metaspace":  # decoded alone, the first word's "▁" is taken for a text start
+        assert ours.decode(new) == "is nobler in the mind"
+
+
+def test_a_continuation_that_completes_a_character(tmp_path):
+    """Byte-level ids can end inside a UTF-8 character: the prompt's text then ends in U+FFFD,
+    which the full text does not have; the continuation starts with the completed character."""
+    path = _tokenizer_dir(tmp_path, "bytelevel")
+    ours = hfc.load_tokenizer(path)
+    ids = ours.encode("to be é", add_special_tokens=False)
+    assert len(ids) >= 2 and ours.decode(ids[:-1]).endswith("\ufffd")  # é: two byte tokens
+    assert ours.decode_continuation(ids[:-1], ids[-1:]) == "é"
+    assert ours.decode_continuation(ids[:-1], ids[-1:] + ours.encode(" or", False)) == "é or"
