@@ -5,7 +5,8 @@
 
 DIR is a Hugging Face model directory already on disk (``config.json``, ``*.safetensors``,
 ``tokenizer.json``); nothing is downloaded. The whole prompt file is one prompt. The continuation
-goes to stdout; a progress bar, the prefill time and the decode speed (tokens/s) to stderr.
+goes to stdout; a progress bar, the prefill time and the decode speed (tokens/s) to stderr, with a
+warning when the prompt already begins with the tokenizer's BOS (it is then not added twice).
 ``--kv_cache``: ``dense`` (reference), ``ffd`` (Faster Flash Decoding, ``--ffd_delta``),
 ``quest`` (``--quest_top_k`` pages), ``qvg`` / ``kivi`` (``--quant_bits``, ``--quant_chunk``) or
 ``entrokv`` (the dense cache restricted, per kv head, to the prompt tokens EntroKV's budgets keep:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import os
 import sys
@@ -37,6 +39,7 @@ from models import llama
 from models.sampling import sample_logits
 
 BACKENDS = ("dense", "ffd", "quest", "qvg", "kivi", "entrokv")
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +108,18 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
                   ) -> dict:
     """Generates a continuation of ``prompt`` with the checkpoint in directory ``checkpoint``.
 
+    The prompt is encoded with the tokenizer's post-processing (e.g. Llama's BOS) but never gets
+    its BOS twice: a prompt that already begins with the BOS text (a chat template's output) keeps
+    that one, and a warning says the added one was dropped. The continuation is decoded in the
+    context of the prompt (:meth:`models.hf_checkpoint.Tokenizer.decode_continuation`), so
+    ``decode(prompt ids) + text == decode(prompt ids + tokens)``: a SentencePiece tokenizer's
+    leading space of the first new word is kept.
+
     Returns:
-      dict with ``text`` (the continuation), ``tokens`` (int list), ``prompt_tokens``,
-      ``prefill_s``, ``decode_s`` and ``tokens_per_s`` (decode steps per second, excluding the
-      first step's compilation).
+      dict with ``text`` (the continuation), ``tokens`` (int list), ``prompt_ids`` (int list),
+      ``prompt_tokens`` (their number), ``bos_dropped`` (prefix ids dropped from the encoded
+      prompt, 0 if none), ``prefill_s``, ``decode_s`` and ``tokens_per_s`` (decode steps per
+      second, excluding the first step's compilation).
 
     Raises:
       ValueError: see :func:`models.hf_checkpoint.load_checkpoint`, :func:`make_backend`; an
@@ -120,7 +131,12 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
     if opts.temperature < 0:
         raise ValueError(f"--temperature={opts.temperature}: must be >= 0")
     tokenizer = hfc.load_tokenizer(checkpoint)
-    ids = tokenizer.encode(prompt)
+    ids, dropped = tokenizer.encode_prompt(prompt)
+    if dropped:
+        logger.warning("the prompt already begins with the tokenizer's BOS %s; the copy the "
+                       "tokenizer adds was dropped (ids start %s, not %s)",
+                       tokenizer.decode(ids[:dropped], skip_special_tokens=False),
+                       ids[:dropped], ids[:dropped] * 2)
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     mesh = shd.make_mesh(opts.model_parallelism) if opts.model_parallelism > 1 else None
@@ -187,8 +203,9 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
         bar.close()
     steady = len(out) - 1
     tokens_per_s = steady / (t_end - t_steady) if steady > 0 and t_end > t_steady else float("nan")
-    return {"text": tokenizer.decode(out), "tokens": out, "prompt_tokens": p,
-            "prefill_s": prefill_s, "decode_s": t_end - t_first, "tokens_per_s": tokens_per_s}
+    return {"text": tokenizer.decode_continuation(ids, out), "tokens": out, "prompt_ids": ids,
+            "prompt_tokens": p, "bos_dropped": dropped, "prefill_s": prefill_s,
+            "decode_s": t_end - t_first, "tokens_per_s": tokens_per_s}
 
 
 def main() -> None:

