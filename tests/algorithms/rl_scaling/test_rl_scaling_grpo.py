@@ -89,7 +89,7 @@ def _expected_loss_gradient(estimator, old_logits=None):
                               ref_logp[a].reshape(1, 1))
 
     weights = jax.nn.softmax(z) if old is None else jnp.exp(old)
-    grads = jnp.stack([jax.grad(lambda z: loss(z, a)[0])(z) for a in range(4)])
+    grads = jnp.stack([jax.grad(lambda z, a=a: loss(z, a)[0])(z) for a in range(4)])
     kls = jnp.stack([loss(z, a)[1]["kl"] for a in range(4)])
     return np.asarray(weights @ grads), float(weights @ kls)
 
