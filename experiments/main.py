@@ -29,11 +29,12 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 from absl import app, flags, logging
 
 from core import config as cfg_lib
-from core import report
+from core import report, timing
 from experiments import common, registry
 
 _EXPERIMENTS = flags.DEFINE_string(
@@ -71,13 +72,14 @@ def _run_in_process(name: str, variant: str, workdir: str) -> report.Section:
 
 
 class _Watched:
-    """A child process whose stdout/stderr lines are forwarded to ours, with the time of the
-    last line (wall clock, to compare with file modification times)."""
+    """A child process whose stdout/stderr lines are forwarded to ours; ``last_output`` is the
+    ``clock()`` time of its last line (of its start, before the first line)."""
 
-    def __init__(self, cmd: list[str]):
+    def __init__(self, cmd: list[str], clock: Callable[[], float]):
+        self._clock = clock
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, errors="replace", bufsize=1)
-        self.last_output = time.time()
+        self.last_output = clock()
         self.quiet = False  # set after Ctrl-C: the job prints its own one line
         self._pumps = [threading.Thread(target=self._pump, args=(pipe, sink), daemon=True)
                        for pipe, sink in ((self.proc.stdout, "stdout"),
@@ -87,7 +89,7 @@ class _Watched:
 
     def _pump(self, pipe, sink: str) -> None:
         for line in iter(pipe.readline, ""):
-            self.last_output = time.time()
+            self.last_output = self._clock()  # before forwarding: a forwarded line is progress
             if not self.quiet:
                 stream = getattr(sys, sink)
                 stream.write(line)
@@ -111,44 +113,64 @@ class _Watched:
             t.join(timeout=5)
 
 
-def _newest_write(directory: str) -> float:
-    """The newest modification time (wall clock) of any file or folder under ``directory``."""
-    newest = 0.0
+def _files_state(directory: str) -> tuple[int, int, int]:
+    """A fingerprint of everything under ``directory`` (itself included): (newest modification
+    time in ns, number of entries, total bytes). A file created, removed, grown or shrunk changes
+    it, and so does any write in a later tick of the file system's clock. Only a change is used,
+    never the times themselves, so the watcher's clock need not be the file system's."""
+    newest = count = size = 0
     for root, _dirs, files in os.walk(directory):
         for entry in [root, *(os.path.join(root, f) for f in files)]:
             with contextlib.suppress(OSError):
-                newest = max(newest, os.stat(entry).st_mtime)
-    return newest
+                st = os.stat(entry)
+                newest, count, size = max(newest, st.st_mtime_ns), count + 1, size + st.st_size
+    return newest, count, size
 
 
 def watch(cmd: list[str], watch_dir: str, stall_s: float, timeout_s: float | None = None,
-          poll_s: float = 1.0) -> tuple[str, int | None, float]:
+          poll_s: float = 1.0, *, clock: Callable[[], float] = timing.now,
+          sleep: Callable[[float], None] = time.sleep) -> tuple[str, int | None, float]:
     """Runs ``cmd``, forwarding its output, until it exits or stops making progress.
 
-    Progress is an output line (stdout or stderr) or a file written under ``watch_dir``; a
-    process with neither for ``stall_s`` seconds is stopped (SIGTERM, then SIGKILL after 30 s).
+    Progress is an output line (stdout or stderr) or a change to the files under ``watch_dir``
+    (looked for every ``min(10 s, stall_s / 4)``); a process with neither for more than
+    ``stall_s`` seconds, its start-up included, is stopped (SIGTERM, then SIGKILL after 30 s).
     The total time is not limited unless ``timeout_s`` is given. Ctrl-C is passed on to the child
     as SIGINT (so that a checkpoint being saved is committed), and re-raised once it has exited.
+
+    Args:
+      cmd: the child's command line.
+      watch_dir: the folder whose files count as the child's progress (need not exist yet).
+      stall_s: seconds without progress after which the child is stopped as hung.
+      timeout_s: optional cap on the child's total seconds.
+      poll_s: seconds between two checks (the ``sleep`` between them).
+      clock: the time source, monotonic seconds (default :func:`core.timing.now`); every time
+        above is measured on it, so a test can run the watcher on a clock it controls.
+      sleep: waits between two checks; called with ``poll_s``.
 
     Returns:
       ``(outcome, exit code, seconds without progress)``; ``outcome`` is ``"exited"``,
       ``"stalled"`` or ``"timed out"``.
     """
-    child = _Watched(cmd)
-    t0, checked = time.time(), 0.0
+    child = _Watched(cmd, clock)
+    start = scanned = last_write = child.last_output
+    files = _files_state(watch_dir)
+    scan_s = min(10.0, stall_s / 4)
     try:
         while child.proc.poll() is None:
-            time.sleep(poll_s)
-            now = time.time()
-            if timeout_s is not None and now - t0 > timeout_s:
+            sleep(poll_s)
+            now = clock()
+            if now - scanned >= scan_s:
+                scanned, seen = now, _files_state(watch_dir)
+                if seen != files:
+                    files, last_write = seen, now
+            silent = now - max(child.last_output, last_write)
+            if timeout_s is not None and now - start > timeout_s:
                 child.stop()
-                return "timed out", child.proc.returncode, now - child.last_output
-            if now - child.last_output > stall_s and now - checked > min(10.0, stall_s):
-                checked = now
-                last = max(child.last_output, _newest_write(watch_dir))
-                if now - last > stall_s:
-                    child.stop()
-                    return "stalled", child.proc.returncode, now - last
+                return "timed out", child.proc.returncode, silent
+            if silent > stall_s:
+                child.stop()
+                return "stalled", child.proc.returncode, silent
     except KeyboardInterrupt:
         child.quiet = True
         child.stop(signal.SIGINT)
@@ -200,7 +222,7 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
     sections, failed = [], []
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] {name} ({variant}) ...", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
+        stopwatch = timing.Stopwatch().start()
         if isolate:
             section = _run_isolated(name, variant, workdir, stall_s, timeout_s)
         else:
@@ -212,7 +234,7 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
                 section = _failed_section(name, f"{type(e).__name__}: {e}", tb)
         if (section.headline or {}).get("reproduces") == "failed":
             failed.append(name)
-        seconds = time.perf_counter() - t0
+        seconds = stopwatch.seconds
         section.body += f"\n\n_{name} took {seconds:.0f} s._\n"
         print(f"[{i + 1}/{len(names)}] {name} done in {seconds:.0f} s"
               f"{' (FAILED)' if name in failed else ''}", file=sys.stderr, flush=True)
@@ -291,7 +313,7 @@ def main(argv):
     from core.checkpoint import RunDirectoryInUseError
 
     sharding.initialize_distributed(_MULTIHOST.value)
-    t0 = time.perf_counter()
+    stopwatch = timing.Stopwatch().start()
     if _SECTION_OUT.value:  # child of an isolated run: one experiment, section as JSON
         if len(names) != 1:
             common.usage_error("main", "--section_out needs exactly one experiment")
@@ -308,7 +330,7 @@ def main(argv):
                 stall_s=_STALL.value * 60,
                 timeout_s=None if _TIMEOUT.value is None else _TIMEOUT.value * 60)
             path = write_main_report(workdir, _VARIANT.value, names, sections,
-                                     time.perf_counter() - t0)
+                                     stopwatch.seconds)
     except RunDirectoryInUseError as e:
         common.usage_error("main", str(e))
     print(f"report: {os.path.abspath(path)}", file=sys.stderr)
