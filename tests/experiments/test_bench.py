@@ -3,7 +3,6 @@ through ``run_all`` (numbers meaningless; only the structure and the ratios' pre
 
 import importlib
 import re
-import time
 
 import chex
 import jax
@@ -40,18 +39,23 @@ def test_module_exposes_run_and_sizes_and_rejects_unknown_size(name):
 
 
 def test_best_seconds_calls_each_function_warmup_plus_repeats_times_and_keeps_the_minimum():
-    calls = {"slow": 0, "fast": 0}
+    # each function moves a fake clock by its cost, so the times are exact whatever the load
+    now, calls, order = [0.0], {"slow": 0, "fast": 0}, []
 
     def make(name, seconds):
         def fn():
             calls[name] += 1
-            time.sleep(seconds if calls[name] != 4 else 3 * seconds)  # one disturbed call
+            order.append(name)
+            now[0] += seconds if calls[name] != 4 else 3 * seconds  # one disturbed call
             return jnp.zeros(())
         return fn
 
-    t = best_seconds({"slow": make("slow", 0.02), "fast": make("fast", 0.002)}, repeats=3, warmup=2)
+    t = best_seconds({"slow": make("slow", 0.5), "fast": make("fast", 0.125)}, repeats=3,
+                     warmup=2, clock=lambda: now[0])
     assert calls == {"slow": 5, "fast": 5}
-    assert 0.02 <= t["slow"] < 0.05 and 0.002 <= t["fast"] < 0.02
+    assert t == {"slow": 0.5, "fast": 0.125}
+    # the warm-up calls first, then rounds that alternate the order
+    assert order == ["slow", "slow", "fast", "fast", "slow", "fast", "fast", "slow", "slow", "fast"]
     with pytest.raises(ValueError, match="repeats >= 1"):
         best_seconds({"f": lambda: 0}, repeats=0)
 
