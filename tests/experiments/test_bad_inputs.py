@@ -10,6 +10,7 @@ and progress output into a pipe.
 
 import atexit
 import concurrent.futures
+import contextlib
 import os
 import re
 import shutil
@@ -82,11 +83,27 @@ def _default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _wait_until_jax_is_loading(proc, guard_s=120.0):
+    """Waits until ``proc`` has loaded JAX's native library: the entry module's imports are under
+    way, so ``experiments/__init__.py`` has installed its Ctrl-C handler. (A fixed sleep would
+    race the interpreter's start-up on a loaded machine.) Where there is no ``/proc``, waits 0.5 s."""
+    maps = f"/proc/{proc.pid}/maps"
+    if not os.path.exists("/proc/self/maps"):
+        time.sleep(0.5)
+        return
+    deadline = time.monotonic() + guard_s  # a guard against a broken child, not a margin
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError), open(maps) as f:
+            if "jaxlib" in f.read():
+                return
+        time.sleep(0.005)
+
+
 def _interrupted_at_start():
     proc = subprocess.Popen(_cmd("experiments.lm", f"--workdir={SCRATCH}/interrupted"),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_default_sigint)
-    time.sleep(0.5)  # while Python imports JAX
+    _wait_until_jax_is_loading(proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
