@@ -155,25 +155,28 @@ def test_interrupt_while_a_checkpoint_commits_is_delivered_after_it(tmp_path, mo
 
 def test_a_workdir_locked_by_another_process_is_refused(tmp_path):
     ready = tmp_path / "ready"
+    # the holder keeps the lock until it is killed (it reads a stdin that stays open), so the
+    # lock cannot be released before the check however slowly this machine runs
     code = textwrap.dedent(f"""
-        import pathlib, time
+        import pathlib, sys
         from core.checkpoint import run_dir_lock
         with run_dir_lock({str(tmp_path)!r}):
             pathlib.Path({str(ready)!r}).touch()
-            time.sleep(60)
+            sys.stdin.read()
     """)
-    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE)
     try:
-        deadline = time.time() + 60
-        while not ready.exists() and time.time() < deadline and holder.poll() is None:
-            time.sleep(0.1)
-        assert ready.exists()
+        deadline = time.monotonic() + 600  # a guard against a broken holder, not a margin
+        while not ready.exists() and time.monotonic() < deadline and holder.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), f"the lock holder did not start (exit code {holder.poll()})"
         with pytest.raises(RunDirectoryInUseError, match=rf"in use by pid {holder.pid} on host"):
             go(tmp_path, 2)
         assert not (tmp_path / "checkpoints").exists()
     finally:
         holder.kill()
         holder.wait()
+        holder.stdin.close()
     assert go(tmp_path, 2).steps_run == 2  # the OS released the dead holder's lock
 
 
