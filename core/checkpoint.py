@@ -8,9 +8,15 @@ stderr and moved aside to ``<directory>.damaged/`` (never deleted), so that the 
 step number again. Restoring needs an abstract target (shapes, dtypes and shardings) so arrays come
 back exactly as they were saved.
 
+Directories may be local or object-store URLs (``gs://bucket/run``): orbax is given an
+``epath.Path``, and on an object store it marks a finished step with a commit file instead of a
+rename.
+
 One process at a time may write into a run directory: :func:`run_dir_lock` takes a file lock
 (``filelock``) and records the holder's pid and host in a side file, so a second process stops with
-one line naming the holder instead of interleaving its logs and checkpoints with the first's.
+one line naming the holder instead of interleaving its logs and checkpoints with the first's. An
+object store has no file locks: there the lock is an object holding a unique holder id, written,
+read back after a pause, and renewed while held (:func:`run_dir_lock` says how far that goes).
 """
 
 from __future__ import annotations
@@ -19,19 +25,23 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import math
 import os
 import shutil
 import signal
 import socket
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import filelock
 import jax
 import orbax.checkpoint as ocp
-from etils import epath
+
+from core import files
 
 LOCK_FILE = ".lock"
 HOLDER_FILE = ".lock.holder"
@@ -125,14 +135,18 @@ class Checkpointer:
     """A thin wrapper of ``ocp.CheckpointManager`` for ``(state, metadata)`` pairs.
 
     Args:
-      directory: where step folders are written (created if missing; made absolute).
+      directory: where step folders are written (created if missing): a local path (made
+        absolute) or an object-store URL such as ``gs://bucket/run/checkpoints``.
       max_to_keep: how many recent checkpoints to keep.
+
+    Attributes:
+      directory: the directory as a string (absolute path or URL).
     """
 
-    def __init__(self, directory: str, max_to_keep: int = 2):
-        self.directory = os.path.abspath(directory)
+    def __init__(self, directory: str | os.PathLike, max_to_keep: int = 2):
+        self.directory = files.display(directory)
         self._manager = ocp.CheckpointManager(
-            self.directory,
+            files.as_path(self.directory),
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
         )
 
@@ -177,7 +191,7 @@ class Checkpointer:
         """
         handler = ocp.StandardCheckpointHandler()
         try:
-            tree = handler.metadata(epath.Path(self.directory) / str(step) / "state")
+            tree = handler.metadata(files.as_path(self.directory) / str(step) / "state")
         finally:
             handler.close()
         if tree is None:
@@ -249,14 +263,17 @@ class Checkpointer:
 
     def _set_aside(self, step: int) -> str:
         """Moves step folder ``step`` to ``<directory>.damaged/<step>[-<n>]``; returns the path."""
-        parent = f"{self.directory}.damaged"
-        os.makedirs(parent, exist_ok=True)
-        dest, n = os.path.join(parent, str(step)), 1
-        while os.path.exists(dest):
-            dest, n = os.path.join(parent, f"{step}-{n}"), n + 1
-        shutil.move(os.path.join(self.directory, str(step)), dest)
+        parent = files.makedirs(f"{self.directory}.damaged")
+        dest, n = parent / str(step), 1
+        while dest.exists():
+            dest, n = parent / f"{step}-{n}", n + 1
+        source = files.as_path(self.directory) / str(step)
+        if files.is_local(self.directory):
+            shutil.move(os.fspath(source), os.fspath(dest))
+        else:  # an object store: a copy of every object, then the originals removed
+            source.rename(dest)
         self._manager.reload()
-        return dest
+        return files.join(os.fspath(parent), dest.name)
 
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Restores ``(state, metadata)`` at ``step``, or by default the newest step that
@@ -299,63 +316,175 @@ class Checkpointer:
 # ------------------------------------------------------------------------------------------------
 # The run-directory lock.
 
-_HELD: dict[str, list] = {}  # real path -> [FileLock, depth]: re-entrant within this process
+_HELD: dict[str, list] = {}  # real path or URL -> [lock, depth]: re-entrant within this process
+
+# The object-store lock (see run_dir_lock): seconds between writing the lock object and reading it
+# back, between two renewals, and without renewal after which a lock is taken as abandoned.
+REMOTE_SETTLE_S = 2.0
+REMOTE_RENEW_S = 60.0
+REMOTE_STALE_S = 600.0
+
+
+def _describe(h: dict[str, Any]) -> str:
+    return (f"pid {h['pid']} on host {h['host']} since {h['since']}"
+            + (f" ({h['command']})" if h.get("command") else ""))
+
+
+def _holder_record() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "since": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv)[:300]}
 
 
 def lock_holder(directory: str) -> str:
     """A description of the process recorded as holding ``directory``'s lock ("pid 123 on host
     h since <time>: <command>"), or ``"an unknown process"`` when nothing readable is recorded."""
+    name = HOLDER_FILE if files.is_local(directory) else LOCK_FILE
     try:
-        with open(os.path.join(directory, HOLDER_FILE)) as f:
-            h = json.load(f)
-        return (f"pid {h['pid']} on host {h['host']} since {h['since']}"
-                + (f" ({h['command']})" if h.get("command") else ""))
+        return _describe(json.loads(files.read_text(files.join(directory, name))))
     except (OSError, ValueError, KeyError, TypeError):
         return "an unknown process"
 
 
 @contextlib.contextmanager
-def run_dir_lock(directory: str) -> Iterator[None]:
+def run_dir_lock(directory: str | os.PathLike) -> Iterator[None]:
     """Holds an exclusive lock on the run directory ``directory`` (created if missing).
 
-    The lock is ``<directory>/.lock`` (``filelock``; released by the OS if the process dies), and
-    ``<directory>/.lock.holder`` records the holder's pid, host, start time and command line for
-    the error message of a second process. Re-entrant within one process. Object-store paths
-    (``gs://...``) are not locked.
+    On a local file system the lock is ``<directory>/.lock`` (``filelock``; released by the OS if
+    the process dies), and ``<directory>/.lock.holder`` records the holder's pid, host, start time
+    and command line for the error message of a second process.
+
+    On an object store (``gs://...``), which has no locks, ``<directory>/.lock`` is an object
+    recording a random holder id with the pid, host and command. It is taken when absent or
+    abandoned: written, then read back after ``REMOTE_SETTLE_S`` seconds, and kept only if it
+    still holds this process's id (of two processes that wrote it together, the later writer
+    keeps it and the other stops). While held, a thread renews it every ``REMOTE_RENEW_S``
+    seconds; one not renewed for ``REMOTE_STALE_S`` seconds (by the wall clocks of the hosts
+    involved) is abandoned (its holder was killed) and is taken over with a warning; on exit it is
+    removed. This lock is advisory: it stops a second run started by mistake, but two processes
+    whose writes are more than ``REMOTE_SETTLE_S`` apart in the store yet cross each other's
+    reads are not excluded, and a holder whose renewals stop for ``REMOTE_STALE_S`` loses it.
+
+    Re-entrant within one process.
 
     Raises:
       RunDirectoryInUseError: another process holds the lock (one line naming it).
     """
-    if "://" in directory:
-        yield
-        return
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.realpath(directory)
-    if path in _HELD:
-        _HELD[path][1] += 1
+    text = os.fspath(directory)
+    local = files.is_local(text)
+    if local:
+        os.makedirs(files.as_path(text), exist_ok=True)
+        key = os.path.realpath(files.as_path(text))
+    else:
+        key = text.rstrip("/")
+    if key in _HELD:
+        _HELD[key][1] += 1
         try:
             yield
         finally:
-            _HELD[path][1] -= 1
+            _HELD[key][1] -= 1
         return
-    lock = filelock.FileLock(os.path.join(path, LOCK_FILE), timeout=0)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        raise RunDirectoryInUseError(
-            f"{directory} is in use by {lock_holder(path)}; wait for it to finish or use another "
-            "--workdir") from None
-    holder = os.path.join(path, HOLDER_FILE)
-    record = {"pid": os.getpid(), "host": socket.gethostname(),
-              "since": datetime.datetime.now().isoformat(timespec="seconds"),
-              "command": " ".join(sys.argv)[:300]}
-    with open(holder, "w") as f:
-        json.dump(record, f)
-    _HELD[path] = [lock, 1]
+    lock = _LocalLock(key, text) if local else _ObjectLock(key)
+    lock.acquire()
+    _HELD[key] = [lock, 1]
     try:
         yield
     finally:
-        del _HELD[path]
-        with contextlib.suppress(OSError):
-            os.remove(holder)
+        del _HELD[key]
         lock.release()
+
+
+class _LocalLock:
+    """``filelock`` on ``<path>/.lock`` plus the holder record in ``<path>/.lock.holder``."""
+
+    def __init__(self, path: str, shown: str):
+        self.path, self.shown = path, shown
+        self._lock = filelock.FileLock(os.path.join(path, LOCK_FILE), timeout=0)
+
+    def acquire(self) -> None:
+        try:
+            self._lock.acquire()
+        except filelock.Timeout:
+            raise RunDirectoryInUseError(
+                f"{self.shown} is in use by {lock_holder(self.path)}; wait for it to finish or use "
+                "another --workdir") from None
+        with open(os.path.join(self.path, HOLDER_FILE), "w") as f:
+            json.dump(_holder_record(), f)
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(self.path, HOLDER_FILE))
+        self._lock.release()
+
+
+class _ObjectLock:
+    """The object-store lock of :func:`run_dir_lock`: ``<url>/.lock`` with a holder id, renewed by a
+    daemon thread."""
+
+    def __init__(self, url: str, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.url, self.path = url, files.join(url, LOCK_FILE)
+        self._clock, self._sleep = clock, sleep
+        self.record = {**_holder_record(), "id": uuid.uuid4().hex}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            record = json.loads(files.read_text(self.path))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # unreadable (not JSON): no renewal time, so taken as abandoned
+        return record if isinstance(record, dict) else {}
+
+    def _write(self) -> None:
+        files.write_text(self.path, json.dumps({**self.record, "renewed": self._clock()}))
+
+    def _refuse(self, found: dict[str, Any]) -> RunDirectoryInUseError:
+        try:
+            who = _describe(found)
+        except KeyError:
+            who = "an unknown process"
+        return RunDirectoryInUseError(
+            f"{self.url} is in use by {who}; wait for it to finish or use another --workdir (if "
+            f"that process is gone, delete {self.path}, or wait {REMOTE_STALE_S:.0f} s after its "
+            "last renewal)")
+
+    def acquire(self) -> None:
+        found = self._read()
+        if found is not None:
+            renewed = found.get("renewed")
+            age = self._clock() - renewed if isinstance(renewed, (int, float)) else math.inf
+            if age < REMOTE_STALE_S:
+                raise self._refuse(found)
+            when = "no renewal recorded" if math.isinf(age) else f"last renewed {age:.0f} s ago"
+            _warn(f"{self.url}: taking over an abandoned run lock ({lock_holder(self.url)}; {when})")
+        self._write()
+        self._sleep(REMOTE_SETTLE_S)
+        now = self._read()
+        if now is None or now.get("id") != self.record["id"]:
+            raise self._refuse(now or {})
+        self._thread = threading.Thread(target=self._renew, daemon=True, name="run-dir-lock")
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(REMOTE_RENEW_S):
+            try:
+                found = self._read()
+                if found is None or found.get("id") != self.record["id"]:
+                    _warn(f"{self.url}: the run lock was taken by "
+                          f"{lock_holder(self.url)}; this run no longer holds it")
+                    return
+                self._write()
+            except Exception as e:  # noqa: BLE001 - a failed renewal is retried at the next tick
+                _warn(f"{self.url}: could not renew the run lock ({_first_line(e)})")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with contextlib.suppress(Exception):
+            found = self._read()
+            if found is not None and found.get("id") == self.record["id"]:
+                files.remove(self.path)

@@ -2,15 +2,18 @@
 
 Each experiment writes ``<workdir>/<experiment>/metrics.json``, its plots as PNG in the same
 folder, and returns a :class:`Section` that ``experiments.main`` assembles into
-``<workdir>/report.md``.
+``<workdir>/report.md``. Every path may be local or an object-store URL (``gs://bucket/run/...``):
+all files are written through :mod:`core.files` (``etils.epath``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
+import posixpath
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +24,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+from core import files  # noqa: E402
 
 
 def _jsonable(x: Any) -> Any:
@@ -36,26 +41,42 @@ def _jsonable(x: Any) -> Any:
 
 
 def write_json(path: str, obj: Any) -> str:
-    """Writes ``obj`` as indented JSON atomically (temporary file, then rename). Returns ``path``."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(_jsonable(obj), f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    """Writes ``obj`` as indented JSON, whole or not at all (:func:`core.files.write_text`: a
+    temporary file renamed over ``path``, or one object upload). Returns ``path``."""
+    return files.write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=True) + "\n")
 
 
 class JsonLinesWriter:
-    """Appends one JSON object per line (metrics streams such as per-step training logs)."""
+    """Appends one JSON object per line (metrics streams such as per-step training logs).
+
+    Locally each record is appended to the file. An object store has no append: there the writer
+    keeps the file's lines (those already in the object, read at the first write, and its own)
+    and uploads the whole object again at each :meth:`write`, so a record costs the size of the
+    file so far.
+
+    Args:
+      path: the file, a local path or a URL (``gs://...``); its folder is created.
+    """
 
     def __init__(self, path: str):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self.path = path
+        self.path = os.fspath(path)
+        self._local = files.is_local(self.path)
+        files.makedirs(files.as_path(self.path).parent)
+        self._lines: list[str] | None = None  # an object store's current content, once read
 
     def write(self, record: Mapping[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(_jsonable(dict(record)), sort_keys=True) + "\n")
+        line = json.dumps(_jsonable(dict(record)), sort_keys=True) + "\n"
+        if self._local:
+            with open(files.as_path(self.path), "a") as f:
+                f.write(line)
+            return
+        if self._lines is None:
+            try:
+                self._lines = files.read_text(self.path).splitlines(keepends=True)
+            except FileNotFoundError:
+                self._lines = []
+        self._lines.append(line)
+        files.write_text(self.path, "".join(self._lines))
 
     def truncate(self, keep: Callable[[dict[str, Any]], bool]) -> int:
         """Rewrites the file (atomically) with only the records for which ``keep`` is true, in
@@ -68,16 +89,14 @@ class JsonLinesWriter:
         Raises:
           ValueError: a line other than the last is not JSON (names the file and line).
         """
-        if not os.path.exists(self.path):
+        try:
+            lines = files.read_text(self.path).splitlines()
+        except FileNotFoundError:
             return 0
-        with open(self.path) as f:
-            lines = f.read().splitlines()
         records = _parse_json_lines(self.path, lines)
-        kept = [r for r in records if keep(r)]
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in kept)
-        os.replace(tmp, self.path)
+        kept = [json.dumps(r, sort_keys=True) + "\n" for r in records if keep(r)]
+        files.write_text(self.path, "".join(kept))
+        self._lines = None if self._local else kept
         return sum(1 for line in lines if line.strip()) - len(kept)
 
 
@@ -105,17 +124,17 @@ def read_json_lines(path: str) -> list[dict[str, Any]]:
       FileNotFoundError: no such file.
       ValueError: a line other than the last is not JSON (the message names the file and line).
     """
-    with open(path) as f:
-        return _parse_json_lines(path, f.read().splitlines())
+    return _parse_json_lines(path, files.read_text(path).splitlines())
 
 
 def save_figure(fig: plt.Figure, path: str) -> str:
-    """Saves ``fig`` as PNG at ``path`` (dpi 120), closes it, and returns ``path``."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    """Saves ``fig`` as PNG at ``path`` (dpi 120; a local path or a URL), closes it, and returns
+    ``path``."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
-    return path
+    return files.write_bytes(path, buffer.getvalue())
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = ".4g") -> str:
@@ -138,10 +157,10 @@ class Section:
     Attributes:
       title: the section heading.
       body: markdown text (tables, numbers, commands).
-      figures: PNG paths, absolute or relative to the current working directory (as
-        :func:`save_figure` returns them); made absolute on construction, so that a section sent
-        through JSON from another process still finds them, and written into the report relative
-        to the report's own folder.
+      figures: PNG paths or URLs, local ones absolute or relative to the current working
+        directory (as :func:`save_figure` returns them); local ones are made absolute on
+        construction, so that a section sent through JSON from another process still finds them,
+        and all are written into the report relative to the report's own folder.
       headline: one row for the report's opening table, keys ``method``, ``claim``, ``ours``,
         ``reproduces`` (``"yes"``, ``"no"``, ``"partly"``, ``"failed"``) — optional.
     """
@@ -152,15 +171,15 @@ class Section:
     headline: dict[str, str] | None = None
 
     def __post_init__(self):
-        self.figures = [os.path.abspath(f) for f in self.figures]
+        self.figures = [files.display(f) for f in self.figures]
 
     def to_markdown(self, report_dir: str) -> str:
         """The section as markdown; image links are relative to ``report_dir`` (the folder of the
         report file), so they resolve wherever the report and its folder are opened from."""
         parts = [f"## {self.title}", "", self.body.strip(), ""]
         for fig in self.figures:
-            rel = os.path.relpath(fig, os.path.abspath(report_dir)).replace(os.sep, "/")
-            parts += [f"![{os.path.basename(fig)}]({rel})", ""]
+            parts += [f"![{posixpath.basename(fig.replace(os.sep, '/'))}]"
+                      f"({files.relative(fig, report_dir)})", ""]
         return "\n".join(parts)
 
 
@@ -169,7 +188,7 @@ def write_report(path: str, title: str, sections: Sequence[Section], preamble: s
     """Writes ``report.md``: a headline table (method, claim, ours, reproduces), then sections.
 
     Args:
-      path: the report file; its folder is created.
+      path: the report file (a local path or a URL); its folder is created.
       title: the level-1 heading.
       sections: the sections, in order; those with a ``headline`` give the table's rows.
       preamble: markdown placed under the title.
@@ -181,7 +200,7 @@ def write_report(path: str, title: str, sections: Sequence[Section], preamble: s
     Returns:
       ``path``.
     """
-    report_dir = os.path.dirname(os.path.abspath(path))
+    report_dir = files.parent(path)
     rows = []
     for s in sections:
         if not s.headline:
@@ -200,12 +219,7 @@ def write_report(path: str, title: str, sections: Sequence[Section], preamble: s
     if rows:
         parts += [markdown_table(["method", "paper's claim", "ours", "reproduces"], rows), ""]
     parts += [s.to_markdown(report_dir) for s in sections]
-    os.makedirs(report_dir, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(parts))
-    os.replace(tmp, path)
-    return path
+    return files.write_text(path, "\n".join(parts))
 
 
 # -- the headline claim: a typed record whose thresholds live in the experiment's config ----------
@@ -363,7 +377,7 @@ def finish(out_dir: str, *, title: str, metrics: Mapping[str, Any], body: str,
         headline = claim.headline(metrics)
         metrics["claim"] = {"statement": claim.statement, "verdict": headline["reproduces"],
                             "checks": dict(zip(claim.checks, claim.outcomes(metrics)))}
-    write_json(os.path.join(out_dir, "metrics.json"), metrics)
-    paths = [save_figure(fig, os.path.join(out_dir, f"{name}.png"))
+    write_json(files.join(out_dir, "metrics.json"), metrics)
+    paths = [save_figure(fig, files.join(out_dir, f"{name}.png"))
              for name, fig in (figures or {}).items()]
     return Section(title=title, body=body, figures=paths, headline=headline)

@@ -17,13 +17,14 @@ from typing import Any, NoReturn
 import ml_collections
 
 from core import config as cfg_lib
-from core import report
+from core import files, report
 
 
 def experiment_dir(workdir: str, name: str) -> str:
-    """``<workdir>/<name>``, created if missing."""
-    path = os.path.join(workdir, name)
-    os.makedirs(path, exist_ok=True)
+    """``<workdir>/<name>``, created if missing (``workdir`` a local path or a URL such as
+    ``gs://bucket/run``; the result is the same kind)."""
+    path = files.join(workdir, name)
+    files.makedirs(path)
     return path
 
 
@@ -32,7 +33,10 @@ def check_workdir(workdir: str, names: Sequence[str] = ()) -> str:
 
     ``workdir`` is created if missing; it and any existing ``<workdir>/<name>`` must be writable
     directories (a file is written and removed in each to make sure, since permission bits do
-    not tell for every user or file system). Object-store paths (``gs://...``) are not checked.
+    not tell for every user or file system). For an object-store URL (``gs://bucket/run``) a
+    probe object is written, read back and removed under ``workdir``, so that a missing client
+    library (``gcsfs``: the ``gcs`` extra), missing credentials or a bucket that does not exist
+    are reported here rather than after the first experiment's work.
 
     Returns:
       ``workdir``.
@@ -43,9 +47,12 @@ def check_workdir(workdir: str, names: Sequence[str] = ()) -> str:
     """
     if not workdir:
         raise ValueError("--workdir is empty; expected a directory path")
-    if "://" in workdir:
-        return workdir
     where = f"--workdir={workdir}"
+    if files.scheme(workdir) == "file":
+        workdir = files.display(workdir)
+    if not files.is_local(workdir):
+        _check_remote_workdir(workdir, where)
+        return workdir
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ValueError(f"{where}: it is a file, not a directory")
     try:
@@ -65,6 +72,22 @@ def check_workdir(workdir: str, names: Sequence[str] = ()) -> str:
             raise ValueError(f"{where}: cannot write in {path} "
                              f"({e.strerror or type(e).__name__})") from None
     return workdir
+
+
+def _check_remote_workdir(workdir: str, where: str) -> None:
+    probe = files.join(workdir, f".write-check-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        files.write_text(probe, "probe\n")
+        if files.read_text(probe) != "probe\n":
+            raise OSError("a probe object written there read back different")
+        files.remove(probe)
+    except ImportError as e:
+        raise ValueError(f"{where}: no client library for {files.scheme(workdir)}:// paths "
+                         f"({str(e).strip().splitlines()[0]}); for gs:// install the gcs extra: "
+                         "pip install -e '.[gcs]'") from None
+    except Exception as e:  # noqa: BLE001 - any failure of the store: credentials, bucket, network
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{where}: cannot write there ({type(e).__name__}: {reason})") from None
 
 
 def _os_reason(error: OSError) -> str:
@@ -406,7 +429,7 @@ def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.
     from core.checkpoint import RunDirectoryInUseError
 
     plain_output_if_not_tty()
-    default_spec = f"experiments/configs/{name}.py:tiny"
+    default_spec = f"{default_config_path(name)}:tiny"
     # config_flags builds one flag per --config.<field> while parsing and fails on an unknown field
     # with a traceback (when --config is absent, already at definition), so check fields first.
     try:
@@ -450,7 +473,7 @@ def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.
 
         sharding.initialize_distributed(multihost.value)
         try:
-            with lock_workdir(os.path.join(workdir, name)):
+            with lock_workdir(files.join(workdir, name)):
                 section = run(config_flag.value, workdir)
         except (ValueError, FileNotFoundError, RunDirectoryInUseError) as e:
             # bad input: one clear line, no traceback
@@ -461,14 +484,24 @@ def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.
             return 2
         # <workdir>/<name>/report.md, so runs of several experiments into one workdir coexist.
         variant = config_flag.value.get("variant", "")
-        path = report.write_report(os.path.join(workdir, name, "report.md"),
+        path = report.write_report(files.join(workdir, name, "report.md"),
                                    f"Report: {name} ({variant})", [section],
                                    no_verdict=variant if variant in cfg_lib.NO_VERDICT_VARIANTS
                                    else None)
-        print(f"report: {os.path.abspath(path)}", file=sys.stderr)
+        print(f"report: {files.display(path)}", file=sys.stderr)
         return 0
 
     app.run(main, flags_parser=parse_flags_or_exit(name, config_listing))
+
+
+def default_config_path(name: str) -> str:
+    """The config file of experiment ``name``: ``experiments/configs/<name>.py`` when run from the
+    repository root (as the docs write it), else that file inside the installed package, so that
+    an entry point started from another folder still finds its default config."""
+    relative = f"experiments/configs/{name}.py"
+    if os.path.isfile(relative):
+        return relative
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", f"{name}.py")
 
 
 def lock_workdir(directory: str):

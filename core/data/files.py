@@ -3,7 +3,8 @@
 Every reader of user-supplied files (time series, judgement files, prompt and text files) goes
 through :func:`read_text`, so a directory, an unreadable or missing file, a corrupt or mislabelled
 gzip file and text that is not UTF-8 all give one ``ValueError`` (or ``FileNotFoundError``) naming
-the file, and for a decoding error its line, before any other work.
+the file, and for a decoding error its line, before any other work. A path may be local or an
+object-store URL (``gs://bucket/data.csv``; read through :mod:`core.files`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
+
+from core import files
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -22,13 +25,26 @@ def check_file(path: str, what: str = "data file") -> str:
       FileNotFoundError: nothing at ``path``.
       ValueError: ``path`` is a directory (or another non-file), or it cannot be read.
     """
-    if not os.path.exists(path):
+    if not files.is_local(path):
+        p = files.as_path(path)
+        try:
+            found, folder = p.exists(), p.is_dir()
+        except ImportError as e:
+            raise ValueError(f"{what} {path!r}: no client library for {files.scheme(path)}:// "
+                             f"paths ({str(e).strip().splitlines()[0]})") from None
+        if not found:
+            raise FileNotFoundError(f"{what} {path!r} does not exist")
+        if folder:
+            raise ValueError(f"{what} {path!r} is a directory; expected a file")
+        return path
+    local = files.display(path)
+    if not os.path.exists(local):
         raise FileNotFoundError(f"{what} {path!r} does not exist")
-    if os.path.isdir(path):
+    if os.path.isdir(local):
         raise ValueError(f"{what} {path!r} is a directory; expected a file")
-    if not os.path.isfile(path):
+    if not os.path.isfile(local):
         raise ValueError(f"{what} {path!r} is not a regular file")
-    if not os.access(path, os.R_OK):
+    if not os.access(local, os.R_OK):
         raise ValueError(f"{what} {path!r} is not readable (permission denied)")
     return path
 
@@ -43,8 +59,7 @@ def read_bytes(path: str, what: str = "data file") -> bytes:
     """
     check_file(path, what)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = files.as_path(path).read_bytes()
     except OSError as e:
         raise ValueError(f"{what} {path!r} cannot be read ({e.strerror or e})") from None
     if raw[:2] == GZIP_MAGIC:

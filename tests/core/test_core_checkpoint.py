@@ -7,6 +7,7 @@ it (moved aside, not deleted).
 """
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ from core.checkpoint import (
     defer_interrupts,
     run_dir_lock,
 )
+from tests.core.fake_bucket import fake_gcs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -185,3 +187,84 @@ def test_lock_holder_without_a_readable_record(tmp_path):
     assert ckpt_lib.lock_holder(str(tmp_path)) == "an unknown process"
     (tmp_path / ckpt_lib.HOLDER_FILE).write_text('{"pid": 12, "host": "h", "since": "t"}')
     assert ckpt_lib.lock_holder(str(tmp_path)) == "pid 12 on host h since t"
+
+
+# -- a run directory in a bucket (gs://, served from a local folder by tests.core.fake_bucket) ---
+
+
+def test_checkpoints_in_a_bucket_save_restore_and_set_aside_damage(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with fake_gcs(tmp_path / "store"):
+        directory = "gs://b/run/checkpoints"
+        ck = Checkpointer(directory, max_to_keep=5)
+        for s in (2, 4):
+            ck.save(s, _state(s), {"step": s, "data_position": 10 * s})
+        ck.close()
+        step4 = tmp_path / "store" / "b" / "run" / "checkpoints" / "4"
+        assert (step4 / "commit_success.txt").exists()  # orbax's commit marker on a bucket
+        shutil.rmtree(step4 / "metadata")
+        ck = Checkpointer(directory)
+        assert ck.directory == directory
+        found = ck.restore_newest(_state(0))
+        ck.close()
+    assert found.step == 2 and found.metadata == {"step": 2, "data_position": 20}
+    jax.tree.map(np.testing.assert_array_equal, found.state, _state(2))
+    assert (tmp_path / "store" / "b" / "run" / "checkpoints.damaged" / "4").is_dir()
+    assert not step4.exists() and not (tmp_path / "gs:").exists()
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_bucket_lock_excludes_a_second_holder_and_names_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(ckpt_lib, "REMOTE_SETTLE_S", 0.0)
+    with fake_gcs(tmp_path):
+        with run_dir_lock("gs://b/run"):
+            with run_dir_lock("gs://b/run/"):  # re-entrant in the holding process
+                pass
+            record = json.loads((tmp_path / "b" / "run" / ckpt_lib.LOCK_FILE).read_text())
+            assert record["pid"] == os.getpid() and len(record["id"]) == 32
+            other = ckpt_lib._ObjectLock("gs://b/run")  # another process: another holder id
+            with pytest.raises(ckpt_lib.RunDirectoryInUseError,
+                               match=rf"gs://b/run is in use by pid {os.getpid()} on host "):
+                other.acquire()
+        assert not (tmp_path / "b" / "run" / ckpt_lib.LOCK_FILE).exists()  # released: removed
+        other.acquire()  # and free for the next run
+        other.release()
+
+
+def test_bucket_lock_of_two_simultaneous_writers_goes_to_the_later_one(tmp_path, monkeypatch):
+    clock = _Clock()
+    with fake_gcs(tmp_path):
+        late = ckpt_lib._ObjectLock("gs://b/run", clock=clock, sleep=lambda s: None)
+        # the other writer's object lands while this one waits to read its own back
+        early = ckpt_lib._ObjectLock("gs://b/run", clock=clock, sleep=lambda s: late._write())
+        with pytest.raises(ckpt_lib.RunDirectoryInUseError, match="is in use by pid"):
+            early.acquire()
+        found = json.loads((tmp_path / "b" / "run" / ckpt_lib.LOCK_FILE).read_text())
+        assert found["id"] == late.record["id"]  # the refused writer left the winner's object
+        early.release()
+        assert (tmp_path / "b" / "run" / ckpt_lib.LOCK_FILE).exists()
+
+
+def test_bucket_lock_not_renewed_is_taken_over_with_a_warning(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(ckpt_lib, "REMOTE_SETTLE_S", 0.0)
+    clock = _Clock()
+    with fake_gcs(tmp_path):
+        gone = ckpt_lib._ObjectLock("gs://b/run", clock=clock, sleep=lambda s: None)
+        gone._write()  # a holder that was killed: its object stays
+        clock.t += ckpt_lib.REMOTE_STALE_S - 1
+        with pytest.raises(ckpt_lib.RunDirectoryInUseError):
+            ckpt_lib._ObjectLock("gs://b/run", clock=clock, sleep=lambda s: None).acquire()
+        clock.t += 2
+        new = ckpt_lib._ObjectLock("gs://b/run", clock=clock, sleep=lambda s: None)
+        new.acquire()
+        assert "taking over an abandoned run lock" in capfd.readouterr().err
+        found = json.loads((tmp_path / "b" / "run" / ckpt_lib.LOCK_FILE).read_text())
+        assert found["id"] == new.record["id"] and found["renewed"] == clock.t
+        new.release()

@@ -1,10 +1,17 @@
-"""core.data.files: every way of failing to read a data file is one error naming the file."""
+"""core.data.files: every way of failing to read a data file is one error naming the file;
+core.files: reports, metrics and plots written under a gs:// workdir land in the bucket."""
 
 import gzip
+import json
+import os
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 
+from core import files, report
 from core.data.files import read_bytes, read_text
+from tests.core.fake_bucket import fake_gcs
 
 
 def test_plain_gzip_and_bom_text(tmp_path):
@@ -32,3 +39,66 @@ def test_each_failure_is_one_error_naming_the_file(tmp_path):
     (tmp_path / "latin.txt").write_bytes(b"ok line\nsecond \xff line\n")
     with pytest.raises(ValueError, match=r"latin.txt', line 2, column 8: not UTF-8 text \(byte 0xff\)"):
         read_text(str(tmp_path / "latin.txt"))
+
+
+# -- core.files: output paths that may be object-store URLs ------------------------------------
+
+def test_path_helpers_keep_urls_and_make_local_paths_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert files.join("gs://b/run", "lm", "report.md") == "gs://b/run/lm/report.md"
+    assert files.display("gs://b/run") == "gs://b/run"
+    assert files.display("run") == os.path.join(str(tmp_path), "run")
+    assert files.display("file:///x/y") == "/x/y"
+    assert files.parent("gs://b/run/report.md") == "gs://b/run"
+    assert files.parent("run/report.md") == os.path.join(str(tmp_path), "run")
+    assert files.relative("gs://b/run/lm/loss.png", "gs://b/run") == "lm/loss.png"
+    assert files.relative("gs://b/run/loss.png", "gs://b/run/lm") == "../loss.png"
+    assert files.relative("gs://other/loss.png", "gs://b/run") == "gs://other/loss.png"
+    assert files.relative("run/lm/loss.png", "run") == "lm/loss.png"
+    assert files.relative("gs://b/x.png", "run") == "gs://b/x.png"
+    assert (files.scheme("GS://b/x"), files.scheme("/a/b"), files.scheme("a://")) == ("gs", None, "a")
+    assert files.is_local("file:///x") and files.is_local("x/y") and not files.is_local("s3://b/k")
+
+
+def test_reports_metrics_and_plots_are_written_into_the_bucket(tmp_path, monkeypatch):
+    """Every writer of core.report under a gs:// folder: the objects land in the bucket, the
+    report's image link is relative to the report, and nothing appears locally under 'gs:'."""
+    bucket, cwd = tmp_path / "store", tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    with fake_gcs(bucket):
+        out = "gs://b/run/exp"
+        report.write_json(files.join(out, "m.json"), {"x": np.float32(1.5), "nan": float("nan")})
+        writer = report.JsonLinesWriter(files.join(out, "log.jsonl"))
+        for step in (1, 2, 3):
+            writer.write({"step": step, "loss": 1.0 / step})
+        # a second writer (a resumed run) keeps what the object holds and drops steps after 2
+        again = report.JsonLinesWriter(files.join(out, "log.jsonl"))
+        assert again.truncate(lambda r: r["step"] <= 2) == 1
+        again.write({"step": 3, "loss": 0.25})
+        records = report.read_json_lines(files.join(out, "log.jsonl"))
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        png = report.save_figure(fig, files.join(out, "loss.png"))
+        section = report.Section("exp", "body", figures=[png], headline=None)
+        report.write_report("gs://b/run/report.md", "T", [section])
+    assert png == "gs://b/run/exp/loss.png" and section.figures == [png]
+    assert [r["step"] for r in records] == [1, 2, 3] and records[-1]["loss"] == 0.25
+    local = bucket / "b" / "run"
+    assert json.loads((local / "exp" / "m.json").read_text()) == {"nan": "nan", "x": 1.5}
+    assert (local / "exp" / "log.jsonl").read_text().count("\n") == 3
+    assert (local / "exp" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![loss.png](exp/loss.png)" in (local / "report.md").read_text()
+    assert sorted(p.name for p in (local / "exp").iterdir()) == ["log.jsonl", "loss.png", "m.json"]
+    assert list(cwd.iterdir()) == []  # no local 'gs:' folder, no temporary files
+
+
+def test_data_files_are_read_from_a_bucket(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "t.csv.gz").write_bytes(gzip.compress(b"x\n7\n"))
+    with fake_gcs(tmp_path):
+        assert read_text("gs://b/t.csv.gz") == "x\n7\n"
+        with pytest.raises(FileNotFoundError, match="'gs://b/missing.csv' does not exist"):
+            read_text("gs://b/missing.csv", "series")
+        with pytest.raises(ValueError, match="'gs://b' is a directory"):
+            read_text("gs://b", "series")
