@@ -26,7 +26,6 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -44,6 +43,7 @@ from core.checkpoint import (
     run_dir_lock,
 )
 from core.report import JsonLinesWriter
+from core.timing import Stopwatch
 
 PyTree = Any
 StepFn = Callable[[PyTree, PyTree, jax.Array], tuple[PyTree, dict[str, jax.Array]]]
@@ -462,7 +462,7 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
 
     bar = tqdm(total=config.num_steps, initial=start, desc=config.desc, mininterval=2.0,
                disable=not config.progress, leave=False)
-    t0 = time.perf_counter()
+    stopwatch = Stopwatch().start()
     step_reached = start
     try:
         for i in range(start, end):
@@ -509,5 +509,5 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
         if ckpt is not None:
             ckpt.close()
     jax.block_until_ready(state)
-    return LoopResult(state, history, end - start, time.perf_counter() - t0, resumed, stopped_at,
+    return LoopResult(state, history, end - start, stopwatch.seconds, resumed, stopped_at,
                       evals, best, tracker["best_step"], tracker["best_value"])

@@ -26,13 +26,13 @@ import logging
 import math
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from core import sharding as shd
+from core import timing
 from models import hf_checkpoint as hfc
 from models import kv_cache as kvc
 from models import llama
@@ -175,10 +175,9 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
         logits, cache = nnx.merge(ck.graphdef, params).decode(tok[:, None], cache, pos, backend)
         return tok, logits[:, 0], cache
 
-    t0 = time.perf_counter()
-    last, cache = prefill(ck.params, prompt_arr)
-    last.block_until_ready()
-    prefill_s = time.perf_counter() - t0
+    with timing.Stopwatch() as prefill_timer:
+        last, cache = prefill(ck.params, prompt_arr)
+        last.block_until_ready()
     keys = jax.random.split(jax.random.key(opts.seed), n)
     eos = set(tokenizer.eos_ids) if opts.stop_at_eos else set()
     out: list[int] = []
@@ -186,26 +185,27 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
     if opts.progress:
         from tqdm import tqdm
         bar = tqdm(total=n, unit="tok", desc=f"generate ({opts.kv_cache})", file=sys.stderr)
-    t_first = time.perf_counter()
-    t_steady = None
+    decode_timer = timing.Stopwatch().start()
+    steady_from = None  # seconds into the decode loop when its first step has finished
     for i in range(n):
         tok, last, cache = step(ck.params, cache, last, jnp.full((1,), p + i, jnp.int32), keys[i])
         token = int(tok[0])
         if i == 0:
-            t_steady = time.perf_counter()  # the first step includes compilation
+            steady_from = decode_timer.seconds  # the first step includes compilation
         out.append(token)
         if bar is not None:
             bar.update(1)
         if token in eos:
             break
-    t_end = time.perf_counter()
+    decode_s = decode_timer.seconds
     if bar is not None:
         bar.close()
     steady = len(out) - 1
-    tokens_per_s = steady / (t_end - t_steady) if steady > 0 and t_end > t_steady else float("nan")
+    steady_s = decode_s - steady_from if steady > 0 else 0.0
+    tokens_per_s = steady / steady_s if steady_s > 0 else float("nan")
     return {"text": tokenizer.decode_continuation(ids, out), "tokens": out, "prompt_ids": ids,
-            "prompt_tokens": p, "bos_dropped": dropped, "prefill_s": prefill_s,
-            "decode_s": t_end - t_first, "tokens_per_s": tokens_per_s}
+            "prompt_tokens": p, "bos_dropped": dropped, "prefill_s": prefill_timer.seconds,
+            "decode_s": decode_s, "tokens_per_s": tokens_per_s}
 
 
 def main() -> None:
