@@ -10,16 +10,17 @@ without Ground Truth"), each a call into :mod:`algorithms.ranking.studies` or
 2. Coverage of the 95% Wald intervals over many simulated data sets, fitted in one vectorised call.
 3. Plain BTL against ``choix`` on judge-free data; fit time against the fastest ``choix``
    estimator at 100 models, 20 judges and 1M comparisons, with where the fit's time goes.
-4. Real comparisons (LLMFAO by default; any CSV, JSON-lines or JSON-array file), read and validated
-   before any other work: held-out log-likelihood of plain BTL, the judge-aware MLE and the MAP with
-   a cross-validated ridge on the log-discriminations; the leaderboard with score and rank intervals.
+4. Real comparisons from ``--config.data_path`` (LLMFAO, or any CSV, JSON-lines or JSON-array
+   file), read and validated before any other work: held-out log-likelihood of plain BTL, the
+   judge-aware MLE and the MAP with a cross-validated ridge on the log-discriminations; the
+   leaderboard with score and rank intervals. A named file that is missing is an error; with no
+   file (the default) this part is left out and the held-out numbers come from the simulation.
 
     python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:tiny --workdir=workdir
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import jax
@@ -32,7 +33,6 @@ from algorithms.ranking import data, speed, studies
 from core import report, timing
 from core.data import judgments
 from experiments import common
-from experiments.configs.judge_btl import DEFAULT_DATA
 
 NAME = "judge_btl"
 
@@ -100,10 +100,8 @@ def _real_figures(config, d, r):
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
-    path = config.data_path
-    if path and path == DEFAULT_DATA and not os.path.exists(path):
-        path = None  # the embedded default is optional: simulation only
-    path = common.check_data_path(path, "judge_btl comparisons (--config.data_path)")
+    # a named file must exist (FileNotFoundError naming it); "" = simulation only
+    path = common.check_data_path(config.data_path, "judge_btl comparisons (--config.data_path)")
     real = load_comparisons(path, config) if path else None  # validated before any other work
     out_dir = common.experiment_dir(workdir, NAME)
     sim_c, cov_c, tim_c = config.sim, config.coverage, config.timing
@@ -220,8 +218,8 @@ def _body(config, m) -> str:
         f"there the extra parameters can only add variance). Rank intervals cover the true rank for "
         f"{sim['rank_ci_covers_truth']:.0%} of models."]
     if llm is None:
-        return "\n".join(lines + ["", f"No comparisons file at {config.data_path!r}: held-out numbers "
-                                   "are from the simulation."])
+        return "\n".join(lines + ["", "No comparisons file given (`--config.data_path`): held-out "
+                                   "numbers are from the simulation."])
     dropped = (f"; {llm['num_dropped']:,} rows with unknown outcomes dropped ("
                + ", ".join(f"{k!r}: {v}" for k, v in sorted(llm["dropped_outcomes"].items())) + ")"
                if llm["num_dropped"] else "")

@@ -7,18 +7,21 @@
         --config.data_path=my_votes.jsonl --config.columns.judge=annotator \
         --config.columns.outcome=label --config.columns.left_value=A --config.columns.right_value=B
 
-The LLMFAO crowd-sourced comparisons are read from ``data_path`` when that file exists; with the
-default path a missing file is skipped (the simulation parts still run), any other path must exist.
-The file is read and validated before any other work; rows whose outcome is none of the configured
-values stop the run unless ``--config.drop_unknown_outcomes`` (then they are dropped and counted).
+    # the LLMFAO crowd-sourced comparisons (the benchmark data folder beside the checkout):
+    python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:tiny \
+        --config.data_path=../shared/data/llmfao.csv --workdir=workdir
+
+Comparisons are read from ``data_path`` when it is set (by default it is empty: the simulation
+parts run alone and the held-out numbers come from the simulation); a path that is set must name
+an existing file, or the run stops with an error naming it. The file is read and validated before
+any other work; rows whose outcome is none of the configured values stop the run unless
+``--config.drop_unknown_outcomes`` (then they are dropped and counted).
 """
 
 import ml_collections
 
 from core import config as cfg_lib
 from core import report
-
-DEFAULT_DATA = "../shared/data/llmfao.csv"
 
 
 def base() -> ml_collections.ConfigDict:
@@ -27,7 +30,7 @@ def base() -> ml_collections.ConfigDict:
     c.level = 0.95
     c.rank_draws = 4000
     # Real data: a CSV, JSON-lines or JSON-array file of pairwise judgements.
-    c.data_path = DEFAULT_DATA
+    c.data_path = ""            # "" = no real data (simulation only); a set path must exist
     c.data_name = ""            # label in reports and metrics; "" = the file name without extension
     c.drop_unknown_outcomes = False  # drop (and count) rows whose outcome is none of the *_value
     c.columns = ml_collections.ConfigDict(dict(
