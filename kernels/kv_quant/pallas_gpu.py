@@ -28,6 +28,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from kernels.kv_quant import cost
 from kernels.kv_quant import pallas_common as pc
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import QVGConfig
@@ -128,6 +129,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     [max(block_n, Rp), W], so shared memory does not grow with N or C. For H100 at N = 1024,
     C = 256, D = 128, S = 1, INT2, block 64 the kernel takes 114752 B of the 232448 B of shared
     memory (XLA's launch); with [N, C] one-hot tiles it asked for 1847296 B and did not compile.
+    The ``pallas_call`` declares the cost of :func:`kernels.kv_quant.cost.qvg_gpu_cost` (every
+    chunk quantized).
 
     Returns:
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
@@ -195,6 +198,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
                    jax.ShapeDtypeStruct((b, kh, ns, rp, 1), f32)],
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
         interpret=interpret,
+        cost_estimate=cost.qvg_gpu_cost(qp, k_code, v_code, cfg, w=w, rope=rope, num_splits=ns,
+                                        block_n=bn),
         name="qvg_chunk_attention",
     )(*args)
     return _merge_splits(acc[:, :, :, :r], m[:, :, :, :r, 0], l[:, :, :, :r, 0])

@@ -22,6 +22,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels.kv_quant import cost
 from kernels.kv_quant import pallas_common as pc
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import QVGConfig
@@ -108,6 +109,9 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     position ``start[b] + r % num_new`` and sees slots ``s < num_quantized[b]`` with ``s <= pos``;
     keys are rotated to their slot positions when ``rope_base`` is set.
 
+    The ``pallas_call`` declares the cost of :func:`kernels.kv_quant.cost.qvg_tpu_cost` (every
+    chunk quantized).
+
     Returns:
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
 
@@ -173,6 +177,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret,
+        cost_estimate=cost.qvg_tpu_cost(q, k_code, v_code, cfg, w=w, rope=rope),
         name="qvg_chunk_attention",
     )(start.astype(jnp.int32), num_quantized.astype(jnp.int32), *args)
     return out, lse[..., 0]

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels import checks
+from kernels.sparse_decode import cost
 from kernels.sparse_decode import reference as ref
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas_tpu", "pallas_gpu")
@@ -95,7 +96,8 @@ def ffd_select(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
 def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta: float = 8.0,
                delta_unit: str = "nats", top_k: int | None = None, max_pages: int | None = None,
                num_splits: int | None = None, implementation: str | None = None,
-               interpret: bool = False, return_keep: bool = False):
+               interpret: bool = False, return_keep: bool = False,
+               assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION):
     """FFD decode attention: ``q [B, H, D]`` over an FFD cache holding ``lengths [B]`` tokens.
 
     The pages are chosen once (:func:`ffd_select`, paper Sec. 3) and every implementation attends
@@ -122,6 +124,10 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         CPU, :func:`default_implementation`) or one of :data:`IMPLEMENTATIONS`.
       interpret: run Pallas kernels in interpret mode (CPU testing).
       return_keep: also return the attended-page mask.
+      assumed_kept_fraction: Pallas paths: the fraction f in (0, 1] of the pages the kernel's
+        declared ``pl.CostEstimate`` assumes attended (:mod:`kernels.sparse_decode.cost`; default
+        :data:`~kernels.sparse_decode.cost.DEFAULT_KEPT_FRACTION`); static, it changes only the
+        cost XLA sees, never the output.
 
     Returns:
       [B, H, D] in ``q``'s dtype; with ``return_keep``, ``(out, keep bool [B, K, P])``. Never NaN
@@ -133,10 +139,12 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
       ValueError: ``q`` not a non-empty float [B, H, D], ``cache`` not an FFD cache, shape
         mismatch (head dim, batch, heads), ``delta`` not a number >= 0, an unknown ``delta_unit``,
         ``top_k``/``max_pages``/``num_splits`` not an int >= 1, ``lengths`` not int [B] or,
-        when concrete, outside 1..S, or an unknown implementation.
+        when concrete, outside 1..S, an unknown implementation, or ``assumed_kept_fraction``
+        not in (0, 1].
     """
     _check(q, cache, delta, delta_unit, top_k, max_pages, "ffd_decode")
     check_count(num_splits, "num_splits", "ffd_decode")
+    cost.check_kept_fraction(assumed_kept_fraction, "ffd_decode")
     impl = resolve_implementation(implementation)
     b, kh, n, p, d = cache["resid"].shape
     ref.check_lengths(lengths, n * p, "ffd_decode", batch=b)
@@ -148,11 +156,13 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
     elif impl == "xla":
         out = ref.ffd_decode_xla(q, cache, lengths, max_pages=max_pages, keep=keep)[0]
     else:
-        out = _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret)
+        out = _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret,
+                             assumed_kept_fraction)
     return (out, keep) if return_keep else out
 
 
-def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret):
+def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret,
+                   kept_fraction):
     """The Pallas paths: the kept pages as a list, kernel partials, LSE merge with the tail."""
     b, h, d = q.shape
     kh = cache["resid"].shape[1]
@@ -163,11 +173,13 @@ def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret
     if impl == "pallas_gpu":
         from kernels.sparse_decode import pallas_gpu
 
-        acc, m, l = pallas_gpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret)
+        acc, m, l = pallas_gpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret,
+                                                   assumed_kept_fraction=kept_fraction)
     else:
         from kernels.sparse_decode import pallas_tpu
 
-        acc, m, l = pallas_tpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret)
+        acc, m, l = pallas_tpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret,
+                                                   assumed_kept_fraction=kept_fraction)
         m, l = m[..., 0], l[..., 0]
     ta, tm, tl = ref.tail_partial(qg, cache, lengths)
     out = ref.merge_partials(jnp.concatenate([acc, ta[:, :, None]], 2),

@@ -30,6 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from kernels.sparse_decode import cost
 from kernels.sparse_decode.reference import CODES_PER_WORD
 
 ROWS = 16
@@ -88,10 +89,12 @@ def _kernel(idx_ref, count_ref, q_ref, codes_ref, scale_ref, resid_ref, v_ref,
     l_ref[...] = l
 
 
-@functools.partial(jax.jit, static_argnames=("num_splits", "interpret", "num_warps"))
+@functools.partial(jax.jit, static_argnames=("num_splits", "interpret", "num_warps",
+                                             "assumed_kept_fraction"))
 def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid: jax.Array,
                         v: jax.Array, idx: jax.Array, count: jax.Array, *, num_splits: int = 8,
-                        interpret: bool = False, num_warps: int = 4):
+                        interpret: bool = False, num_warps: int = 4,
+                        assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION):
     """Online-softmax partials over the listed pages of each (row, kv head).
 
     Args:
@@ -102,14 +105,17 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
         (:func:`kernels.sparse_decode.reference.page_list`).
       count: int32 [B, K], 0..M.
       num_splits: NS, must divide M.
+      assumed_kept_fraction: f in (0, 1], the fraction of the P pages the declared
+        ``pl.CostEstimate`` assumes listed (:func:`kernels.sparse_decode.cost.ffd_gpu_cost`); it
+        changes the cost XLA sees, never the result.
 
     Returns:
       (acc [B, K, NS, G, D], m [B, K, NS, G], l [B, K, NS, G]) float32 partials; a split with no
       listed page gives (0, -inf, 0).
 
     Raises:
-      ValueError: G > 16, ``num_splits`` does not divide M, p is not a power of two >= 16, or D is
-        not a multiple of 16.
+      ValueError: G > 16, ``num_splits`` does not divide M, p is not a power of two >= 16, D is
+        not a multiple of 16, or ``assumed_kept_fraction`` is outside (0, 1].
     """
     b, kh, g, d = qg.shape
     n, p, w = codes.shape[2], codes.shape[3], codes.shape[4]
@@ -124,6 +130,8 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
         raise ValueError(f"head dim {d} must be {CODES_PER_WORD} x the {w} code words")
     mps = m_slots // num_splits
     qp = jnp.pad(qg.astype(jnp.float32), ((0, 0), (0, 0), (0, ROWS - g), (0, 0)))
+    estimate = cost.ffd_gpu_cost(qp, codes, scale, resid, v, idx, num_splits=num_splits,
+                                 parts=len(pow2_parts(w)), kept_fraction=assumed_kept_fraction)
     f32 = jnp.float32
     acc, m, l = pl.pallas_call(
         functools.partial(_kernel, slots_per_split=mps),
@@ -147,6 +155,7 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
                    jax.ShapeDtypeStruct((b, kh, num_splits, ROWS), f32)],
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
         interpret=interpret,
+        cost_estimate=estimate,
         name="ffd_pages_attention",
     )(idx.astype(jnp.int32), count.astype(jnp.int32)[..., None], qp, codes, scale, resid, v)
     return acc[:, :, :, :g], m[:, :, :, :g], l[:, :, :, :g]

@@ -24,6 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels.sparse_decode import cost
 from kernels.sparse_decode.reference import CODES_PER_WORD
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: [G, X] x [N, X] -> [G, N]
@@ -63,10 +64,11 @@ def _kernel(idx_ref, count_ref, q_ref, codes_ref, scale_ref, resid_ref, v_ref,
         m_ref[...] = m_new
 
 
-@functools.partial(jax.jit, static_argnames=("num_splits", "interpret"))
+@functools.partial(jax.jit, static_argnames=("num_splits", "interpret", "assumed_kept_fraction"))
 def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid: jax.Array,
                         v: jax.Array, idx: jax.Array, count: jax.Array, *, num_splits: int = 1,
-                        interpret: bool = False):
+                        interpret: bool = False,
+                        assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION):
     """Online-softmax partials over the listed pages of each (row, kv head).
 
     Args:
@@ -76,12 +78,16 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
       idx: int32 [B, K, M] page indices, the ``count[b, k]`` attended ones first.
       count: int32 [B, K], 0..M.
       num_splits: NS, must divide M.
+      assumed_kept_fraction: f in (0, 1], the fraction of the P pages the declared
+        ``pl.CostEstimate`` assumes listed (:func:`kernels.sparse_decode.cost.ffd_tpu_cost`); it
+        changes the cost XLA sees, never the result.
 
     Returns:
       (acc [B, K, NS, G, D], m [B, K, NS, G, 1], l [B, K, NS, G, 1]) float32 partials.
 
     Raises:
-      ValueError: ``num_splits`` does not divide M.
+      ValueError: ``num_splits`` does not divide M, or ``assumed_kept_fraction`` is outside
+        (0, 1].
     """
     b, kh, g, d = qg.shape
     n, p, w = codes.shape[2], codes.shape[3], codes.shape[4]
@@ -89,6 +95,8 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
     if m_slots % num_splits:
         raise ValueError(f"num_splits={num_splits} must divide the {m_slots} page slots")
     mps = m_slots // num_splits
+    estimate = cost.ffd_tpu_cost(qg, codes, scale, resid, v, idx, num_splits=num_splits,
+                                 kept_fraction=assumed_kept_fraction)
 
     def page(bi, ki, si, ii, idx_ref, count_ref):
         slot = si * mps + ii
@@ -125,6 +133,7 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=interpret,
+        cost_estimate=estimate,
         name="ffd_pages_attention",
     )(idx.reshape(-1).astype(jnp.int32), count.reshape(-1).astype(jnp.int32), qg, codes,
       scale.reshape(b, kh, n, 1, d), resid, v)

@@ -1,0 +1,206 @@
+"""Analytic cost of the QVG Pallas kernels and the physical floor of a QVG decode step.
+
+Dimensions as in :mod:`kernels.kv_quant.reference`: B batch, K kv heads, R = G * T query rows per
+kv head, D head dim, N tokens per chunk, NC chunks, P = D bits / 8 packed bytes per token,
+NB = D / block scale blocks per token, S k-means stages, C centroids; W the kernels' column piece
+width (:func:`kernels.kv_quant.pallas_common.piece_width`).
+
+XLA charges a ``pallas_call`` nothing unless it declares a ``pl.CostEstimate``; the kernels in
+:mod:`kernels.kv_quant.pallas_tpu` and :mod:`kernels.kv_quant.pallas_gpu` declare the counts
+computed here. Conventions as in :mod:`kernels.sparse_decode.cost`: bytes moved between HBM and the
+kernel (blocks fetched, loads issued, outputs written), FLOPs with a matmul [m, k] x [k, n] as
+2 m k n and one per input element of an elementwise operation or reduction (integer unpacking,
+conversions and masks not counted), transcendentals the softmax ``exp`` (and the TPU kernel's
+final ``log``).
+
+The kernels skip chunks past ``num_quantized``, which is known only at run time; the estimate
+assumes every one of the NC chunks quantized (a full cache), the largest cost.
+
+Only QVG has Pallas kernels; KIVI's decode (:func:`kernels.kv_quant.xla.kivi_attention`) is XLA,
+whose cost XLA counts itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels.kv_quant.reference import CENTROID_DTYPE, SCALE_DTYPE, QVGConfig
+
+_F32 = 4  # bytes
+
+
+def _nbytes(shape, dtype) -> int:
+    return math.prod(shape) * jnp.dtype(dtype).itemsize
+
+
+def chunk_bytes(code) -> int:
+    """Bytes of one chunk of one (row, kv head) of a :class:`~kernels.kv_quant.reference.QVGCode`
+    with fields [B, K, NC, ...]: codes ``N P``, scales ``N NB``, assignments ``S N`` and centroids
+    ``S C D``, in their dtypes (QVG paper Sec. 3; at N = 256, D = 128, INT2, block 64, S = 1,
+    C = 16: 8192 + 1024 + 256 + 4096 = 13568 bytes, 53 per token)."""
+    per = lambda x: _nbytes(x.shape[3:], x.dtype)  # noqa: E731
+    return per(code.codes) + per(code.scales) + per(code.assign) + per(code.centroids)
+
+
+def dequant_flops(tokens: int, head_dim: int, stages: int, num_centroids: int,
+                  onehot: bool) -> int:
+    """FLOPs to dequantize ``tokens`` x D values (:func:`kernels.kv_quant.pallas_common.dequant_pieces`):
+    ``(code - 2^(n-1)) * scale`` (2 per value) and per stage the centroid add (1 per value), plus
+    on TPU (``onehot``) the bf16 one-hot [N, C] x [C, D] gather matmul (2 N C D per stage)."""
+    n, d = tokens, head_dim
+    return 2 * n * d + stages * (n * d + (2 * n * num_centroids * d if onehot else 0))
+
+
+def tile_flops(rows: int, tokens: int, head_dim: int, w: int, rope: bool) -> int:
+    """FLOPs of attending ``tokens`` dequantized keys / values for ``rows`` query rows (beyond the
+    dequantization): RoPE on the keys, 3 per key value (4 products and 2 adds per pair); the
+    logits q K^T, 2 R N D, their D / W - 1 piece adds and the 1/sqrt(D) factor, R N (D / W);
+    the online softmax: row max, subtraction under the exp and row sum, 3 R N, and per row the
+    running max, correction subtraction, l rescale and add, 4 R; the accumulator: probabilities
+    x values 2 R N D, rescale and add 2 R D."""
+    r, n, d = rows, tokens, head_dim
+    return ((3 * n * d if rope else 0) + 4 * r * n * d + r * n * (d // w) + 3 * r * n + 4 * r
+            + 2 * r * d)
+
+
+def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
+                 rope_dtype=jnp.float32) -> pl.CostEstimate:
+    """Cost of :func:`kernels.kv_quant.pallas_tpu.qvg_chunk_attention` (grid B x K x NC), every
+    chunk quantized.
+
+    Args:
+      q: [B, K, R, D] queries; k_code, v_code: QVGCode fields [B, K, NC, ...] (only shapes and
+        dtypes are read); cfg: the QVG config; w: the piece width W; rope: whether keys are
+        rotated in the kernel (then the cos and sin tables [NC, N, D / 2] of ``rope_dtype`` are
+        read).
+
+    Returns:
+      ``pl.CostEstimate`` with, summed over the B K (row, kv head) pairs:
+
+      * bytes: the queries ``R D`` once per pair; per chunk the key and value chunks
+        (:func:`chunk_bytes`) and, with RoPE, the cos and sin blocks ``2 N D / 2`` (their block
+        index is the chunk alone, so they are fetched again for every pair); the output ``R D``
+        and log-sum-exp ``R`` float32 once per pair; once per call the row offsets ``R`` int32
+        and the scalar-prefetched ``start`` and ``num_quantized``, ``2 B`` int32.
+      * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, one-hot matmul)
+        and :func:`tile_flops` with R rows; per pair the final ``acc / l`` and ``m + log l``,
+        R (D + 1).
+      * transcendentals: per chunk R N + R exps; per pair R logs.
+    """
+    b, kh, r, d = q.shape
+    nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
+    s, c = cfg.stages, cfg.num_centroids
+    pairs = b * kh
+    rope_bytes = _nbytes((2, n, d // 2), rope_dtype) if rope else 0
+    per_chunk = chunk_bytes(k_code) + chunk_bytes(v_code) + rope_bytes
+    per_pair = _nbytes((r, d), q.dtype) + nc * per_chunk + _F32 * r * (d + 1)
+    once = _nbytes((r,), jnp.int32) + _nbytes((2, b), jnp.int32)
+    flops = nc * (2 * dequant_flops(n, d, s, c, onehot=True) + tile_flops(r, n, d, w, rope))
+    flops += r * (d + 1)
+    return pl.CostEstimate(flops=int(pairs * flops),
+                           transcendentals=int(pairs * (nc * (r * n + r) + r)),
+                           bytes_accessed=int(pairs * per_pair + once))
+
+
+def qvg_gpu_cost(qp, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool, num_splits: int,
+                 block_n: int, rope_dtype=jnp.float32) -> pl.CostEstimate:
+    """Cost of :func:`kernels.kv_quant.pallas_gpu.qvg_chunk_attention` (grid B x K x NS, each
+    program walking its chunks ``block_n`` tokens at a time), every chunk quantized.
+
+    Args:
+      qp: [B, K, Rp, D] the padded queries (Rp rows computed); k_code, v_code, cfg, w, rope as
+        :func:`qvg_tpu_cost`; num_splits: NS programs per pair; block_n: BN tokens per tile.
+
+    Returns:
+      ``pl.CostEstimate`` with, summed over the B K pairs:
+
+      * bytes: per program the row positions and counts ``2 Rp`` int32, and, for each of the
+        ``ceil(NC / ceil(NC / NS))`` programs that hold a chunk, the queries ``Rp D`` (later tiles
+        reload them from cache); per chunk the key and value chunks (:func:`chunk_bytes`: the
+        centroid table once per chunk; the pointer gather of the tokens' rows re-reads it from
+        cache) and, with RoPE, the cos and sin rows ``2 N D / 2``; the partials ``NS Rp (D + 2)``
+        float32.
+      * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, gathered centroids:
+        no matmul) and :func:`tile_flops` with Rp rows per tile of BN tokens.
+      * transcendentals: per tile Rp BN + Rp exps.
+    """
+    b, kh, rows, d = qp.shape
+    nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
+    s, c = cfg.stages, cfg.num_centroids
+    pairs = b * kh
+    tiles = n // block_n  # per chunk
+    active = -(-nc // -(-nc // num_splits))  # programs with at least one chunk
+    rope_bytes = _nbytes((2, n, d // 2), rope_dtype) if rope else 0
+    per_pair = (num_splits * _nbytes((2, rows), jnp.int32) + active * _nbytes((rows, d), qp.dtype)
+                + nc * (chunk_bytes(k_code) + chunk_bytes(v_code) + rope_bytes)
+                + num_splits * _F32 * rows * (d + 2))
+    flops = nc * (2 * dequant_flops(n, d, s, c, onehot=False)
+                  + tiles * tile_flops(rows, block_n, d, w, rope))
+    trans = nc * tiles * (rows * block_n + rows)
+    return pl.CostEstimate(flops=int(pairs * flops), transcendentals=int(pairs * trans),
+                           bytes_accessed=int(pairs * per_pair))
+
+
+class QVGFloor(NamedTuple):
+    """Bytes a QVG decode step must move per (layer, sequence), by term (keys and values)."""
+
+    codes: float
+    scales: float
+    assign: float
+    centroids: float
+    window: float  # the recent tokens kept in full precision
+    io: float  # queries read and outputs written
+
+    @property
+    def total(self) -> float:
+        return sum(self)
+
+
+def qvg_floor_bytes(context: int, num_kv_heads: int, num_heads: int, head_dim: int,
+                    cfg: QVGConfig, *, num_new: int = 1, window_itemsize: int = 2,
+                    io_itemsize: int = 2) -> QVGFloor:
+    """The physical floor of one QVG decode step per (layer, sequence), from the storage format
+    alone (QVG paper Sec. 3: k-means smoothing, progressive residual INTn), no kernel layout.
+
+    Of the S = ``context`` tokens, ``Sq = N floor(S / N)`` are quantized and the ``S - Sq`` most
+    recent stay in the full-precision window. Per kv head, for keys and for values each, in bits
+    per token and head-dim channel:
+
+    * codes: ``bits`` (INTn residual codes);
+    * scales: ``16 / block`` (one bfloat16 scale per block of channels);
+    * assignments: ``8 S / D`` (one uint8 centroid id per token and stage);
+    * centroids: ``16 S C / N`` (S x C bfloat16 centroids of D channels per chunk of N tokens);
+    * window: ``8 window_itemsize`` for the ``S - Sq`` recent tokens;
+
+    plus io: the ``num_heads x num_new`` query rows read and outputs written,
+    ``2 H T D io_itemsize`` bytes. Dense bf16 attention reads ``2 S D 2`` bytes per kv head.
+
+    Raises:
+      ValueError: a size that is not an int >= 1, or ``num_heads`` not a multiple of
+        ``num_kv_heads``; a head dim ``cfg`` cannot pack.
+    """
+    for name, x in (("context", context), ("num_kv_heads", num_kv_heads),
+                    ("num_heads", num_heads), ("head_dim", head_dim), ("num_new", num_new),
+                    ("window_itemsize", window_itemsize), ("io_itemsize", io_itemsize)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"qvg_floor_bytes: {name} must be an int >= 1, got {x!r}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"qvg_floor_bytes: num_heads={num_heads} is not a multiple of "
+                         f"num_kv_heads={num_kv_heads}")
+    cfg.check_head_dim(head_dim)
+    d, n, kh = head_dim, cfg.chunk, num_kv_heads
+    sq = (context // n) * n
+    tensors = 2 * kh  # keys and values of every kv head
+    scale_bits = 8 * jnp.dtype(SCALE_DTYPE).itemsize
+    cent_bits = 8 * jnp.dtype(CENTROID_DTYPE).itemsize
+    return QVGFloor(
+        codes=tensors * sq * d * cfg.bits / 8,
+        scales=tensors * sq * (d // cfg.block) * scale_bits / 8,
+        assign=tensors * sq * cfg.stages * 8 / 8,
+        centroids=tensors * (sq // n) * cfg.stages * cfg.num_centroids * d * cent_bits / 8,
+        window=float(tensors * (context - sq) * d * window_itemsize),
+        io=float(2 * num_heads * num_new * d * io_itemsize))

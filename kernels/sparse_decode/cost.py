@@ -1,0 +1,241 @@
+"""Analytic cost of the FFD Pallas kernels and the physical floor of an FFD decode step.
+
+Dimensions as in :mod:`kernels.sparse_decode.reference`: B batch, K kv heads, G query heads per kv
+head, H = G * K, D head dim, p page size, P pages (capacity S = P * p), W = D / 16 code words per
+key, M page slots per (row, kv head), NS splits of the slots; R the query rows a kernel computes
+(TPU: G; GPU: G padded to 16); f the fraction of the P pages the kernel is told to assume kept.
+
+XLA charges a ``pallas_call`` nothing unless it declares a ``pl.CostEstimate``; the kernels in
+:mod:`kernels.sparse_decode.pallas_tpu` and :mod:`kernels.sparse_decode.pallas_gpu` declare the
+counts computed here, so that the compiled program's cost analysis sees them.
+
+Conventions (all counts are Python ints, summed over the whole grid):
+
+* ``bytes_accessed``: bytes moved between HBM and the kernel: every block the kernel's block specs
+  fetch (TPU: once per change of block index; GPU: every load the body issues from a page it
+  walks), every output block written, and the scalar-prefetched page list.
+* ``flops``: floating-point operations; a matmul [m, k] x [k, n] counts 2 m k n (the GPU kernel's
+  broadcast multiply-sum of the same product counts the same); an elementwise operation or a
+  reduction counts one per input element. Integer work (unpacking the 2-bit codes with shifts and
+  masks), dtype conversions and masks (selects, compares that are not a max) are not counted.
+* ``transcendentals``: the ``exp`` of the online softmax.
+
+The page count is data dependent (the top-delta rule, paper Sec. 3), so the estimate assumes a
+kept fraction f of the P pages: ``ceil(f * P)`` pages per (row, kv head), at most M (the slots).
+The default :data:`DEFAULT_KEPT_FRACTION` = 0.1 is of the order measured at long context (6.4% of
+the pages at 64k on the benchmark workload); 1.0 is the upper bound (every slot attended).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels.sparse_decode.reference import CODES_PER_WORD, F8
+
+DEFAULT_KEPT_FRACTION = 0.1
+
+# the FFD cache's storage format (reference.init_ffd_cache), in bits per token per head-dim channel
+CODE_BITS = 32 // CODES_PER_WORD  # 2-bit codes, 16 to an int32 word
+SCALE_BITS = 32  # float32 per (page, channel): SCALE_BITS / p bits per token and channel
+RESID_BITS = 8 * jnp.dtype(F8).itemsize  # float8 e4m3 residual
+VALUE_BITS = 8 * jnp.dtype(jnp.bfloat16).itemsize  # bfloat16 values
+
+
+def check_kept_fraction(kept_fraction: Any, where: str) -> float:
+    """Returns ``kept_fraction`` as a float.
+
+    Raises:
+      ValueError: ``kept_fraction`` is not a real number with 0 < f <= 1 (NaN, 0, negatives and
+        values above 1 are refused; the message names the value and ``where``).
+    """
+    real = isinstance(kept_fraction, numbers.Real) and not isinstance(kept_fraction, bool)
+    value = float(kept_fraction) if real else math.nan
+    if not 0.0 < value <= 1.0:  # NaN fails too
+        raise ValueError(f"{where}: assumed_kept_fraction must be a real number in (0, 1] (the "
+                         f"fraction of pages the cost estimate assumes attended), got "
+                         f"{kept_fraction!r}")
+    return value
+
+
+def kept_pages(num_pages: int, slots: int, kept_fraction: float, where: str = "kept_pages") -> int:
+    """Pages per (row, kv head) the estimate assumes: ``min(M, ceil(f * P))`` (>= 1 for f > 0).
+
+    ``f * P`` is rounded to 9 decimals before the ceiling, so that 0.3 * 10 is 3 pages, not 4.
+
+    Raises:
+      ValueError: ``kept_fraction`` outside (0, 1] (:func:`check_kept_fraction`).
+    """
+    f = check_kept_fraction(kept_fraction, where)
+    return min(int(slots), max(1, math.ceil(round(f * num_pages, 9))))
+
+
+def _nbytes(shape, dtype) -> int:
+    return math.prod(shape) * jnp.dtype(dtype).itemsize
+
+
+def page_bytes(codes, scale, resid, v) -> int:
+    """Bytes of one page of one (row, kv head) in HBM: its codes ``p * W`` words, scale ``D``,
+    residual and values ``p * D`` each, in the arrays' dtypes (68 KiB at p = D = 128 with int32
+    words, float32 scale, float8 residual, bf16 values: p D (2 + 8 + 16) / 8 + 32 D / 8 bytes)."""
+    p, w = codes.shape[3], codes.shape[4]
+    d = resid.shape[-1]
+    return (_nbytes((p, w), codes.dtype) + _nbytes((d,), scale.dtype)
+            + _nbytes((p, d), resid.dtype) + _nbytes((p, d), v.dtype))
+
+
+def page_flops(rows: int, page_size: int, head_dim: int, parts: int = 1) -> int:
+    """FLOPs of one kept page for ``rows`` query rows (the kernel body, top to bottom).
+
+    Matmuls, 6 R p D: the 16 code slabs (2 R p W each, 2 R p D together), the residual term
+    (2 R p D) and probabilities x values (2 R p D). Elementwise on [R, D]: q * scale, its sum, the
+    per-slab q * scale (R D together), the rescale and add of the accumulator: 5 R D. On [R, p]:
+    one logit add per slab and per word chunk (16 ``parts``) and one per residual chunk
+    (``parts``), where ``parts`` is the number of power-of-two chunks the GPU kernel cuts W into
+    (1 on TPU and for D = 128), then the row max, the subtraction under the exp and the row sum of
+    the probabilities: (17 parts + 3) R p. Per row: the -1.5 factor, the running max, the
+    subtraction under the correction exp, the rescale and add of l: 5 R.
+    """
+    r, p, d = rows, page_size, head_dim
+    return 6 * r * p * d + 5 * r * d + (17 * parts + 3) * r * p + 5 * r
+
+
+def page_transcendentals(rows: int, page_size: int) -> int:
+    """exps of one kept page: R p probabilities and R corrections."""
+    return rows * page_size + rows
+
+
+def ffd_tpu_cost(qg, codes, scale, resid, v, idx, *, num_splits: int,
+                 kept_fraction: float = DEFAULT_KEPT_FRACTION) -> pl.CostEstimate:
+    """Cost of :func:`kernels.sparse_decode.pallas_tpu.ffd_pages_attention` (grid B x K x NS x
+    M/NS), from its operands' static shapes and dtypes (arrays or ``jax.ShapeDtypeStruct``).
+
+    Args:
+      qg: [B, K, G, D] queries; codes [B, K, P, p, W]; scale [B, K, P, D]; resid, v
+        [B, K, P, p, D]; idx [B, K, M] the page list (only shapes and dtypes are read).
+      num_splits: NS.
+      kept_fraction: f in (0, 1]; ``kept = min(M, ceil(f P))`` pages per (row, kv head).
+
+    Returns:
+      ``pl.CostEstimate`` with, summed over B K (row, kv head) pairs:
+
+      * bytes: the queries ``G D`` (fetched once per pair: their block index does not change
+        along the splits and slots), ``kept`` pages of codes, scale, residual and values
+        (:func:`page_bytes`; one DMA per kept page: slots past the count repeat the last page's
+        block index), the partials written per split ``NS G (D + 2)`` float32 (acc, m, l); plus
+        the scalar-prefetched page list idx ``B K M`` and count ``B K`` int32, once.
+      * flops: ``kept`` x :func:`page_flops` with R = G.
+      * transcendentals: ``kept`` x :func:`page_transcendentals` with R = G.
+
+    Raises:
+      ValueError: ``kept_fraction`` outside (0, 1].
+    """
+    b, kh, g, d = qg.shape
+    n, p = codes.shape[2], codes.shape[3]
+    m_slots = idx.shape[-1]
+    kept = kept_pages(n, m_slots, kept_fraction, "ffd_tpu_cost")
+    pairs = b * kh
+    per_pair = (_nbytes((g, d), qg.dtype) + kept * page_bytes(codes, scale, resid, v)
+                + num_splits * _nbytes((g, d + 2), jnp.float32))
+    page_list = _nbytes((pairs, m_slots + 1), jnp.int32)
+    return pl.CostEstimate(flops=int(pairs * kept * page_flops(g, p, d)),
+                           transcendentals=int(pairs * kept * page_transcendentals(g, p)),
+                           bytes_accessed=int(pairs * per_pair + page_list))
+
+
+def ffd_gpu_cost(qp, codes, scale, resid, v, idx, *, num_splits: int, parts: int,
+                 kept_fraction: float = DEFAULT_KEPT_FRACTION) -> pl.CostEstimate:
+    """Cost of :func:`kernels.sparse_decode.pallas_gpu.ffd_pages_attention` (grid B x K x NS),
+    from its operands' static shapes and dtypes.
+
+    Args:
+      qp: [B, K, R, D] the padded float32 queries (R = 16 rows, G of them real); codes, scale,
+        resid, v, idx as :func:`ffd_tpu_cost`.
+      num_splits: NS programs per (row, kv head).
+      parts: the number of power-of-two chunks the kernel splits the W code words into
+        (``len(pallas_gpu.pow2_parts(W))``: 1 for D = 128, 2 for D = 96).
+      kept_fraction: f in (0, 1].
+
+    Returns:
+      ``pl.CostEstimate`` with, summed over the B K pairs:
+
+      * bytes: the padded queries ``R D`` float32 once per program (NS per pair: every program
+        loads them before its loop), ``kept`` pages (:func:`page_bytes`), ``kept`` page indices
+        and NS counts (int32), the partials ``NS R (D + 2)`` float32.
+      * flops: ``kept`` x :func:`page_flops` with R = 16 (padding rows are computed too).
+      * transcendentals: ``kept`` x :func:`page_transcendentals` with R = 16.
+
+    Raises:
+      ValueError: ``kept_fraction`` outside (0, 1].
+    """
+    b, kh, rows, d = qp.shape
+    n, p = codes.shape[2], codes.shape[3]
+    m_slots = idx.shape[-1]
+    kept = kept_pages(n, m_slots, kept_fraction, "ffd_gpu_cost")
+    pairs = b * kh
+    per_pair = (num_splits * _nbytes((rows, d), qp.dtype)
+                + kept * page_bytes(codes, scale, resid, v)
+                + _nbytes((kept + num_splits,), jnp.int32)
+                + num_splits * _nbytes((rows, d + 2), jnp.float32))
+    return pl.CostEstimate(flops=int(pairs * kept * page_flops(rows, p, d, parts)),
+                           transcendentals=int(pairs * kept * page_transcendentals(rows, p)),
+                           bytes_accessed=int(pairs * per_pair))
+
+
+class FFDFloor(NamedTuple):
+    """Bytes an FFD decode step must move per (layer, sequence), by term (floats: ``f`` pages)."""
+
+    scan: float  # 2-bit codes and scales of every full page (the selection reads them all)
+    attend: float  # residuals and values of the kept pages
+    tail: float  # exact keys and values of the unfinished page
+    io: float  # queries read and outputs written
+
+    @property
+    def total(self) -> float:
+        return self.scan + self.attend + self.tail + self.io
+
+
+def ffd_floor_bytes(context: int, num_kv_heads: int, num_heads: int, head_dim: int,
+                    page_size: int, kept_fraction: float = DEFAULT_KEPT_FRACTION, *,
+                    io_itemsize: int = 2, tail_key_itemsize: int = 2) -> FFDFloor:
+    """The physical floor of one FFD decode step per (layer, sequence), from the cache's storage
+    format alone (FFD paper Sec. 3; bits per token per head-dim channel), with no kernel layout.
+
+    With S = ``context`` tokens, ``F = S // p`` full pages and ``S - F p`` tail tokens, per kv head:
+
+    * scan: ``CODE_BITS`` = 2 bits per token and channel of every full page, plus the float32 scale
+      of every (full page, channel), ``SCALE_BITS / p`` bits per token and channel: the page scan
+      needs both to estimate every page's logits, ``F p D 2 / 8 + F D 4`` bytes;
+    * attend: float8 residual and bf16 values of the kept fraction f of the full pages,
+      ``f F p D (8 + 16) / 8`` bytes;
+    * tail: the unfinished page's exact keys (``tail_key_itemsize`` bytes, the model dtype) and
+      bf16 values, ``(S - F p) D (tail_key_itemsize + 2)`` bytes;
+
+    plus io: the ``num_heads`` query vectors read and outputs written, ``2 H D io_itemsize`` bytes.
+    Dense bf16 attention reads ``2 S D 2`` bytes per kv head.
+
+    Raises:
+      ValueError: a size that is not an int >= 1, ``num_heads`` not a multiple of
+        ``num_kv_heads``, or ``kept_fraction`` outside (0, 1].
+    """
+    for name, x in (("context", context), ("num_kv_heads", num_kv_heads),
+                    ("num_heads", num_heads), ("head_dim", head_dim), ("page_size", page_size),
+                    ("io_itemsize", io_itemsize), ("tail_key_itemsize", tail_key_itemsize)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"ffd_floor_bytes: {name} must be an int >= 1, got {x!r}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"ffd_floor_bytes: num_heads={num_heads} is not a multiple of "
+                         f"num_kv_heads={num_kv_heads}")
+    f = check_kept_fraction(kept_fraction, "ffd_floor_bytes")
+    d, p, kh = head_dim, page_size, num_kv_heads
+    full = context // p
+    tail_tokens = context - full * p
+    scan = kh * (full * p * d * CODE_BITS + full * d * SCALE_BITS) / 8
+    attend = kh * f * full * p * d * (RESID_BITS + VALUE_BITS) / 8
+    tail = kh * tail_tokens * d * (tail_key_itemsize + VALUE_BITS // 8)
+    io = 2 * num_heads * d * io_itemsize
+    return FFDFloor(float(scan), float(attend), float(tail), float(io))
