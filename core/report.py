@@ -163,12 +163,15 @@ class Section:
         and all are written into the report relative to the report's own folder.
       headline: one row for the report's opening table, keys ``method``, ``claim``, ``ours``,
         ``reproduces`` (``"yes"``, ``"no"``, ``"partly"``, ``"failed"``) — optional.
+      variant: the config argument the experiment ran with (``"tiny"``, ``"smoke,seed=1"``), or
+        ``""`` when not recorded.
     """
 
     title: str
     body: str = ""
     figures: list[str] = dataclasses.field(default_factory=list)
     headline: dict[str, str] | None = None
+    variant: str = ""
 
     def __post_init__(self):
         self.figures = [files.display(f) for f in self.figures]
@@ -181,6 +184,32 @@ class Section:
             parts += [f"![{posixpath.basename(fig.replace(os.sep, '/'))}]"
                       f"({files.relative(fig, report_dir)})", ""]
         return "\n".join(parts)
+
+
+def save_section(path: str, section: Section) -> str:
+    """Writes ``section`` as JSON at ``path`` (whole or not at all), its figures relative to the
+    folder of ``path`` so that the record stays valid when the workdir is moved or copied (a
+    figure on another file system keeps its full path). Returns ``path``."""
+    record = dataclasses.asdict(section)
+    record["figures"] = [files.relative(f, files.parent(path)) for f in section.figures]
+    return write_json(path, record)
+
+
+def load_section(path: str) -> Section:
+    """The :class:`Section` saved at ``path`` by :func:`save_section`.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: the file is not such a record (names the file).
+    """
+    try:
+        record = json.loads(files.read_text(path))
+        folder = files.parent(path)
+        record["figures"] = [f if (os.path.isabs(f) or not files.is_local(f)) else
+                             files.join(folder, f) for f in record.get("figures", [])]
+        return Section(**record)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a report section record ({e})") from None
 
 
 def write_report(path: str, title: str, sections: Sequence[Section], preamble: str = "",

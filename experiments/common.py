@@ -482,16 +482,32 @@ def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.
                 message = message[len(name) + 2:]
             print(f"error: {name}: {message}", file=sys.stderr)
             return 2
-        # <workdir>/<name>/report.md, so runs of several experiments into one workdir coexist.
-        variant = config_flag.value.get("variant", "")
-        path = report.write_report(files.join(workdir, name, "report.md"),
-                                   f"Report: {name} ({variant})", [section],
-                                   no_verdict=variant if variant in cfg_lib.NO_VERDICT_VARIANTS
-                                   else None)
+        # <workdir>/<name>/report.md, so runs of several experiments into one workdir coexist;
+        # the section is kept for the main job's report (experiments.main)
+        section.variant = config_flag.value.get("variant", "")
+        path = save_experiment_report(workdir, name, section)
         print(f"report: {files.display(path)}", file=sys.stderr)
         return 0
 
     app.run(main, flags_parser=parse_flags_or_exit(name, config_listing))
+
+
+SECTION_FILE = "section.json"
+
+
+def save_experiment_report(workdir: str, name: str, section: report.Section) -> str:
+    """Writes experiment ``name``'s ``<workdir>/<name>/report.md`` (its section alone, under a
+    notice if ``section.variant`` judges no claim) and keeps the section in
+    ``<workdir>/<name>/section.json``, from which the main job rebuilds ``<workdir>/report.md``.
+
+    Returns:
+      The path of ``report.md``.
+    """
+    variant = cfg_lib.parse_arg(section.variant)[0] if section.variant else ""
+    report.save_section(files.join(workdir, name, SECTION_FILE), section)
+    return report.write_report(
+        files.join(workdir, name, "report.md"), f"Report: {name} ({section.variant or 'variant not recorded'})",
+        [section], no_verdict=variant if variant in cfg_lib.NO_VERDICT_VARIANTS else None)
 
 
 def default_config_path(name: str) -> str:

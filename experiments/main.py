@@ -3,6 +3,12 @@
     python -m experiments.main --variant=tiny --workdir=workdir            # every experiment
     python -m experiments.main --experiments=lm,judge_btl --workdir=DIR   # a subset
 
+As each experiment finishes, its claim row (paper's claim, ours, verdict) is printed, its section
+is kept in ``<workdir>/<name>/section.json`` with its own ``<workdir>/<name>/report.md``, and
+``<workdir>/report.md`` is rebuilt from every section present in the workdir, in registry order:
+a subset rerun replaces those experiments' sections and keeps the others (the report names the
+ones kept from earlier runs and their variants).
+
 A failing experiment is reported as failed in the report's opening table and does not stop the
 others; the exit code is 1 if any failed. With several experiments, each runs in its own process
 (``--isolate``, the default): one experiment's global JAX state cannot leak into the next, and one
@@ -21,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import json
 import os
 import signal
 import subprocess
@@ -34,6 +39,7 @@ from collections.abc import Callable
 from absl import app, flags, logging
 
 from core import config as cfg_lib
+from core import files as paths
 from core import report, timing
 from experiments import common, registry
 
@@ -67,8 +73,10 @@ def _failed_section(name: str, message: str, details: str) -> report.Section:
 def _run_in_process(name: str, variant: str, workdir: str) -> report.Section:
     module, config_module = registry.load(name)
     config = config_module.get_config(variant)
-    with common.lock_workdir(os.path.join(workdir, name)):
-        return module.run(config, workdir)
+    with common.lock_workdir(paths.join(workdir, name)):
+        section = module.run(config, workdir)
+    section.variant = variant
+    return section
 
 
 class _Watched:
@@ -183,10 +191,9 @@ def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
                   timeout_s: float | None = None) -> report.Section:
     """Runs one experiment in a child process (see :func:`watch`); its section comes back as
     JSON."""
-    out = os.path.join(workdir, name, "section.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    if os.path.exists(out):
-        os.remove(out)
+    out = paths.join(workdir, name, common.SECTION_FILE)
+    paths.makedirs(paths.join(workdir, name))
+    paths.remove(out)  # an earlier run's section must not pass for this one's
     cmd = [sys.executable, "-m", "experiments.main", f"--experiments={name}",
            f"--variant={variant}", f"--workdir={workdir}", "--noisolate", f"--section_out={out}"]
     outcome, code, silent_s = watch(cmd, os.path.join(workdir, name), stall_s, timeout_s)
@@ -199,16 +206,16 @@ def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
             name, f"no progress for {stall_s / 60:g} min",
             f"{name} printed nothing and wrote nothing under {os.path.join(workdir, name)} for "
             f"{silent_s:.0f} s (--stall_minutes); stopped as hung")
-    if code != 0 or not os.path.exists(out):
+    if code != 0 or not paths.exists(out):
         return _failed_section(name, f"exit code {code}",
                                f"{name} exited with code {code}; its error is in the job's "
                                "standard error")
-    with open(out) as f:
-        return report.Section(**json.load(f))
+    return report.load_section(out)
 
 
 def run_all(names, variant: str, workdir: str, isolate: bool = False,
-            stall_s: float = 600.0, timeout_s: float | None = None
+            stall_s: float = 600.0, timeout_s: float | None = None,
+            on_done: Callable[[str, report.Section], None] | None = None
             ) -> tuple[list[report.Section], list[str]]:
     """Runs each experiment; returns (sections, names of failed experiments).
 
@@ -218,6 +225,8 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
       workdir: the output directory (checked beforehand with ``common.check_workdir``).
       isolate: run each experiment in its own process, stopped after ``stall_s`` seconds
         without progress or ``timeout_s`` seconds in all (see :func:`_run_isolated`).
+      on_done: called with each experiment's name and section (its ``variant`` set) as soon as
+        it has finished, failed ones included.
     """
     sections, failed = [], []
     for i, name in enumerate(names):
@@ -238,21 +247,86 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
         section.body += f"\n\n_{name} took {seconds:.0f} s._\n"
         print(f"[{i + 1}/{len(names)}] {name} done in {seconds:.0f} s"
               f"{' (FAILED)' if name in failed else ''}", file=sys.stderr, flush=True)
+        section.variant = section.variant or variant
         sections.append(section)
+        if on_done is not None:
+            on_done(name, section)
     return sections, failed
 
 
+def claim_line(name: str, section: report.Section) -> str:
+    """One line for the terminal: ``<name> (<variant>): <verdict> | <method> | paper: <claim> |
+    ours: <measured>``; the verdict reads ``n/a (<variant>)`` for a variant that judges no claim,
+    and a section without a headline row says so."""
+    variant = section.variant or "?"
+    head = section.headline
+    if not head:
+        return f"{name} ({variant}): no claim row"
+    verdict = head.get("reproduces", "")
+    kind = cfg_lib.parse_arg(section.variant)[0] if section.variant else ""
+    if verdict != "failed" and kind in cfg_lib.NO_VERDICT_VARIANTS:
+        verdict = f"n/a ({kind})"
+    parts = [f"{name} ({variant}): {verdict}", head.get("method", "")]
+    if head.get("claim"):
+        parts.append(f"paper: {head['claim']}")
+    parts.append(f"ours: {head.get('ours', '')}")
+    return " | ".join(parts)
+
+
+def saved_sections(workdir: str) -> list[tuple[str, report.Section]]:
+    """``(name, section)`` of every registered experiment with a ``<workdir>/<name>/section.json``,
+    in registry order. A record that cannot be read is left out with a warning on stderr."""
+    out = []
+    for name in registry.EXPERIMENTS:
+        path = paths.join(workdir, name, common.SECTION_FILE)
+        try:
+            out.append((name, report.load_section(path)))
+        except FileNotFoundError:
+            continue
+        except (ValueError, OSError) as e:
+            print(f"warning: {e}; its section is left out of the report", file=sys.stderr)
+    return out
+
+
+def rebuild_main_report(workdir: str, variant: str, names, seconds: float) -> str:
+    """Writes ``<workdir>/report.md`` from every section kept in the workdir
+    (:func:`saved_sections`); ``names`` are the experiments of this run, the others are named in
+    the report as kept from earlier runs. Returns the path."""
+    kept = saved_sections(workdir)
+    earlier = [(n, s.variant) for n, s in kept if n not in names]
+    return write_main_report(workdir, variant, [n for n, _ in kept if n in names],
+                             [s for _, s in kept], seconds, earlier=earlier)
+
+
 def write_main_report(workdir: str, variant: str, names, sections: list[report.Section],
-                      seconds: float) -> str:
+                      seconds: float, earlier=()) -> str:
     """Writes ``<workdir>/report.md`` and returns its path. ``variant`` is the ``--variant`` value
-    (``"smoke"``, ``"tiny,steps=3"``, ...); for a variant whose numbers are meaningless
-    (``core.config.NO_VERDICT_VARIANTS``) the report says so at the top and its "reproduces"
-    column reads ``n/a (<variant>)`` rather than a verdict (failed experiments stay ``failed``)."""
-    variant_name = cfg_lib.parse_arg(variant)[0]
+    (``"smoke"``, ``"tiny,steps=3"``, ...), the variant of every section that does not record its
+    own; ``earlier`` lists ``(name, variant)`` of sections kept from earlier runs. Where every
+    section's variant has meaningless numbers (``core.config.NO_VERDICT_VARIANTS``) the report says
+    so at the top; each such section's "reproduces" cell reads ``n/a (<variant>)`` rather than a
+    verdict (failed experiments stay ``failed``)."""
+    kinds = [cfg_lib.parse_arg(s.variant or variant)[0] for s in sections]
+    no_verdict = None
+    if kinds and all(k in cfg_lib.NO_VERDICT_VARIANTS for k in kinds) and len(set(kinds)) == 1:
+        no_verdict = kinds[0]
+    elif not kinds and cfg_lib.parse_arg(variant)[0] in cfg_lib.NO_VERDICT_VARIANTS:
+        no_verdict = cfg_lib.parse_arg(variant)[0]
+    else:  # a mixed report: only the rows of meaningless variants lose their verdict
+        marked = []
+        for s, kind in zip(sections, kinds, strict=True):
+            row = s.headline
+            if row and kind in cfg_lib.NO_VERDICT_VARIANTS and row.get("reproduces") != "failed":
+                s = dataclasses.replace(s, headline={**row, "reproduces": f"n/a ({kind})"})
+            marked.append(s)
+        sections = marked
+    preamble = f"Variant `{variant}`, experiments: {', '.join(names)}; total {seconds:.0f} s."
+    if earlier:
+        preamble += (" Kept from earlier runs in this workdir: "
+                     + ", ".join(f"{n} (`{v or 'variant not recorded'}`)" for n, v in earlier) + ".")
     return report.write_report(
-        os.path.join(workdir, "report.md"), "ICML 2026 methods in JAX: report", sections,
-        preamble=(f"Variant `{variant}`, experiments: {', '.join(names)}; total {seconds:.0f} s."),
-        no_verdict=variant_name if variant_name in cfg_lib.NO_VERDICT_VARIANTS else None)
+        paths.join(workdir, "report.md"), "ICML 2026 methods in JAX: report", sections,
+        preamble=preamble, no_verdict=no_verdict)
 
 
 def _variants_help(argv) -> str:
@@ -321,19 +395,28 @@ def main(argv):
             section = _run_in_process(names[0], _VARIANT.value, workdir)
         except RunDirectoryInUseError as e:
             common.usage_error("main", str(e))
-        report.write_json(_SECTION_OUT.value, dataclasses.asdict(section))
+        report.save_section(_SECTION_OUT.value, section)
         return 0
+    done: list[str] = []
+
+    def on_done(name: str, section: report.Section) -> None:
+        # readable at once: the claim row, the experiment's report, the main report so far
+        common.save_experiment_report(workdir, name, section)
+        print(claim_line(name, section), flush=True)
+        done.append(name)
+        rebuild_main_report(workdir, _VARIANT.value, done, stopwatch.seconds)
+
     try:
         with common.lock_workdir(workdir):
-            sections, failed = run_all(
+            _, failed = run_all(
                 names, _VARIANT.value, workdir, isolate=_ISOLATE.value and len(names) > 1,
                 stall_s=_STALL.value * 60,
-                timeout_s=None if _TIMEOUT.value is None else _TIMEOUT.value * 60)
-            path = write_main_report(workdir, _VARIANT.value, names, sections,
-                                     stopwatch.seconds)
+                timeout_s=None if _TIMEOUT.value is None else _TIMEOUT.value * 60,
+                on_done=on_done)
+            path = rebuild_main_report(workdir, _VARIANT.value, names, stopwatch.seconds)
     except RunDirectoryInUseError as e:
         common.usage_error("main", str(e))
-    print(f"report: {os.path.abspath(path)}", file=sys.stderr)
+    print(f"report: {paths.display(path)}", file=sys.stderr)
     if failed:
         print(f"failed experiments: {', '.join(failed)}", file=sys.stderr)
         return 1
