@@ -327,32 +327,102 @@ def derivatives(x: jax.Array, table: ComparisonTable, config: FitConfig):
       (f [], g [D], H [D, D]), float.
     """
     n, nj = table.n_models, table.n_judges
-    i, j, k = table.i, table.j, table.judge
-    gamma = jnp.exp(x[n + k])
-    d = gamma * (x[i] - x[j])
+    gamma = jnp.exp(x[n + table.judge])
+    d = gamma * (x[table.i] - x[table.j])
     phi, p_d, p_t, p_dd, p_dt, p_tt = _phi_derivs(d, x[-1], _row_counts(table), config.tie_model)
     ridge = _ridge_diag(n, nj, config, x.dtype)
     f = jnp.sum(phi) + 0.5 * jnp.sum(ridge * x * x)
-
-    def per_model(v):  # v [M] at s_i, -v at s_j
-        return jax.ops.segment_sum(v, i, n) - jax.ops.segment_sum(v, j, n)
-
-    g = jnp.concatenate([per_model(p_d * gamma), jax.ops.segment_sum(p_d * d, k, nj),
+    g = jnp.concatenate([_per_model(p_d * gamma, table), jax.ops.segment_sum(p_d * d, table.judge, nj),
                          jnp.sum(p_t)[None]]) + ridge * x
-    w = jax.ops.segment_sum(p_dd * gamma * gamma, i * n + j, n * n).reshape(n, n)
+    h = _assemble_curvature(table, gamma, d, p_d, p_dd, p_dt, p_tt)
+    return f, g, h + jnp.diag(ridge)
+
+
+def _per_model(v: jax.Array, table: ComparisonTable) -> jax.Array:
+    """Per-row values [M] summed into [N]: ``+v`` at ``s_i``, ``-v`` at ``s_j``."""
+    n = table.n_models
+    return jax.ops.segment_sum(v, table.i, n) - jax.ops.segment_sum(v, table.j, n)
+
+
+def _assemble_curvature(table: ComparisonTable, gamma, d, c_d, c_dd, c_dt, c_tt) -> jax.Array:
+    """``sum_rows c_dd grad d grad d^T + c_d hess d + c_dt (grad d e_tau^T + e_tau grad d^T)
+    + c_tt e_tau e_tau^T`` in full coordinates, float [D, D], from per-row scalars [M] (see
+    :func:`derivatives` for the block-wise assembly). With the observed partials of ``phi`` it is
+    the observed information; with ``c_d = 0`` and the expected partials, the expected one."""
+    n, nj = table.n_models, table.n_judges
+    i, j, k = table.i, table.j, table.judge
+    w = jax.ops.segment_sum(c_dd * gamma * gamma, i * n + j, n * n).reshape(n, n)
     w = w + w.T
     h_ss = jnp.diag(jnp.sum(w, axis=1)) - w
-    q = p_dd * gamma * d + p_d * gamma
+    q = c_dd * gamma * d + c_d * gamma
     h_sa = (jax.ops.segment_sum(q, i * nj + k, n * nj) - jax.ops.segment_sum(q, j * nj + k, n * nj)
             ).reshape(n, nj)
-    h_aa = jnp.diag(jax.ops.segment_sum(p_dd * d * d + p_d * d, k, nj))
-    h_st = per_model(p_dt * gamma)
-    h_at = jax.ops.segment_sum(p_dt * d, k, nj)
+    h_aa = jnp.diag(jax.ops.segment_sum(c_dd * d * d + c_d * d, k, nj))
+    h_st = _per_model(c_dt * gamma, table)
+    h_at = jax.ops.segment_sum(c_dt * d, k, nj)
     col_t = jnp.concatenate([h_st, h_at])[:, None]
-    h = jnp.block([[h_ss, h_sa, col_t[:n]],
-                   [h_sa.T, h_aa, col_t[n:]],
-                   [col_t.T, jnp.sum(p_tt)[None, None]]])
-    return f, g, h + jnp.diag(ridge)
+    return jnp.block([[h_ss, h_sa, col_t[:n]],
+                      [h_sa.T, h_aa, col_t[n:]],
+                      [col_t.T, jnp.sum(c_tt)[None, None]]])
+
+
+def _expected_partials(d: jax.Array, tau: jax.Array, total: jax.Array, tie_model: str):
+    """Per-row Fisher information of ``(d, tau)``: ``total`` comparisons times
+    ``sum_o p_o (dlog p_o)(dlog p_o)^T`` over the outcomes ``o``; entries ``(dd, dtau, tautau)``,
+    each [M]. For ``"half"`` (a Bernoulli comparison, ``P(i wins) = sigmoid(d)``) it is
+    ``(total p (1 - p), 0, 0)``."""
+    if tie_model == "half":
+        p = jax.nn.sigmoid(d)
+        z = jnp.zeros_like(d)
+        return total * p * (1 - p), z, z
+    tau = jnp.broadcast_to(tau, d.shape)
+    lp = outcome_logprobs(d, tau, tie_model)  # [M, 3]
+    jd, jt = jax.vmap(jax.jacfwd(lambda dd, tt: outcome_logprobs(dd, tt, tie_model),
+                                 argnums=(0, 1)))(d, tau)  # [M, 3] each
+    p = jnp.exp(lp)
+    return (total * jnp.sum(p * jd * jd, -1), total * jnp.sum(p * jd * jt, -1),
+            total * jnp.sum(p * jt * jt, -1))
+
+
+def expected_information(x: jax.Array, table: ComparisonTable, config: FitConfig) -> jax.Array:
+    """Expected (Fisher) information of the penalised negative log-likelihood at ``x``, float [D, D].
+
+    The data enter only through the number of comparisons of each row (the design); the outcomes
+    are averaged over the model at ``x``. A comparison depends on ``x`` through
+    ``d = exp(alpha_k) (s_i - s_j)`` (and ``tau``); its score is ``(dlog p_o / dd) grad d`` (plus the
+    ``tau`` part), so its information is ``E[score score^T]``. For a decisive comparison with
+    ``p = sigmoid(d)`` that is
+
+        p (1 - p) grad d grad d^T,    grad d = (gamma_k, -gamma_k, d) in (s_i, s_j, alpha_k),
+
+    i.e. ``p (1 - p)`` times the outer product of the gradient of the logit ``d``. Written out per
+    row: ``p(1-p) gamma^2`` in the ``(s, s)`` entries (a graph Laplacian), ``p(1-p) gamma d`` in
+    ``(s_i, alpha_k)`` (minus at ``s_j``) and ``p(1-p) d^2`` in ``(alpha_k, alpha_k)``. With ties
+    (Davidson, Rao-Kupper) the per-comparison ``(d, tau)`` information ``sum_o p_o (dlog p_o)
+    (dlog p_o)^T`` replaces ``p (1 - p)``. For ``"half"`` ties count as comparisons of the Bernoulli
+    model (the pseudo-likelihood's convention). Ridges add ``diag(ridge)``, as in :func:`derivatives`.
+
+    The observed information (the Hessian of :func:`derivatives`) differs by ``sum_rows phi_d
+    hess d``, with ``phi_d = total p - y`` (wins ``y``) for a decisive row: its expectation is 0, so
+    the two agree on average over the outcomes, but not on one data set. ``hess d`` is zero in the
+    ``(s, s)`` block, so for plain BTL (``alpha`` fixed) they coincide at every ``x``: the logit
+    link is canonical. Xu et al. (2026), Section 4: the asymptotic covariance of the normalised
+    MLE is the inverse of this (expected) information.
+
+    Args:
+      x: float [D], the full parameter vector ``[s, alpha, tau]``.
+      table: the design (only ``wins + losses + ties`` per row is used).
+      config: tie model and ridges.
+
+    Returns:
+      float [D, D], symmetric positive semi-definite.
+    """
+    n, nj = table.n_models, table.n_judges
+    gamma = jnp.exp(x[n + table.judge])
+    d = gamma * (x[table.i] - x[table.j])
+    e_dd, e_dt, e_tt = _expected_partials(d, x[-1], table.totals.astype(x.dtype), config.tie_model)
+    h = _assemble_curvature(table, gamma, d, jnp.zeros_like(d), e_dd, e_dt, e_tt)
+    return h + jnp.diag(_ridge_diag(n, nj, config, x.dtype))
 
 
 def _scatter_blocks(blocks: jax.Array, idx: jax.Array, dim: int) -> jax.Array:
@@ -628,6 +698,68 @@ def mle_exists(table: ComparisonTable, config: FitConfig, information: jax.Array
     return ok
 
 
+def divergence_message(params: Params, scores, judges, tie: bool, model_names=None,
+                       judge_names=None) -> str:
+    """The error text for parameters that :func:`diverging` flags, worded by where each goes.
+
+    The direction is read from the parameter's value where Newton stopped (far out along the
+    flat direction): a score to ``+inf`` (the model wins every comparison under the fit) or
+    ``-inf`` (loses every one); a judge's discrimination ``gamma_k`` to ``+inf`` (``alpha_k > 0``:
+    every comparison the judge made agrees with the fitted order, so the fit makes them certain) or
+    to 0 (``alpha_k < 0``: the judge's votes do not follow the fitted order, being independent of
+    it or against it, and the fit makes its comparisons coin flips, ``P = 1/2``; since
+    ``sum alpha = 0`` the other judges' ``gamma`` rise to match); the tie parameter to ``+inf``
+    (every comparison a tie) or ``-inf`` (ties impossible).
+
+    Args:
+      params: the parameters where the fit stopped (host or device arrays).
+      scores, judges: int [*], indices of the flagged models and judges.
+      tie: whether the tie parameter is flagged.
+      model_names, judge_names: names for the message (default: the indices).
+
+    Returns:
+      str, one sentence per group, then the remedy.
+    """
+    import numpy as np
+
+    from algorithms.ranking.data import _names
+
+    s, a = np.asarray(params.scores), np.asarray(params.log_discrimination)
+    scores, judges = np.asarray(scores, int), np.asarray(judges, int)
+    parts = []
+
+    def group(idx, values, names, up, down, what):
+        v = values[idx]
+        for sel, text in ((v > 0, up), (v < 0, down),
+                          (~(v > 0) & ~(v < 0), "have a vanishing or non-finite information")):
+            if np.any(sel):
+                at = ", ".join(f"{x:+.3g}" for x in v[sel][:8]) + (", ..." if np.sum(sel) > 8 else "")
+                parts.append(f"{what} {_names(idx[sel], names)} (at {at} where the fit stopped) {text}")
+
+    group(scores, s, model_names, "run to +inf: under the fit these models win every comparison",
+          "run to -inf: under the fit these models lose every comparison", "scores of models")
+    group(judges, a, judge_names,
+          "run to +inf: the discrimination gamma grows without bound, every comparison these judges "
+          "made agrees with the fitted order and the fit makes each of them certain",
+          "run to -inf: the discrimination gamma falls to 0, these judges' votes do not follow the "
+          "fitted order (independent of it or against it) and the fit makes their comparisons coin "
+          "flips (P = 1/2)", "log-discriminations alpha of judges")
+    if tie:
+        tau = float(np.asarray(params.tie))
+        parts.append(f"the tie parameter tau (at {tau:+.3g}) runs to "
+                     + ("+inf: every comparison becomes a tie" if tau > 0 else
+                        "-inf: ties become impossible" if tau < 0 else
+                        "an infinite value (vanishing or non-finite information)"))
+    remedy = []
+    if judges.size:
+        remedy.append("ridge_alpha > 0 (a Gaussian prior on the log-discriminations)")
+    if scores.size:
+        remedy.append("ridge_scores > 0 (a Gaussian prior on the scores)")
+    return ("the fit diverges (the MLE is at infinity): " + "; ".join(parts)
+            + (f"; set {' and '.join(remedy)} for a finite MAP fit" if remedy else
+               "; the data do not identify the tie parameter"))
+
+
 # ----------------------------------------------------------------------------------------------
 # Checked entry point
 # ----------------------------------------------------------------------------------------------
@@ -659,9 +791,11 @@ def fit(table: ComparisonTable, config: FitConfig = FitConfig(), *, init: Params
 
     Raises:
       ValueError: the data do not identify the model (see
-        :func:`algorithms.ranking.data.check_identifiable`), or the fit diverges (parameters running to
-        infinity, e.g. a judge whose every comparison agrees with the fitted order: its discrimination
-        MLE is infinite; the message names them, or the tie parameter, and suggests a ridge).
+        :func:`algorithms.ranking.data.check_identifiable`), or the fit diverges: a parameter whose
+        MLE is at plus or minus infinity (:func:`diverging`), e.g. a judge whose every comparison
+        agrees with the fitted order (discrimination to infinity) or whose votes do not follow it
+        (discrimination to 0); the message (:func:`divergence_message`) names each, says which way
+        it goes and what that does to its comparisons, and suggests a ridge.
     """
     import warnings
 
@@ -681,14 +815,8 @@ def fit(table: ComparisonTable, config: FitConfig = FitConfig(), *, init: Params
         params, conv = jax.device_get(params), jax.device_get(conv)
     flat_s, flat_a = np.flatnonzero(flat_s), np.flatnonzero(flat_a)
     if flat_s.size or flat_a.size or bool(flat_t):
-        from algorithms.ranking.data import _names
-        raise ValueError(
-            "the fit diverges (the MLE is at infinity): "
-            + (f"scores of models {_names(flat_s, model_names)} " if flat_s.size else "")
-            + (f"log-discriminations of judges {_names(flat_a, judge_names)} " if flat_a.size else "")
-            + ("the tie parameter tau " if bool(flat_t) else "")
-            + "grow without bound (their comparisons become certain); set ridge_alpha > 0 (and/or "
-            "ridge_scores > 0) for a MAP fit")
+        raise ValueError(divergence_message(params, flat_s, flat_a, bool(flat_t), model_names,
+                                            judge_names))
     if not bool(conv.converged):
         warnings.warn(f"judge-aware BTL fit did not converge in {int(conv.iterations)} iterations "
                       f"(Newton decrement {float(conv.decrement):.3g}, tol {config.tol:g})",

@@ -4,16 +4,22 @@ Dimension legend: N models, J judges, D = N + J + 1 full parameters ``x = [s, al
 P reduced parameters, R posterior draws, B bootstrap replicates, M table rows.
 
 The MLE is consistent and asymptotically normal (Xu et al., 2026, Section 4; the theorem on the
-asymptotic distribution of the normalised estimator). In the reduced coordinates ``x = B theta``
-(``B`` with orthonormal zero-sum blocks, :func:`algorithms.ranking.btl.reduced_basis`) the observed
-Fisher information ``I = B^T H B`` is non-singular, so
+asymptotic distribution of the normalised estimator, whose covariance is the inverse of the
+expected (Fisher) information). In the reduced coordinates ``x = B theta`` (``B`` with orthonormal
+zero-sum blocks, :func:`algorithms.ranking.btl.reduced_basis`) the information ``I = B^T F B`` is
+non-singular, so
 
     Cov(theta) ~= I^{-1},        Cov(x) = B I^{-1} B^T                       (Fisher)
     Cov(theta) ~= I^{-1} S I^{-1}, S = sum_c score_c score_c^T               (sandwich, robust)
 
-with ``H`` the Hessian of the negative (penalised) log-likelihood. ``Cov(x)`` is singular (rank P)
-because of the normalisation; variances of contrasts such as ``s_i - s_j`` are read off directly.
-For a MAP fit (ridge > 0) the same formulas use the penalised Hessian (the Laplace approximation).
+Two conventions for ``F`` (``information=``): ``"expected"`` (default, as in the paper), the
+expected information at the estimate, :func:`algorithms.ranking.btl.expected_information`
+(``p (1 - p)`` times the outer product of the gradient of the logit ``gamma_k (s_i - s_j)`` per
+comparison), or ``"observed"``, the Hessian ``H`` of the negative log-likelihood at the estimate.
+They coincide for plain BTL (canonical logit link); in the judge-aware model they differ by
+``sum_rows (total p - wins) hess d``, which is zero in expectation only. ``Cov(x)`` is singular (rank
+P) because of the normalisation; variances of contrasts such as ``s_i - s_j`` are read off directly.
+For a MAP fit (ridge > 0) both add the prior's curvature (the Laplace approximation).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from algorithms.ranking.btl import (
     FitConfig,
     Params,
     derivatives,
+    expected_information,
     flatten,
     mle_exists,
     reduced_basis,
@@ -39,11 +46,11 @@ from algorithms.ranking.btl import (
 from algorithms.ranking.data import ComparisonTable
 
 COVARIANCES = ("fisher", "sandwich")
+INFORMATION = ("expected", "observed")
 
 
-@functools.partial(jax.jit, static_argnames=("kind",))
-def covariance(table: ComparisonTable, params: Params, config: FitConfig, kind: str = "fisher"
-               ) -> jax.Array:
+def covariance(table: ComparisonTable, params: Params, config: FitConfig, kind: str = "fisher",
+               information: str | None = None) -> jax.Array:
     """Asymptotic covariance of ``x = [s, alpha, tau]`` at the fitted ``params``, float [D, D].
 
     Args:
@@ -51,20 +58,39 @@ def covariance(table: ComparisonTable, params: Params, config: FitConfig, kind: 
       params: the fitted parameters (a maximum of the penalised likelihood).
       config: the fit's config (its tie model, ridges and judge-awareness define the free directions;
         fixed entries, e.g. ``alpha`` of plain BTL or ``tau`` of ``"half"``, get zero variance).
-      kind: ``"fisher"`` (inverse observed information) or ``"sandwich"`` (robust to misspecification,
-        e.g. to the ``"half"`` pseudo-likelihood or to judge heterogeneity the model lacks).
+      kind: ``"fisher"`` (inverse information) or ``"sandwich"`` (``I^-1 S I^-1``, robust to
+        misspecification, e.g. to the ``"half"`` pseudo-likelihood or to judge heterogeneity the
+        model lacks).
+      information: the information ``I`` that is inverted: ``"expected"`` (the Fisher information
+        at the estimate, :func:`algorithms.ranking.btl.expected_information`; the paper's
+        convention, Xu et al., 2026, Section 4) or ``"observed"`` (the Hessian of the negative
+        log-likelihood at the estimate). ``None`` (default) is ``"expected"`` for ``"fisher"`` and
+        ``"observed"`` for ``"sandwich"``, whose bread must be the data's own curvature to stay
+        valid when the model is wrong.
 
     Returns:
       float [D, D], symmetric positive semi-definite of rank P.
 
     Raises:
-      ValueError: unknown ``kind`` (at trace time).
+      ValueError: unknown ``kind`` or ``information``.
     """
     if kind not in COVARIANCES:
         raise ValueError(f"covariance kind={kind!r}; expected one of {COVARIANCES}")
+    if information is None:
+        information = "expected" if kind == "fisher" else "observed"
+    if information not in INFORMATION:
+        raise ValueError(f"covariance information={information!r}; expected one of {INFORMATION}")
+    return _covariance(table, params, config, kind, information)
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "information"))
+def _covariance(table, params, config, kind, information):
     x = flatten(params)
     basis = reduced_basis(table.n_models, table.n_judges, config, x.dtype)
-    _, _, h = derivatives(x, table, config)
+    if information == "expected":
+        h = expected_information(x, table, config)
+    else:
+        _, _, h = derivatives(x, table, config)
     info = basis.T @ h @ basis
     info = 0.5 * (info + info.T)
     inv = jnp.linalg.inv(info)

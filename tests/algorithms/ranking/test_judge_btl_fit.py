@@ -212,10 +212,43 @@ def test_divergent_judge_is_reported():
     out = [LEFT, LEFT, LEFT, LEFT, LEFT, LEFT, LEFT, RIGHT]
     judge = [0, 0, 0, 0, 0, 0, 0, 1]
     table = data.aggregate(left, right, out, judge)
-    with pytest.raises(ValueError, match=r"log-discriminations of judges \[1\]"):
+    with pytest.raises(ValueError, match=r"log-discriminations alpha of judges \[1\] \(at \+[0-9.]+ "
+                       r"where the fit stopped\) run to \+inf: the discrimination gamma grows "
+                       r"without bound") as err:
         btl.fit(table, btl.FitConfig())
+    assert "falls to 0" not in str(err.value) and "ridge_alpha > 0" in str(err.value)
     res = btl.fit(table, btl.FitConfig(ridge_alpha=1.0))  # the MAP is finite
     assert bool(res.convergence.converged) and np.all(np.abs(res.params.log_discrimination) < 3)
+
+
+def test_judge_whose_votes_ignore_the_models_is_reported_as_discrimination_to_zero():
+    # Judges 0 and 1 follow a score order; judge 2 always votes for the left answer and sees every
+    # pair in both orientations, so its votes are independent of the models: its likelihood is
+    # highest at gamma_2 = 0 (every comparison a coin flip), alpha_2 -> -inf. The message used to
+    # say that it "grows without bound (its comparisons become certain)".
+    rng = np.random.default_rng(0)
+    s = np.array([0.0, 0.7, 1.4])
+    left, right, out, judge = [], [], [], []
+    for k in (0, 1):
+        for _ in range(60):
+            a, b = rng.choice(3, 2, replace=False)
+            left.append(a)
+            right.append(b)
+            judge.append(k)
+            out.append(LEFT if rng.random() < 1 / (1 + np.exp(-2 * (s[a] - s[b]))) else RIGHT)
+    for a, b in [(0, 1), (1, 2), (0, 2)] * 3:
+        left += [a, b]
+        right += [b, a]
+        out += [LEFT, LEFT]
+        judge += [2, 2]
+    table = data.aggregate(left, right, out, judge)
+    with pytest.raises(ValueError, match=r"log-discriminations alpha of judges \[2\] \(at -[0-9.]+ "
+                       r"where the fit stopped\) run to -inf: the discrimination gamma falls to 0") as err:
+        btl.fit(table, btl.FitConfig())
+    assert "coin flips" in str(err.value) and "grows without bound" not in str(err.value)
+    assert "judges [0" not in str(err.value) and "scores of models" not in str(err.value)
+    res = btl.fit(table, btl.FitConfig(ridge_alpha=1.0))  # with a prior judge 2 is merely weak
+    assert np.argmin(res.params.log_discrimination) == 2
 
 
 def test_fit_config_validation():
