@@ -66,6 +66,17 @@ def aligned_rmse(estimate, truth) -> tuple[float, float]:
     return float(np.sqrt(np.mean((b * est - tru) ** 2))), b
 
 
+def se_ratio_quantiles(cov_observed, cov_expected, n_models: int) -> list[float]:
+    """Min, median and max over the N models of ``se_observed(s_i) / se_expected(s_i)``, the score
+    standard errors from the two covariances [D, D] (:func:`algorithms.ranking.inference.covariance`
+    with ``information="observed"`` and ``"expected"``); below 1 where the observed information is
+    the larger."""
+    se_o = np.sqrt(np.clip(np.diagonal(np.asarray(cov_observed))[:n_models], 0.0, None))
+    se_e = np.sqrt(np.clip(np.diagonal(np.asarray(cov_expected))[:n_models], 0.0, None))
+    r = se_o / se_e
+    return [float(np.min(r)), float(np.median(r)), float(np.max(r))]
+
+
 def judge_panel(num_reliable: int, num_noisy: int, reliable_gamma: float, noisy_gamma: float,
                 adversarial_gamma: float) -> np.ndarray:
     """Discriminations [J] of a simulated panel: reliable judges, near-random ones, one adversarial
@@ -106,8 +117,9 @@ def simulation_study(truth: btl.Params, num_comparisons: int, heldout_fraction: 
       ``score_rmse`` (judge-aware, in its own normalisation ``sum alpha = 0``), ``score_rmse_btl``
       (plain BTL rescaled to the truth's standard deviation), ``rmse_aligned`` ({judge_aware, btl}:
       :func:`aligned_rmse`, the common scale) and ``scale`` (their least-squares scales),
-      ``gamma_true``, ``gamma_hat``, ``gamma_se``, ``scores_hat``, ``scores_se`` [N],
-      ``rank_ci_width``, ``rank_ci_covers_truth`` and ``iterations``.
+      ``gamma_true``, ``gamma_hat``, ``gamma_se``, ``scores_hat``, ``scores_se`` [N] (standard
+      errors from the expected information), ``se_ratio_observed_to_expected``
+      (:func:`se_ratio_quantiles`), ``rank_ci_width``, ``rank_ci_covers_truth`` and ``iterations``.
     """
     n, nj = truth.scores.shape[0], truth.log_discrimination.shape[0]
     comps = simulate_comparisons(truth, num_comparisons, jax.random.key(seed))
@@ -122,6 +134,9 @@ def simulation_study(truth: btl.Params, num_comparisons: int, heldout_fraction: 
     plain = np.asarray(btl.fit(t_all, btl.FitConfig(judge_aware=False)).params.scores)
     with jax.enable_x64(True):
         cov = inference.covariance(t_all.astype(np.float64), full.params, full.config)
+        obs = inference.covariance(t_all.astype(np.float64), full.params, full.config,
+                                   information="observed")
+        se_ratio = se_ratio_quantiles(obs, cov, n)
         ci = inference.intervals(full.params, cov, level)
         point, lo, hi = (np.asarray(a) for a in inference.rank_intervals(
             jax.random.key(seed + 1), full.params, cov, level, rank_draws))
@@ -137,7 +152,7 @@ def simulation_study(truth: btl.Params, num_comparisons: int, heldout_fraction: 
         gamma_se=np.asarray(ci.gamma_se), scores_hat=s_hat, scores_se=np.asarray(ci.scores_se),
         rank_ci_width=float(np.mean(hi - lo)),
         rank_ci_covers_truth=float(np.mean((lo <= true_rank) & (true_rank <= hi))),
-        iterations=int(full.convergence.iterations))
+        se_ratio_observed_to_expected=se_ratio, iterations=int(full.convergence.iterations))
 
 
 def recovery_replicates(truth: btl.Params, num_comparisons: int, num_datasets: int, seed: int) -> dict:
@@ -180,11 +195,23 @@ def recovery_replicates(truth: btl.Params, num_comparisons: int, num_datasets: i
 def coverage_study(truth: btl.Params, per_cell: int, num_datasets: int, level: float, seed: int) -> dict:
     """Coverage of the Wald intervals for ``s_i``, ``s_i - s_j`` and ``alpha_k`` over R data sets on
     the full design (every pair judged ``per_cell`` times by every judge), fitted in one vectorised
-    call (``lax.map`` in batches of 50). Data sets without a finite MLE are left out.
+    call (``lax.map`` in batches of 50), with the covariance from the expected information (the
+    paper's convention; the headline) and from the observed information.
+
+    A data set whose judge-aware MLE does not exist (a judge whose comparisons all agree with the
+    fitted order, or whose votes do not follow it: its ``alpha`` runs to infinity), or whose Newton
+    fit does not converge within ``max_iter`` (in sparse designs, one creeping towards such a
+    divergence), has no interval; it is left out, and the coverage is the fraction over the
+    R' = ``num_used`` data sets that remain. ``num_dropped`` = R - R' says how many were left out.
+    Conditioning on existence can bias the coverage; the count lets a reader judge by how much.
 
     Returns:
-      dict: ``scores``, ``differences``, ``log_discrimination`` (coverage fractions), ``converged``
-      (fraction of data sets used), ``num_datasets``, ``comparisons_per_dataset``.
+      dict: ``scores``, ``differences``, ``log_discrimination`` (coverage fractions over the data
+      sets used, expected information), ``observed`` (the same three with the observed
+      information), ``se_ratio_observed_to_expected`` (median over the data sets used of the mean
+      ratio of the score standard errors), ``num_datasets`` (R), ``num_used`` (R'),
+      ``num_dropped`` (R - R'), ``dropped_fraction``, ``converged`` (R' / R, kept for older
+      readers), ``comparisons_per_dataset``.
 
     Raises:
       ValueError: ``num_datasets`` or ``per_cell`` < 1, or no data set with a finite MLE.
@@ -198,28 +225,42 @@ def coverage_study(truth: btl.Params, per_cell: int, num_datasets: int, level: f
         design = simulate.full_design(n, nj, per_cell, jnp.float64)
         z = float(jax.scipy.stats.norm.ppf(0.5 + level / 2))
 
-        @jax.jit
-        def one(key):
-            t = simulate.resample_counts(key, truth, design)
-            p, conv = btl.solve(t, cfg)
-            cov = inference.covariance(t, p, cfg)
+        def covers(p, cov):
             se = jnp.sqrt(jnp.clip(jnp.diagonal(cov), 0.0))
             cover_s = jnp.abs(p.scores - truth.scores) <= z * se[:n]
             cover_a = jnp.abs(p.log_discrimination - truth.log_discrimination) <= z * se[n:n + nj]
             dv = se[:n, None] ** 2 + se[None, :n] ** 2 - 2 * cov[:n, :n]
             dd = (p.scores[:, None] - p.scores[None, :]) - (truth.scores[:, None] - truth.scores[None, :])
             cover_d = (jnp.abs(dd) <= z * jnp.sqrt(jnp.clip(dv, 0.0)))[jnp.triu_indices(n, 1)]
-            return cover_s, cover_d, cover_a, conv.converged & btl.mle_exists(t, cfg, conv.information)
+            return (cover_s, cover_d, cover_a), se[:n]
+
+        @jax.jit
+        def one(key):
+            t = simulate.resample_counts(key, truth, design)
+            p, conv = btl.solve(t, cfg)
+            exp_cov, exp_se = covers(p, inference.covariance(t, p, cfg, information="expected"))
+            obs_cov, obs_se = covers(p, inference.covariance(t, p, cfg, information="observed"))
+            ok = conv.converged & btl.mle_exists(t, cfg, conv.information)
+            return exp_cov, obs_cov, jnp.mean(obs_se / exp_se), ok
 
         keys = jax.random.split(jax.random.key(seed), num_datasets)
-        cs, cd, ca, ok = (np.asarray(a) for a in jax.lax.map(one, keys, batch_size=50))
+        exp_c, obs_c, ratio, ok = jax.device_get(jax.lax.map(one, keys, batch_size=50))
+        ok = np.asarray(ok)
         total = float(np.sum(design.wins))
-    if not ok.any():
+    used = int(ok.sum())
+    if not used:
         raise ValueError(f"coverage_study: none of the {num_datasets} data sets has a finite MLE; "
                          "raise per_cell")
-    return dict(scores=float(np.mean(cs[ok])), differences=float(np.mean(cd[ok])),
-                log_discrimination=float(np.mean(ca[ok])), converged=float(ok.mean()),
-                num_datasets=int(num_datasets), comparisons_per_dataset=total)
+
+    def fractions(c):
+        return {k: float(np.mean(np.asarray(v)[ok]))
+                for k, v in zip(("scores", "differences", "log_discrimination"), c)}
+
+    return dict(**fractions(exp_c), observed=fractions(obs_c),
+                se_ratio_observed_to_expected=float(np.median(np.asarray(ratio)[ok])),
+                num_datasets=int(num_datasets), num_used=used, num_dropped=int(num_datasets - used),
+                dropped_fraction=float(1.0 - used / num_datasets), converged=float(used / num_datasets),
+                comparisons_per_dataset=total)
 
 
 def choix_agreement(num_models: int, num_comparisons: int, seed: int) -> float:
@@ -284,15 +325,17 @@ def real_data_study(comps: Comparisons, n_models: int, n_judges: int, *, seed: i
     per comparison of plain BTL, of the judge-aware MLE (NaN where it does not exist, with the
     reason) and of the judge-aware MAP whose ridge on ``alpha`` is chosen by ``cv_folds``-fold
     cross-validation on the training part (:func:`cross_validate_ridge`). Then the leaderboard: the
-    MAP on all comparisons with the median chosen ridge, Wald intervals, rank intervals (key
-    ``seed + 2``), optionally a multinomial bootstrap (key ``seed + 4``), and plain BTL's ranks.
+    MAP on all comparisons with the median chosen ridge, Wald intervals (expected information),
+    rank intervals (key ``seed + 2``), optionally a multinomial bootstrap (key ``seed + 4``), and
+    plain BTL's ranks.
 
     Returns:
       dict: ``heldout_btl``, ``heldout_judge_aware_mle``, ``heldout_judge_aware_map`` (means over
       splits), ``splits`` (per-split records), ``ridge_alpha`` (the leaderboard's), arrays [N]
       ``scores``, ``scores_lo``, ``scores_hi``, ``rank``, ``rank_lo``, ``rank_hi``, ``btl_rank``
       (and ``boot_lo``, ``boot_hi`` with a bootstrap), [J] ``gamma``, ``gamma_se``,
-      ``comparisons_per_judge``, and ``rank_ci_width``, ``kendall_tau_vs_btl``,
+      ``comparisons_per_judge``, and ``rank_ci_width``, ``se_ratio_observed_to_expected``
+      (:func:`se_ratio_quantiles`; the intervals use the expected information), ``kendall_tau_vs_btl``,
       ``bootstrap_used``, ``bootstrap_dropped`` (None without a bootstrap).
     """
     from scipy.stats import kendalltau
@@ -311,7 +354,7 @@ def real_data_study(comps: Comparisons, n_models: int, n_judges: int, *, seed: i
         try:
             rec["judge_aware_mle"] = per_comparison_loglik(btl.fit(t_tr, btl.FitConfig()).params, t_te)
         except ValueError as e:  # the unpenalised MLE does not exist on this split
-            rec["judge_aware_mle"], rec["mle_error"] = float("nan"), str(e)[:160]
+            rec["judge_aware_mle"], rec["mle_error"] = float("nan"), str(e)[:400]
         lam, cv = cross_validate_ridge(comps, tr, n_models, n_judges, grid, cv_folds, pad, rng)
         rec["ridge_alpha"], rec["cv_loglik"] = lam, cv
         rec["judge_aware_map"] = per_comparison_loglik(
@@ -324,6 +367,9 @@ def real_data_study(comps: Comparisons, n_models: int, n_judges: int, *, seed: i
     out = {}
     with jax.enable_x64(True):
         cov = inference.covariance(t_pad.astype(np.float64), res.params, res.config)
+        obs = inference.covariance(t_pad.astype(np.float64), res.params, res.config,
+                                   information="observed")
+        se_ratio = se_ratio_quantiles(obs, cov, n_models)
         ci = jax.device_get(inference.intervals(res.params, cov, level))
         point, lo, hi = (np.asarray(a) for a in inference.rank_intervals(
             jax.random.key(seed + 2), res.params, cov, level, rank_draws))
@@ -346,7 +392,7 @@ def real_data_study(comps: Comparisons, n_models: int, n_judges: int, *, seed: i
         rank_lo=lo, rank_hi=hi, btl_rank=plain_rank, gamma=np.asarray(ci.gamma),
         gamma_se=np.asarray(ci.gamma_se),
         comparisons_per_judge=np.bincount(comps.judge, minlength=n_judges),
-        rank_ci_width=float(np.mean(hi - lo)),
+        rank_ci_width=float(np.mean(hi - lo)), se_ratio_observed_to_expected=se_ratio,
         kendall_tau_vs_btl=float(kendalltau(point, plain_rank)[0]),
         **{"bootstrap_used": None, "bootstrap_dropped": None, **out})
 

@@ -63,9 +63,11 @@ def base() -> ml_collections.ConfigDict:
                 "headline.choix_max_abs_diff <= 1e-6", "headline.speedup_vs_choix >= 10",
                 "headline.heldout_loglik_judge_aware > headline.heldout_loglik_btl",
                 "sim_rmse_judge_aware < sim_rmse_btl"),
-        ours="coverage {headline[ci_coverage]:.3f}; held-out {headline[heldout_loglik_judge_aware]:.4f} vs "
-             "BTL {headline[heldout_loglik_btl]:.4f} ({headline[heldout_source]}); score RMSE on a common "
-             "scale {sim_rmse_judge_aware:.4f} vs BTL {sim_rmse_btl:.4f}; choix diff "
+        ours="coverage {headline[ci_coverage]:.3f} (over the {coverage[num_used]} of "
+             "{coverage[num_datasets]} simulated data sets with a converged, finite MLE); held-out "
+             "{headline[heldout_loglik_judge_aware]:.4f} vs BTL {headline[heldout_loglik_btl]:.4f} "
+             "({headline[heldout_source]}); score RMSE on a common scale {sim_rmse_judge_aware:.4f} "
+             "vs BTL {sim_rmse_btl:.4f}; choix diff "
              "{headline[choix_max_abs_diff]:.1e}; {headline[speedup_vs_choix]:.0f}x faster than choix")
     return c
 

@@ -92,14 +92,17 @@ def _stub_parts(monkeypatch, tmp_path):
     sim = dict(heldout=dict(judge_aware=-0.1, btl=-0.2), score_rmse=0.3, score_rmse_btl=0.4,
                rmse_aligned=dict(judge_aware=0.05, btl=0.06), scale=dict(judge_aware=1.1, btl=0.8),
                gamma_true=np.ones(3), gamma_hat=np.ones(3), gamma_se=np.ones(3), scores_hat=np.zeros(n),
-               scores_se=np.ones(n), rank_ci_width=111.0, rank_ci_covers_truth=0.5, iterations=7)
+               scores_se=np.ones(n), rank_ci_width=111.0, rank_ci_covers_truth=0.5, iterations=7,
+               se_ratio_observed_to_expected=[0.9, 1.0, 1.1])
     monkeypatch.setattr(judge_btl.studies, "simulation_study", lambda *a, **k: sim)
     monkeypatch.setattr(judge_btl.studies, "simulation_truth", lambda *a, **k: judge_btl.studies.btl.Params(
         np.linspace(-1, 1, n), np.zeros(3), np.zeros(())))
     monkeypatch.setattr(judge_btl.studies, "recovery_replicates", lambda *a, **k: dict(
         rmse_judge_aware=0.01, rmse_btl=0.02, judge_aware_better=1.0, num_used=2, num_dropped=0))
     monkeypatch.setattr(judge_btl.studies, "coverage_study", lambda *a, **k: dict(
-        scores=0.95, differences=0.95, log_discrimination=0.95, converged=1.0, num_datasets=8,
+        scores=0.95, differences=0.95, log_discrimination=0.95, converged=0.75, num_datasets=8,
+        num_used=6, num_dropped=2, dropped_fraction=0.25, se_ratio_observed_to_expected=0.97,
+        observed=dict(scores=0.94, differences=0.93, log_discrimination=0.92),
         comparisons_per_dataset=10.0))
     monkeypatch.setattr(judge_btl.studies, "choix_agreement", lambda *a, **k: 1e-12)
     monkeypatch.setattr(judge_btl.speed, "speed_comparison", lambda *a, **k: dict(
@@ -115,6 +118,9 @@ def test_without_data_the_headline_comes_from_the_simulation(tmp_path, monkeypat
     assert m["real_data"] is None and m["headline"]["heldout_source"] == "simulation"
     assert m["headline"]["heldout_loglik_judge_aware"] == -0.1 and m["headline"]["speedup_vs_choix"] == 2.0
     assert "No comparisons file" in section.body
+    # The coverage says how many simulated data sets it left out and over how many it is taken.
+    assert "| 2 of 8 (25.0%) |" in section.body and "(over the 6 data sets kept)" in section.body
+    assert "(over the 6 of 8 simulated data sets" in section.headline["ours"]
     # The common-scale recovery numbers are top-level keys and part of the claim.
     assert (m["sim_rmse_judge_aware"], m["sim_rmse_btl"]) == (0.05, 0.06)
     assert m["claim"]["checks"]["sim_rmse_judge_aware < sim_rmse_btl"] is True

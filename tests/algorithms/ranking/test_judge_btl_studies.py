@@ -1,10 +1,14 @@
 """Studies of the judge-aware fit: recovery on a common scale, replicates, cross-validation, speed."""
 
+import warnings
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 
-from algorithms.ranking import btl, data, speed, studies
+from algorithms.ranking import btl, data, inference, simulate, speed, studies
 
 
 def test_aligned_rmse_closed_forms():
@@ -83,3 +87,37 @@ def test_timing_data_matches_its_truth():
     fit = btl.fit(data.aggregate(comps.left, comps.right, comps.outcome, comps.judge,
                                      n_models=5, n_judges=3), btl.FitConfig())
     assert np.max(np.abs(fit.params.log_discrimination - truth.log_discrimination)) < 0.15
+
+
+def test_coverage_study_counts_the_data_sets_it_leaves_out():
+    # A sparse design (4 models, 3 judges, 2 comparisons per cell): most data sets have no finite
+    # judge-aware MLE (or a fit that creeps towards one without converging). The study must say
+    # how many it dropped, and its coverage must be the fraction over the others: recomputed here
+    # one data set at a time with the checked fit.
+    truth = studies.simulation_truth(4, studies.judge_panel(1, 1, 2.0, 0.5, 0.2), 1.0, seed=7)
+    r, level, seed = 12, 0.9, 3
+    cov = studies.coverage_study(truth, per_cell=2, num_datasets=r, level=level, seed=seed)
+    z = scipy.stats.norm.ppf(0.5 + level / 2)
+    used, hits = 0, {"expected": [], "observed": []}
+    with jax.enable_x64(True):
+        design = simulate.full_design(4, 3, 2, jnp.float64)
+        for key in jax.random.split(jax.random.key(seed), r):
+            t = simulate.resample_counts(key, truth, design)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    res = btl.fit(t, btl.FitConfig())
+            except ValueError:  # no finite MLE: left out
+                continue
+            if not bool(res.convergence.converged):  # Newton did not converge: left out as well
+                continue
+            used += 1
+            for info in hits:
+                c = np.asarray(inference.covariance(t, res.params, res.config, information=info))
+                se = np.sqrt(np.diag(c)[:4])
+                hits[info].append(np.abs(np.asarray(res.params.scores) - truth.scores) <= z * se)
+    assert 0 < used < r  # the design drops some data sets and keeps some
+    assert (cov["num_used"], cov["num_dropped"], cov["num_datasets"]) == (used, r - used, r)
+    np.testing.assert_allclose(cov["dropped_fraction"], (r - used) / r, rtol=1e-12)
+    np.testing.assert_allclose(cov["scores"], np.mean(hits["expected"]), rtol=1e-12)
+    np.testing.assert_allclose(cov["observed"]["scores"], np.mean(hits["observed"]), rtol=1e-12)
