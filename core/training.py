@@ -24,7 +24,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import sys
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -36,6 +35,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from core import files
 from core.checkpoint import (
     Checkpointer,
     CheckpointRestoreError,
@@ -300,9 +300,9 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
       batches: iterator with a ``position`` attribute.
       key: base PRNG key; step ``i`` uses ``fold_in(key, i)``.
       config: loop settings (evaluation steps and early stopping included).
-      workdir: checkpoints go to ``workdir/checkpoints``, metrics to
-        ``workdir/train_metrics.jsonl`` and evaluations to ``workdir/eval_metrics.jsonl``; ``None``
-        disables all three. The directory is locked for the duration
+      workdir: a local folder or an object-store URL (``gs://bucket/run``); checkpoints go to
+        ``workdir/checkpoints``, metrics to ``workdir/train_metrics.jsonl`` and evaluations to
+        ``workdir/eval_metrics.jsonl``; ``None`` disables all three. The directory is locked for the duration
         (``core.checkpoint.run_dir_lock``). On resume from step ``s`` the metrics files keep only
         the records of steps ``<= s`` (a torn last line is dropped), so every step is logged once;
         a fresh start empties them.
@@ -359,10 +359,10 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
                 fingerprint, evaluate) -> LoopResult:
     jitted = jax.jit(step_fn, donate_argnums=0)
     early = config.early_stopping
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints) if workdir \
+    ckpt = Checkpointer(files.join(workdir, "checkpoints"), config.keep_checkpoints) if workdir \
         else None
-    writer = JsonLinesWriter(os.path.join(workdir, "train_metrics.jsonl")) if workdir else None
-    eval_writer = JsonLinesWriter(os.path.join(workdir, "eval_metrics.jsonl")) \
+    writer = JsonLinesWriter(files.join(workdir, "train_metrics.jsonl")) if workdir else None
+    eval_writer = JsonLinesWriter(files.join(workdir, "eval_metrics.jsonl")) \
         if workdir and config.evaluates else None
     start, resumed, stopped_at = 0, None, None
     end = config.num_steps
