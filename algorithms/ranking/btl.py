@@ -73,7 +73,8 @@ class Convergence(NamedTuple):
       objective: float [], negative (penalised) log-likelihood at the returned point (nats).
       information: float [D], diagonal of the observed information (Hessian of the objective) at the
         returned point; an entry near 0 relative to the parameter's comparisons flags a parameter that
-        runs to infinity (e.g. a judge whose every comparison agrees with the fitted order).
+        runs to plus or minus infinity (e.g. a judge whose every comparison agrees with the fitted
+        order, ``alpha -> +inf``, or whose votes do not follow it, ``alpha -> -inf``).
     """
 
     iterations: jax.Array
@@ -634,8 +635,11 @@ def diverging(table: ComparisonTable, config: FitConfig, information: jax.Array)
     """Unpenalised parameters running to infinity, judged by the observed information at the fit.
 
     A parameter whose information per comparison it enters has collapsed below
-    :data:`DIVERGENCE_INFO` has comparisons that have all become near-certain (or, for the tie
-    parameter, a tie probability at 0 or 1): its MLE is at infinity whatever the decrement test says.
+    :data:`DIVERGENCE_INFO` has run far along a flat direction: a score or a discrimination whose
+    comparisons have all become near-certain (``p (1 - p) -> 0``), a discrimination falling to 0
+    (``d = gamma (s_i - s_j) -> 0``: its comparisons become coin flips and carry no information on
+    ``alpha``), or a tie parameter with a tie probability at 0 or 1. Its MLE is at plus or minus
+    infinity whatever the decrement test says (:func:`divergence_message` words which).
     Blocks with a ridge (a MAP with a finite optimum) are never flagged. Traceable.
 
     Args:

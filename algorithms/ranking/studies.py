@@ -158,7 +158,8 @@ def simulation_study(truth: btl.Params, num_comparisons: int, heldout_fraction: 
 def recovery_replicates(truth: btl.Params, num_comparisons: int, num_datasets: int, seed: int) -> dict:
     """Score recovery of both fits on R = ``num_datasets`` data sets from ``truth`` (keys from
     ``seed``), on the common scale of :func:`aligned_rmse`. Data sets whose judge-aware MLE does not
-    exist (a near-random judge that agreed with the order in every comparison) are left out and
+    exist (a near-random judge that agreed with the order in every comparison, whose ``gamma`` runs
+    to infinity, or whose votes did not follow it, whose ``gamma`` falls to 0) are left out and
     counted.
 
     Returns:
