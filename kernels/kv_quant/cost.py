@@ -55,51 +55,70 @@ def dequant_flops(tokens: int, head_dim: int, stages: int, num_centroids: int,
     return 2 * n * d + stages * (n * d + (2 * n * num_centroids * d if onehot else 0))
 
 
-def tile_flops(rows: int, tokens: int, head_dim: int, w: int, rope: bool) -> int:
-    """FLOPs of attending ``tokens`` dequantized keys / values for ``rows`` query rows (beyond the
-    dequantization): RoPE on the keys, 3 per key value (4 products and 2 adds per pair); the
-    logits q K^T, 2 R N D, their D / W - 1 piece adds and the 1/sqrt(D) factor, R N (D / W);
-    the online softmax: row max, subtraction under the exp and row sum, 3 R N, and per row the
-    running max, correction subtraction, l rescale and add, 4 R; the accumulator: probabilities
-    x values 2 R N D, rescale and add 2 R D."""
+def rope_flops(tokens: int, head_dim: int, terms: int) -> int:
+    """FLOPs to rotate ``tokens`` keys to their slot positions in a kernel: per token and frequency
+    (D / 2 of them) the angle ``fl(p f)``, its residual ``e`` and the m-term series of ``cos e``,
+    ``sin e``, and the addition formulas, ``17 + 4 m``
+    (:func:`kernels.kv_quant.pallas_common.rope_cos_sin`), and the rotation of the pair, 4
+    products and 2 adds (:func:`kernels.kv_quant.pallas_common.rope_pieces`)."""
+    return tokens * (head_dim // 2) * (17 + 4 * terms + 6)
+
+
+def tile_flops(rows: int, tokens: int, head_dim: int, w: int) -> int:
+    """FLOPs of attending ``tokens`` dequantized (and rotated) keys / values for ``rows`` query
+    rows: the logits q K^T, 2 R N D, their D / W - 1 piece adds and the 1/sqrt(D) factor,
+    R N (D / W); the online softmax: row max, subtraction under the exp and row sum, 3 R N, and
+    per row the running max, correction subtraction, l rescale and add, 4 R; the accumulator:
+    probabilities x values 2 R N D, rescale and add 2 R D."""
     r, n, d = rows, tokens, head_dim
-    return ((3 * n * d if rope else 0) + 4 * r * n * d + r * n * (d // w) + 3 * r * n + 4 * r
-            + 2 * r * d)
+    return 4 * r * n * d + r * n * (d // w) + 3 * r * n + 4 * r + 2 * r * d
+
+
+def rope_table_bytes(num_chunks: int, chunk: int, head_dim: int) -> tuple[int, int]:
+    """(bytes of the tables read once, bytes per chunk) of
+    :class:`kernels.kv_quant.pallas_common.RopeTables`, float32: the frequencies ``D / 2`` and the
+    in-chunk offsets' cos, sin and angle ``3 N D / 2`` once; the chunk start's cos, sin and angle
+    ``3 D / 2`` per chunk."""
+    h = head_dim // 2
+    return _F32 * (h + 3 * chunk * h), _F32 * 3 * h
 
 
 def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
-                 rope_dtype=jnp.float32) -> pl.CostEstimate:
+                 rope_terms: int = 1) -> pl.CostEstimate:
     """Cost of :func:`kernels.kv_quant.pallas_tpu.qvg_chunk_attention` (grid B x K x NC), every
     chunk quantized.
 
     Args:
       q: [B, K, R, D] queries; k_code, v_code: QVGCode fields [B, K, NC, ...] (only shapes and
         dtypes are read); cfg: the QVG config; w: the piece width W; rope: whether keys are
-        rotated in the kernel (then the cos and sin tables [NC, N, D / 2] of ``rope_dtype`` are
-        read).
+        rotated in the kernel (then the tables of :func:`rope_table_bytes` are read);
+        rope_terms: the series terms m
+        (:func:`kernels.kv_quant.pallas_common.rope_series_terms`; 1 up to 128k positions).
 
     Returns:
       ``pl.CostEstimate`` with, summed over the B K (row, kv head) pairs:
 
       * bytes: the queries ``R D`` once per pair; per chunk the key and value chunks
-        (:func:`chunk_bytes`) and, with RoPE, the cos and sin blocks ``2 N D / 2`` (their block
-        index is the chunk alone, so they are fetched again for every pair); the output ``R D``
-        and log-sum-exp ``R`` float32 once per pair; once per call the row offsets ``R`` int32
-        and the scalar-prefetched ``start`` and ``num_quantized``, ``2 B`` int32.
-      * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, one-hot matmul)
-        and :func:`tile_flops` with R rows; per pair the final ``acc / l`` and ``m + log l``,
-        R (D + 1).
+        (:func:`chunk_bytes`) and, with RoPE, the chunk start's block ``3 D / 2`` float32; the
+        output ``R D`` and log-sum-exp ``R`` float32 once per pair; once per call the row
+        offsets ``R`` int32, the scalar-prefetched ``start`` and ``num_quantized``, ``2 B``
+        int32, and with RoPE the frequencies and offsets' tables (their block index never
+        changes, so they are fetched once).
+      * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, one-hot matmul),
+        with RoPE the rotation of N keys (:func:`rope_flops`), and :func:`tile_flops` with R
+        rows; per pair the final ``acc / l`` and ``m + log l``, R (D + 1).
       * transcendentals: per chunk R N + R exps; per pair R logs.
     """
     b, kh, r, d = q.shape
     nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
     s, c = cfg.stages, cfg.num_centroids
     pairs = b * kh
-    rope_bytes = _nbytes((2, n, d // 2), rope_dtype) if rope else 0
-    per_chunk = chunk_bytes(k_code) + chunk_bytes(v_code) + rope_bytes
+    rope_once, rope_chunk = rope_table_bytes(nc, n, d) if rope else (0, 0)
+    per_chunk = chunk_bytes(k_code) + chunk_bytes(v_code) + rope_chunk
     per_pair = _nbytes((r, d), q.dtype) + nc * per_chunk + _F32 * r * (d + 1)
-    once = _nbytes((r,), jnp.int32) + _nbytes((2, b), jnp.int32)
-    flops = nc * (2 * dequant_flops(n, d, s, c, onehot=True) + tile_flops(r, n, d, w, rope))
+    once = _nbytes((r,), jnp.int32) + _nbytes((2, b), jnp.int32) + rope_once
+    rot = rope_flops(n, d, rope_terms) if rope else 0
+    flops = nc * (2 * dequant_flops(n, d, s, c, onehot=True) + rot + tile_flops(r, n, d, w))
     flops += r * (d + 1)
     return pl.CostEstimate(flops=int(pairs * flops),
                            transcendentals=int(pairs * (nc * (r * n + r) + r)),
@@ -107,25 +126,28 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
 
 
 def qvg_gpu_cost(qp, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool, num_splits: int,
-                 block_n: int, rope_dtype=jnp.float32) -> pl.CostEstimate:
+                 block_n: int, rope_terms: int = 1) -> pl.CostEstimate:
     """Cost of :func:`kernels.kv_quant.pallas_gpu.qvg_chunk_attention` (grid B x K x NS, each
     program walking its chunks ``block_n`` tokens at a time), every chunk quantized.
 
     Args:
-      qp: [B, K, Rp, D] the padded queries (Rp rows computed); k_code, v_code, cfg, w, rope as
-        :func:`qvg_tpu_cost`; num_splits: NS programs per pair; block_n: BN tokens per tile.
+      qp: [B, K, Rp, D] the padded queries (Rp rows computed); k_code, v_code, cfg, w, rope,
+        rope_terms as :func:`qvg_tpu_cost`; num_splits: NS programs per pair; block_n: BN tokens
+        per tile.
 
     Returns:
       ``pl.CostEstimate`` with, summed over the B K pairs:
 
       * bytes: per program the row positions and counts ``2 Rp`` int32, and, for each of the
-        ``ceil(NC / ceil(NC / NS))`` programs that hold a chunk, the queries ``Rp D`` (later tiles
-        reload them from cache); per chunk the key and value chunks (:func:`chunk_bytes`: the
-        centroid table once per chunk; the pointer gather of the tokens' rows re-reads it from
-        cache) and, with RoPE, the cos and sin rows ``2 N D / 2``; the partials ``NS Rp (D + 2)``
+        ``ceil(NC / ceil(NC / NS))`` programs that hold a chunk, the queries ``Rp D`` and, with
+        RoPE, the frequencies' and offsets' tables (:func:`rope_table_bytes`; later tiles reload
+        them from cache); per chunk the key and value chunks (:func:`chunk_bytes`: the centroid
+        table once per chunk; the pointer gather of the tokens' rows re-reads it from cache) and,
+        with RoPE, the chunk start's row ``3 D / 2`` float32; the partials ``NS Rp (D + 2)``
         float32.
       * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, gathered centroids:
-        no matmul) and :func:`tile_flops` with Rp rows per tile of BN tokens.
+        no matmul), with RoPE the rotation of N keys (:func:`rope_flops`), and :func:`tile_flops`
+        with Rp rows per tile of BN tokens.
       * transcendentals: per tile Rp BN + Rp exps.
     """
     b, kh, rows, d = qp.shape
@@ -134,12 +156,14 @@ def qvg_gpu_cost(qp, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool, num_
     pairs = b * kh
     tiles = n // block_n  # per chunk
     active = -(-nc // -(-nc // num_splits))  # programs with at least one chunk
-    rope_bytes = _nbytes((2, n, d // 2), rope_dtype) if rope else 0
-    per_pair = (num_splits * _nbytes((2, rows), jnp.int32) + active * _nbytes((rows, d), qp.dtype)
-                + nc * (chunk_bytes(k_code) + chunk_bytes(v_code) + rope_bytes)
+    rope_once, rope_chunk = rope_table_bytes(nc, n, d) if rope else (0, 0)
+    per_pair = (num_splits * _nbytes((2, rows), jnp.int32)
+                + active * (_nbytes((rows, d), qp.dtype) + rope_once)
+                + nc * (chunk_bytes(k_code) + chunk_bytes(v_code) + rope_chunk)
                 + num_splits * _F32 * rows * (d + 2))
-    flops = nc * (2 * dequant_flops(n, d, s, c, onehot=False)
-                  + tiles * tile_flops(rows, block_n, d, w, rope))
+    rot = rope_flops(n, d, rope_terms) if rope else 0
+    flops = nc * (2 * dequant_flops(n, d, s, c, onehot=False) + rot
+                  + tiles * tile_flops(rows, block_n, d, w))
     trans = nc * tiles * (rows * block_n + rows)
     return pl.CostEstimate(flops=int(pairs * flops), transcendentals=int(pairs * trans),
                            bytes_accessed=int(pairs * per_pair))

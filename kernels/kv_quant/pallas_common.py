@@ -8,15 +8,21 @@ A piece is then a static slice of every operand: bytes ``[b0, b0 + W)`` of plane
 right by ``j * bits`` and masked, times its block's scale column, plus the stage centroids
 gathered by a one-hot matmul. No concatenation, reshape or gather is needed inside the kernel, which
 keeps the same code valid for Mosaic TPU and Triton.
+
+Keys stored before RoPE are rotated in the kernel by angle addition (:func:`rope_cos_sin`) from
+:class:`RopeTables`: the chunk start's cos, sin and angle ([3, D/2] per chunk) and the in-chunk
+offsets' ([3, N, D/2], the same for every chunk), at exactly the reference's float32 angles.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from kernels import common
@@ -71,13 +77,15 @@ def dequant_pieces(load_codes: Loader, load_scale: Loader, load_assign: Loader |
     return pieces
 
 
-def rope_pieces(pieces: list[jax.Array], load_cos: Loader, load_sin: Loader) -> list[jax.Array]:
-    """Half-split RoPE on pieces (piece i pairs with piece i + D / 2W); ``load_cos(c0, w)``."""
+def rope_pieces(pieces: list[jax.Array], rotation: Callable[[int, int], tuple[jax.Array, jax.Array]]
+                ) -> list[jax.Array]:
+    """Half-split RoPE on pieces (piece i pairs with piece i + D / 2W); ``rotation(c0, w)`` gives
+    the cos and sin [T, w] of frequencies ``c0 .. c0 + w - 1`` (:func:`rope_cos_sin`)."""
     h = len(pieces) // 2
     w = pieces[0].shape[1]
     first, second = [], []
     for i in range(h):
-        cos, sin = load_cos(i * w, w), load_sin(i * w, w)
+        cos, sin = rotation(i * w, w)
         x1, x2 = pieces[i], pieces[i + h]
         first.append(x1 * cos - x2 * sin)
         second.append(x2 * cos + x1 * sin)
@@ -106,11 +114,112 @@ def finalize(acc: jax.Array, m: jax.Array, l: jax.Array):
     return jnp.where(seen, acc / l_safe, 0.0), jnp.where(seen, m + jnp.log(l_safe), -jnp.inf)
 
 
-def rope_tables(slots: int, d: int, base: float, chunk: int) -> tuple[jax.Array, jax.Array]:
-    """cos, sin float32 [NC, N, D / 2] of slot positions 0..slots-1 (as
-    :func:`kernels.common.rope_slots`)."""
-    ang = common.rope_angles(jnp.arange(slots), d, base).reshape(slots // chunk, chunk, d // 2)
-    return jnp.cos(ang), jnp.sin(ang)
+class RopeTables(NamedTuple):
+    """Float32 tables from which the kernels rotate a chunk's keys by angle addition.
+
+    A slot at position ``p = c N + j`` (chunk c, offset j < N) has the angle ``fl(p f)`` (the
+    float32 product of :func:`kernels.common.rope_angles`, as the reference rotates it). With
+    ``B = fl(c N f)`` and ``b = fl(j f)``, ``fl(p f) = B + b + e`` where the residual ``e`` is a few
+    float32 ulps of the angle; the kernels combine ``cos, sin`` of ``B`` (per chunk) and of ``b``
+    (the same for every chunk) by the addition formulas and rotate by ``e`` with a short series
+    (:func:`rope_cos_sin`). No table grows with both the chunk count and the chunk length.
+    """
+
+    freq: jax.Array  # [1, D/2]: the frequencies f (radians per position)
+    offsets: jax.Array  # [3, N, D/2]: cos, sin and angle fl(j f) of the in-chunk offsets j
+    starts: jax.Array  # [NC, 3, D/2]: cos, sin and angle fl(c N f) of the chunk starts
+
+
+def rope_tables(num_chunks: int, chunk: int, d: int, base: Any) -> RopeTables:
+    """:class:`RopeTables` for NC = ``num_chunks`` chunks of N = ``chunk`` slots, head dim D and
+    RoPE ``base`` (a float or an object with ``inv_freq``, :func:`kernels.common.rope_angles`).
+
+    Every angle comes from :func:`kernels.common.rope_angles`, so the frequencies and the angle
+    roundings are the reference's. Bytes: ``4 (D/2 + 3 N D/2 + 3 NC D/2)``.
+    """
+    def planes(pos):  # [M] int32 -> [M, 3, D/2]
+        ang = common.rope_angles(pos, d, base)
+        return jnp.stack([jnp.cos(ang), jnp.sin(ang), ang], axis=1)
+
+    freq = common.rope_angles(jnp.ones((1,), jnp.int32), d, base)  # 1 * f: f exactly
+    offsets = planes(jnp.arange(chunk, dtype=jnp.int32)).transpose(1, 0, 2)
+    starts = planes(jnp.arange(num_chunks, dtype=jnp.int32) * chunk)
+    return RopeTables(freq, offsets, starts)
+
+
+def rope_series_terms(slots: int, d: int, base: Any) -> int:
+    """Terms m of the series :func:`rope_cos_sin` evaluates for the residual angle ``e`` of slot
+    positions ``0 .. slots - 1``: the least m >= 1 whose Taylor remainder
+    ``E^(2m + 2) / (2m + 2)!`` is below 2^-27 for the bound ``E = 2 ulp(max angle)`` on ``|e|``
+    (three half-ulp roundings: of ``fl(p f)``, of the chunk start's and of the offset's angle).
+    m = 1 up to angles of 2^17 rad (128k positions at f = 1), 2 up to 2^20, 7 at 2^24.
+
+    Raises:
+      ValueError: ``slots`` above 2^24 (positions would not be exact float32 integers).
+    """
+    if not 1 <= slots <= 2 ** 24:
+        raise ValueError(f"in-kernel RoPE: {slots} slot positions; expected 1 .. 2^24 (float32 "
+                         "represents positions exactly only up to 2^24)")
+    if common.is_rope_frequencies(base):
+        fmax = float(np.max(np.asarray(base.inv_freq(d), np.float64)))
+    else:
+        fmax = float(np.max(float(base) ** (-np.arange(0, d, 2) / d)))
+    top = max((slots - 1) * fmax, 1.0)
+    bound = 2.0 ** (math.floor(math.log2(top)) - 22)  # 2 ulp of the largest float32 angle
+    m = 1
+    while bound ** (2 * m + 2) / math.factorial(2 * m + 2) > 2.0 ** -27:
+        m += 1
+    return m
+
+
+def _series(x2: jax.Array, coefs: list[float]) -> jax.Array:
+    """``1 + x2 (coefs[0] + x2 (coefs[1] + ...))`` by Horner's rule: 2 len(coefs) FLOPs."""
+    acc = coefs[-1]
+    for c in reversed(coefs[:-1]):
+        acc = c + x2 * acc
+    return 1.0 + x2 * acc
+
+
+def rope_cos_sin(pos: jax.Array, freq: jax.Array,
+                 offset: tuple[jax.Array, jax.Array, jax.Array],
+                 start: tuple[jax.Array, jax.Array, jax.Array], terms: int, zero: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+    """cos and sin float32 [T, w] of the reference's angles ``fl(p f)`` of T slots of one chunk.
+
+    Args:
+      pos: float32 [T, w] (or [T, 1]) slot positions p = c N + j (exact integers below 2^24).
+      freq: float32 [1, w] frequencies f (:attr:`RopeTables.freq`).
+      offset: cos, sin, angle [T, w] of the slots' offsets j (:attr:`RopeTables.offsets`).
+      start: cos, sin, angle [1, w] of the chunk start c N (:attr:`RopeTables.starts`).
+      terms: m of :func:`rope_series_terms`.
+      zero: int32 scalar that is 0 at run time but unknown to the compiler (the kernels pass
+        ``min(num_quantized, 0)``; see below).
+
+    ``A = fl(p f)`` is the reference's float32 product; ``A - B`` is exact (Sterbenz: ``B <= A <=
+    2B`` for c >= 1, and B = 0 for c = 0), so ``e = (A - B) - b`` is the residual to float32
+    precision, and ``cos A = cos(B + b) cos e - sin(B + b) sin e`` (likewise sin A) with
+    ``cos(B + b)``, ``sin(B + b)`` from the tables by the addition formulas and ``cos e``, ``sin e``
+    from their Taylor series (m terms). The offset and start angles must be loaded from memory
+    (kernel operands), and the product must be rounded to float32 before the subtraction: a
+    compiler that contracts ``p * f - B`` into a fused multiply-add (XLA CPU does, also through a
+    ``where``) would yield the exact ``p f``, half an ulp of the angle away from the reference's
+    (up to 4e-3 rad at p = 128k). So the product's bits are OR-ed with ``zero``: no floating-point
+    contraction crosses an integer operation, and none can be folded away with an unknown operand.
+
+    Result: within a few float32 ulps of ``cos(A)``, ``sin(A)`` (table roundings and the addition
+    formulas); FLOPs per element ``17 + 4 m`` (the OR is an integer operation).
+    """
+    oc, os_, oa = offset
+    sc, ss, sa = start
+    bits = lax.bitcast_convert_type(pos * freq, jnp.int32) | zero
+    ang = lax.bitcast_convert_type(bits, jnp.float32)  # fl(p f), rounded before the subtractions
+    e = (ang - sa) - oa
+    e2 = e * e
+    ce = _series(e2, [(-1.0) ** i / math.factorial(2 * i) for i in range(1, terms + 1)])
+    se = e * _series(e2, [(-1.0) ** i / math.factorial(2 * i + 1) for i in range(1, terms + 1)])
+    c1 = sc * oc - ss * os_  # cos(B + b)
+    s1 = ss * oc + sc * os_  # sin(B + b)
+    return c1 * ce - s1 * se, s1 * ce + c1 * se
 
 
 def check_inputs(q, k_code, v_code, cfg, num_new: int) -> None:

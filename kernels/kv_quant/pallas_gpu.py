@@ -10,8 +10,10 @@ read), BN tokens at a time, so registers and shared memory are set by BN and not
 length N. Each tile is dequantized piece by piece (:mod:`kernels.kv_quant.pallas_common`: shifted
 masks of the packed bytes times the block scale, plus the stage centroids read with a pointer
 gather at the tile's assignments), keys are rotated to their slot positions when stored before
-RoPE, and an online softmax (acc, m, l) is updated. Each program writes its partial; the splits
-are merged with a log-sum-exp outside the kernel.
+RoPE (by angle addition from the chunk start's and the in-chunk offsets' cos and sin,
+:func:`kernels.kv_quant.pallas_common.rope_cos_sin`), and an online softmax (acc, m, l) is
+updated. Each program writes its partial; the splits are merged with a log-sum-exp outside
+the kernel.
 
 Triton needs power-of-two tiles: N, D and BN must be powers of two (checked); query rows are padded
 (padding rows see no slot).
@@ -54,13 +56,13 @@ def _mm(a, b, trans_b=False, exact=True):
 
 
 def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
-            blocks_per_split: int, block_n: int, num_centroids: int):
+            blocks_per_split: int, block_n: int, num_centroids: int, rope_terms: int):
     stages = cfg.stages
     per_code = 4 if stages else 2
     k_refs, v_refs = refs[:per_code], refs[per_code:2 * per_code]
     rest = refs[2 * per_code:]
     if rope:
-        cos_ref, sin_ref, *rest = rest
+        freq_ref, off_ref, st_ref, *rest = rest
     acc_ref, m_ref, l_ref = rest
     split = pl.program_id(2)
     n = k_refs[0].shape[1]
@@ -91,8 +93,18 @@ def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
         toks = pl.ds(pl.multiple_of(t0, block_n), block_n)
         kp = pieces(k_refs, c, toks)
         if rope:
-            kp = pc.rope_pieces(kp, lambda c0, ww: cos_ref[c, toks, pl.ds(c0, ww)],
-                                lambda c0, ww: sin_ref[c, toks, pl.ds(c0, ww)])
+            kpos = (g * block_n + jnp.arange(block_n, dtype=jnp.int32))[:, None]  # [BN, 1]
+            kpos = kpos.astype(jnp.float32)
+            zero = jnp.minimum(nq, 0)  # 0 at run time (num_quantized >= 0)
+
+            def rotation(c0, ww):
+                cols = pl.ds(c0, ww)
+                return pc.rope_cos_sin(
+                    kpos, freq_ref[:, cols],
+                    tuple(off_ref[i, toks, cols] for i in range(3)),
+                    tuple(st_ref[c, pl.ds(i, 1), cols] for i in range(3)), rope_terms, zero)
+
+            kp = pc.rope_pieces(kp, rotation)
         logits = None
         for i, kx in enumerate(kp):
             part = _mm(q_ref[:, pl.ds(i * w, w)].astype(jnp.float32), kx, trans_b=True)
@@ -127,8 +139,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     min(NC, 4)) programs per (batch, kv head) each take ceil(NC / NS) consecutive chunks, walked
     ``block_n`` tokens at a time (default min(N, 64)): no tile is larger than
     [max(block_n, Rp), W], so shared memory does not grow with N or C. For H100 at N = 1024,
-    C = 256, D = 128, S = 1, INT2, block 64 the kernel takes 114752 B of the 232448 B of shared
-    memory (XLA's launch); with [N, C] one-hot tiles it asked for 1847296 B and did not compile.
+    C = 256, D = 128, S = 1, INT2, block 64, with RoPE, the kernel takes 131904 B of the 232448 B of
+    shared memory (XLA's launch); with [N, C] one-hot tiles it asked for 1847296 B and did not compile.
     The ``pallas_call`` declares the cost of :func:`kernels.kv_quant.cost.qvg_gpu_cost` (every
     chunk quantized).
 
@@ -179,17 +191,19 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
         sp, ar = code_in(code)
         in_specs += sp
         args += ar
-    if rope:
-        cos, sin = pc.rope_tables(nc * n, d, rope_base, n)
-        in_specs += [pl.BlockSpec((nc, n, d // 2), lambda bi, ki, si: (0, 0, 0))] * 2
-        args += [cos, sin]
+    terms = pc.rope_series_terms(nc * n, d, rope_base) if rope else 0
+    if rope:  # frequencies [1, D/2], offsets [3, N, D/2], chunk starts [NC, 3, D/2]
+        tables = pc.rope_tables(nc, n, d, rope_base)
+        in_specs += [pl.BlockSpec(t.shape, lambda bi, ki, si, nd=t.ndim: (0,) * nd)
+                     for t in tables]
+        args += list(tables)
 
     part = lambda shape: pl.BlockSpec((None, None, None) + shape,  # noqa: E731
                                       lambda bi, ki, si: (bi, ki, si) + (0,) * len(shape))
     f32 = jnp.float32
     acc, m, l = pl.pallas_call(
         functools.partial(_kernel, cfg=cfg, rope=rope, w=w, blocks_per_split=cps * (n // bn),
-                          block_n=bn, num_centroids=c),
+                          block_n=bn, num_centroids=c, rope_terms=terms),
         grid=(b, kh, ns),
         in_specs=in_specs,
         out_specs=[part((rp, d)), part((rp, 1)), part((rp, 1))],
@@ -199,7 +213,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
         interpret=interpret,
         cost_estimate=cost.qvg_gpu_cost(qp, k_code, v_code, cfg, w=w, rope=rope, num_splits=ns,
-                                        block_n=bn),
+                                        block_n=bn, rope_terms=terms),
         name="qvg_chunk_attention",
     )(*args)
     return _merge_splits(acc[:, :, :, :r], m[:, :, :, :r, 0], l[:, :, :, :r, 0])

@@ -7,8 +7,10 @@ into SMEM (``PrefetchScalarGridSpec``); the block index maps clamp the chunk ind
 quantized chunk of the row, so chunks past ``num_quantized`` issue no new DMA and are skipped by
 ``pl.when``. Each visited chunk's packed codes, bfloat16 scales, uint8 assignments and bf16 centroids
 are dequantized piece by piece (:mod:`kernels.kv_quant.pallas_common`), keys are rotated to their
-slot positions when they were stored before RoPE, and the online softmax (m, l, acc in VMEM
-scratch) is updated. The last chunk step writes (acc / l, m + log l).
+slot positions when they were stored before RoPE (by angle addition from small tables: the
+chunk's start angle, one [3, D/2] block per chunk, and the in-chunk offsets', one [3, N, D/2] block
+for the whole grid, :func:`kernels.kv_quant.pallas_common.rope_cos_sin`), and the online softmax
+(m, l, acc in VMEM scratch) is updated. The last chunk step writes (acc / l, m + log l).
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ def _mm(a, b):
 
 
 def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
-            num_chunks: int):
+            num_chunks: int, rope_terms: int):
     stages = cfg.stages
     per_code = 4 if stages else 2
     k_refs, v_refs = refs[:per_code], refs[per_code:2 * per_code]
     rest = refs[2 * per_code:]
     if rope:
-        cos_ref, sin_ref, *rest = rest
+        freq_ref, off_ref, st_ref, *rest = rest
     out_ref, lse_ref, acc_ref, m_ref, l_ref = rest
     b, c = pl.program_id(0), pl.program_id(2)
     n = k_refs[0].shape[0]
@@ -72,8 +74,17 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
     def _attend():
         kp = pieces(k_refs)
         if rope:
-            kp = pc.rope_pieces(kp, lambda c0, ww: cos_ref[:, pl.ds(c0, ww)],
-                                lambda c0, ww: sin_ref[:, pl.ds(c0, ww)])
+            kpos = (c * n + lax.broadcasted_iota(jnp.int32, (n, w), 0)).astype(jnp.float32)
+            zero = jnp.minimum(nq, 0)  # 0 at run time (num_quantized >= 0)
+
+            def rotation(c0, ww):
+                cols = pl.ds(c0, ww)
+                return pc.rope_cos_sin(
+                    kpos, freq_ref[:, cols],
+                    tuple(off_ref[i, :, cols] for i in range(3)),
+                    tuple(st_ref[pl.ds(i, 1), cols] for i in range(3)), rope_terms, zero)
+
+            kp = pc.rope_pieces(kp, rotation)
         logits = None
         for i, kx in enumerate(kp):
             qx = q_ref[:, pl.ds(i * w, w)].astype(jnp.float32)
@@ -154,11 +165,15 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     in_specs += code_specs() + code_specs()
     args = [(jnp.arange(r, dtype=jnp.int32) % num_new)[:, None], q]
     args += code_args(k_code) + code_args(v_code)
+    terms = pc.rope_series_terms(nc * n, d, rope_base) if rope else 0
     if rope:
-        cos, sin = pc.rope_tables(nc * n, d, rope_base, n)
-        in_specs += [pl.BlockSpec((None, n, d // 2),
-                                  lambda bi, ki, ci, *sr: (chunk(bi, ki, ci, *sr), 0, 0))] * 2
-        args += [cos, sin]
+        # frequencies and offsets: one block for the whole grid, fetched once; chunk starts:
+        # one [3, D/2] block per chunk
+        in_specs += [pl.BlockSpec((1, d // 2), lambda *_: (0, 0)),
+                     pl.BlockSpec((3, n, d // 2), lambda *_: (0, 0, 0)),
+                     pl.BlockSpec((None, 3, d // 2),
+                                  lambda bi, ki, ci, *sr: (chunk(bi, ki, ci, *sr), 0, 0))]
+        args += list(pc.rope_tables(nc, n, d, rope_base))
 
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2,
@@ -170,14 +185,15 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
                         pltpu.VMEM((r, 1), jnp.float32)],
     )
     out, lse = pl.pallas_call(
-        functools.partial(_kernel, cfg=cfg, rope=rope, w=w, num_chunks=nc),
+        functools.partial(_kernel, cfg=cfg, rope=rope, w=w, num_chunks=nc, rope_terms=terms),
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct((b, kh, r, d), jnp.float32),
                    jax.ShapeDtypeStruct((b, kh, r, 1), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret,
-        cost_estimate=cost.qvg_tpu_cost(q, k_code, v_code, cfg, w=w, rope=rope),
+        cost_estimate=cost.qvg_tpu_cost(q, k_code, v_code, cfg, w=w, rope=rope,
+                                        rope_terms=terms),
         name="qvg_chunk_attention",
     )(start.astype(jnp.int32), num_quantized.astype(jnp.int32), *args)
     return out, lse[..., 0]

@@ -234,26 +234,33 @@ def _qvg_structs(b, kh, r, d, nc, cfg):
 
 
 def _qvg_bytes_from_blocks(impl, q, code, rope, rows=None, ns=1):
-    """Bytes summed over the blocks the kernel touches (every chunk), from zero arrays."""
+    """Bytes summed over the blocks the kernel touches (every chunk), from zero arrays. With RoPE
+    the tables are those the kernel is passed (:func:`pc.rope_tables`): the chunk start's block
+    [3, D/2] per chunk and pair; the frequencies [1, D/2] and offsets [3, N, D/2], whose block
+    index never changes, once per call (TPU) or once per program that holds a chunk (GPU)."""
     fields = [np.zeros(x.shape, x.dtype) for x in code]
     b, kh, r, d = q.shape
     nc, n = code.codes.shape[2], code.codes.shape[3]
-    cos = np.zeros((nc, n, d // 2), np.float32)
+    tables = jax.eval_shape(lambda: pc.rope_tables(nc, n, d, 10_000.0))
+    freq, offsets, starts = (np.zeros(t.shape, t.dtype) for t in tables)
+    assert starts.shape == (nc, 3, d // 2) and offsets.shape == (3, n, d // 2)
     total = 0
     for bi in range(b):
         for ki in range(kh):
             for c in range(nc):
                 total += 2 * sum(x[bi, ki, c].nbytes for x in fields)  # keys and values
-                total += 2 * cos[c].nbytes if rope else 0
+                total += starts[c].nbytes if rope else 0
             if impl == "tpu":
                 total += np.zeros((r, d), q.dtype).nbytes + np.zeros((r, d + 1), np.float32).nbytes
             else:
                 active = -(-nc // -(-nc // ns))
                 total += active * np.zeros((rows, d), q.dtype).nbytes
+                total += active * (freq.nbytes + offsets.nbytes) if rope else 0
                 total += ns * (np.zeros((2, rows), np.int32).nbytes
                                + np.zeros((rows, d + 2), np.float32).nbytes)
     if impl == "tpu":  # row offsets [R, 1] and the prefetched start, num_quantized
         total += np.zeros((r, 1), np.int32).nbytes + 2 * np.zeros((b,), np.int32).nbytes
+        total += freq.nbytes + offsets.nbytes if rope else 0
     return total
 
 
@@ -291,9 +298,11 @@ def test_qvg_declared_estimate_is_the_analytic_count(impl, case):
         assert est.bytes_accessed == _qvg_bytes_from_blocks("gpu", q, code, rope, rows, ns)
         assert est.transcendentals == b * kh * nc * (n // bn) * (rows * bn + rows)
         onehot = 0
-    # matmuls: q K^T and P V (4 R N D per chunk) plus the TPU's one-hot centroid gathers
+    # matmuls: q K^T and P V (4 R N D per chunk) plus the TPU's one-hot centroid gathers; the
+    # in-kernel RoPE of the keys: 17 + 4 m + 6 = 27 per token and frequency at m = 1 (below 128k)
     matmul = b * kh * nc * (4 * rows * n * d + onehot)
-    assert matmul < est.flops < 1.5 * matmul + b * kh * nc * 8 * n * d * (1 + cfg.stages)
+    rot = b * kh * nc * n * (d // 2) * 27 if rope else 0
+    assert matmul + rot < est.flops < 1.5 * matmul + rot + b * kh * nc * 8 * n * d * (1 + cfg.stages)
 
 
 def test_qvg_tpu_count_by_hand():
@@ -325,9 +334,9 @@ def test_qvg_count_is_affine_in_context(impl):
                         q, code, code, start, nq))
     chunk = kq_cost.chunk_bytes(code)
     # per chunk: codes 16*8 + scales 16*2*2 + assignments 16 + centroids 4*32*2 = 464 bytes, keys
-    # and values, plus the RoPE tables 2 * 16 * 16 * 4
+    # and values, plus the chunk start's RoPE block (cos, sin, angle) 3 * 16 * 4
     assert chunk == 16 * 8 + 16 * 2 * 2 + 16 + 4 * 32 * 2
-    step = b * kh * 4 * (2 * chunk + 2 * 16 * 16 * 4)
+    step = b * kh * 4 * (2 * chunk + 3 * 16 * 4)
     for field in ("bytes_accessed", "flops", "transcendentals"):
         d1 = getattr(est[1], field) - getattr(est[0], field)
         d2 = getattr(est[2], field) - getattr(est[1], field)
