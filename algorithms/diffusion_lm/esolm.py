@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from algorithms.diffusion_lm.processes import Process, denoiser_log_probs
+from core import sampling
 
 
 def clean_first_ranks(key: jax.Array, clean: jax.Array, masked_left_to_right: bool = False
@@ -105,7 +106,9 @@ def sample(apply_fn, process: Process, key: jax.Array, batch_size: int, seq_len:
 
     At the step ``t -> s`` the number of tokens revealed is ``k ~ Binomial(remaining,
     (alpha_s - alpha_t) / (1 - alpha_t))`` (Eso-LM Sec. 4.2), taken in a random order drawn up front;
-    each is sampled from ``x_theta``. The AR phase then decodes the masked positions left to right.
+    each is sampled from ``x_theta`` over the data ids with the exact float32 draw
+    :func:`core.sampling.categorical` (as is every AR token). The AR phase then decodes the masked
+    positions left to right.
     Every forward uses the clean-first causal order of training (one full pass per step here; the
     clean tokens' keys/values are the ones a KV cache would keep).
 
@@ -139,7 +142,7 @@ def sample(apply_fn, process: Process, key: jax.Array, batch_size: int, seq_len:
         remaining = (l - n_rev).astype(jnp.float32)
         k = jax.random.binomial(k_num, remaining, p).astype(jnp.int32)
         logp = x_theta_logits(z, reveal_rank)
-        draw = jax.random.categorical(k_tok, logp).astype(jnp.int32)
+        draw = sampling.categorical(k_tok, logp[..., :process.num_classes])
         new = (reveal_rank >= n_rev[:, None]) & (reveal_rank < (n_rev + k)[:, None])
         return jnp.where(new, draw, z), n_rev + k
 
@@ -153,7 +156,8 @@ def sample(apply_fn, process: Process, key: jax.Array, batch_size: int, seq_len:
     def ar_step(j, z):
         def decode(z):
             logp = x_theta_logits(z, ar_rank)
-            draw = jax.random.categorical(jax.random.fold_in(k_ar, j), logp[:, j])
+            draw = sampling.categorical(jax.random.fold_in(k_ar, j),
+                                        logp[:, j, :process.num_classes])
             return z.at[:, j].set(jnp.where(z[:, j] == process.mask_id, draw, z[:, j]))
 
         return jax.lax.cond(jnp.any(z[:, j] == process.mask_id), decode, lambda z: z, z)

@@ -45,6 +45,7 @@ from algorithms.diffusion_lm.losses import (
     shift_right,
 )
 from algorithms.diffusion_lm.processes import Process, antithetic_times, denoiser_log_probs
+from core import sampling
 from core.data.text import ByteTokenizer
 from models.transformer import TransformerConfig
 
@@ -217,8 +218,13 @@ def sample(spec: FamilySpec, graphdef: nnx.GraphDef, params: nnx.State, key: jax
     AR decodes with the KV cache from a ``[BOS]`` prompt (``num_steps`` is ignored: L steps);
     ``esolm`` uses :func:`esolm.sample`; the others the ancestral sampler
     ``z_s ~ q(z_s | z_t, x_theta)`` over ``num_steps`` uniform steps from ``t = 1`` to 0 (MDLM Eq. 7;
-    Duo's exact posterior; GIDD's). ``num_steps`` (int32 scalar, >= 1) is traced, so one
-    compilation serves every steps setting.
+    Duo's exact posterior; GIDD's), drawn by :meth:`Process.posterior_sample`. ``num_steps``
+    (int32 scalar, >= 1) is traced, so one compilation serves every steps setting.
+
+    Every draw is exact in float32 (:func:`core.sampling.categorical`, and a denoised token is
+    drawn from ``x_theta`` alone, never from (unmask probability) x ``x_theta``): the Gumbel-max
+    draw used before under-sampled tokens below about 1e-7 of a step's most likely outcome, which
+    at many steps is most of the vocabulary (Zheng et al. 2024, arXiv 2409.02908).
 
     Raises:
       ValueError: ``num_steps < 1``, ``batch_size < 1`` or ``seq_len < 1``.
@@ -248,8 +254,7 @@ def _sample(spec, graphdef, params, key, *, batch_size, seq_len, num_steps):
         t = jnp.full((batch_size,), 1.0 - i / num_steps, jnp.float32)
         s = jnp.full((batch_size,), 1.0 - (i + 1) / num_steps, jnp.float32)
         logp = denoiser_log_probs(proc, _apply(spec, model, z, t), z)
-        probs = proc.posterior(z, jnp.exp(logp), s[:, None], t[:, None])
-        return jax.random.categorical(jax.random.fold_in(kl, i), jnp.log(probs)).astype(jnp.int32)
+        return proc.posterior_sample(jax.random.fold_in(kl, i), z, logp, s[:, None], t[:, None])
 
     # At s = 0 every process has alpha = 1 and q_0(.|x_theta) = x_theta: no [MASK] survives.
     return jax.lax.fori_loop(0, num_steps, step, proc.prior_sample(k0, (batch_size, seq_len)))
@@ -260,14 +265,13 @@ def _ar_sample(spec: FamilySpec, model, key: jax.Array, batch_size: int, seq_len
     """KV-cache ancestral decoding from ``[BOS]`` at temperature 1 over data ids only (the same
     prefill + ``lax.scan`` structure as :func:`models.sampling.generate`, whose sampler may emit
     special ids)."""
-    data = jnp.arange(spec.vocab_size) < spec.num_classes
     cache = model.init_cache(batch_size, seq_len + 1)
     bos = jnp.full((batch_size, 1), spec.bos_id, jnp.int32)
     logits, cache = model.decode(bos, cache, jnp.zeros((batch_size,), jnp.int32))
 
     def body(carry, key_i):
         cache, last, pos = carry
-        tok = jax.random.categorical(key_i, jnp.where(data, last, -jnp.inf)).astype(jnp.int32)
+        tok = sampling.categorical(key_i, last[..., :spec.num_classes])  # data ids 0..N-1
         logits, cache = model.decode(tok[:, None], cache, pos)
         return (cache, logits[:, 0], pos + 1), tok
 

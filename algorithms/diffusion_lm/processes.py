@@ -47,6 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core import sampling
+
 KINDS = ("masked", "uniform", "gidd")
 
 
@@ -159,16 +161,24 @@ class Process:
         Raises:
           ValueError: a concrete ``t`` outside [0, 1].
         """
-        t = _times(t, "prior_mass")[..., None]
+        mask, data = self._prior_parts(_times(t, "prior_mass"))
         ids = jnp.arange(self.vocab_size)
-        is_data = (ids < self.num_classes).astype(jnp.float32)
+        out = jnp.where(ids < self.num_classes, data[..., None], 0.0)
+        if self.mask_id is None:
+            return out
+        return jnp.where(ids == self.mask_id, mask[..., None], out)
+
+    def _prior_parts(self, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``beta_t pi_t`` as (mass on ``[MASK]``, mass on each data id), float32 [...] each:
+        every ``pi_t`` here mixes ``[MASK]`` and the uniform law on data ids (0 for ``uniform``'s
+        mask, ``masked``'s data ids)."""
+        zero = jnp.zeros_like(t)
         if self.kind == "uniform":
-            return (1.0 - self.alpha(t)) * is_data / self.num_classes
-        is_mask = (ids == self.mask_id).astype(jnp.float32)
+            return zero, (1.0 - self.alpha(t)) / self.num_classes
         if self.kind == "masked":
-            return (1.0 - self.alpha(t)) * is_mask
+            return 1.0 - self.alpha(t), zero
         c = self._c(t)
-        return ((1.0 - self._a(t)) * is_mask + c * is_data / self.num_classes) / (1.0 + c)
+        return (1.0 - self._a(t)) / (1.0 + c), c / self.num_classes / (1.0 + c)
 
     def rate_mass(self, t: jax.Array) -> jax.Array:
         """The forward jump rate into each state, ``g_t = d/dt(beta_t pi_t) - (alpha'_t / alpha_t)
@@ -211,7 +221,8 @@ class Process:
         """``q(z_s | z_t, x)`` [..., V] for s < t: ``q(z_t | z_s) q_s(z_s | x) / q_t(z_t | x)``.
 
         With the model's ``x_theta`` in place of ``x`` this is the ancestral sampler's reverse step
-        (MDLM Eq. 7 for the masked process; Duo's exact posterior for the uniform one).
+        (MDLM Eq. 7 for the masked process; Duo's exact posterior for the uniform one); the
+        samplers draw from it with :meth:`posterior_sample`, which never forms this [..., V] law.
 
         Args:
           z_t: int [...] current states.
@@ -227,6 +238,80 @@ class Process:
         trans = a_ts[..., None] * onehot + gamma_zt
         joint = jnp.clip(trans, 0.0, None) * self.marginal(x_probs, s)
         return joint / jnp.clip(joint.sum(-1, keepdims=True), 1e-30, None)
+
+    def posterior_sample(self, key: jax.Array, z_t: jax.Array, x_log_probs: jax.Array,
+                         s: jax.Array, t: jax.Array) -> jax.Array:
+        """Draws ``z_s ~ q(z_s | z_t, x)``, the law :meth:`posterior` returns, exactly and without
+        forming it. int32, ``z_t.shape``.
+
+        Every transition here is ``q(z_t | z_s) = alpha_{t|s} 1[z_s = z_t] + gamma(z_t)``, so the
+        posterior ``q(z_t | z_s) q_s(z_s | x) / q_t(z_t | x)`` is the mixture of ``z_s = z_t``
+        (weight ``alpha_{t|s} q_s(z_t | x)``) and ``z_s ~ q_s(. | x) = alpha_s x + beta_s pi_s``
+        (weight ``gamma(z_t)``); ``pi_s`` mixes ``[MASK]`` and uniform data ids. One exact draw
+        (:func:`core.sampling.categorical`) picks the branch:
+
+            stay      alpha_{t|s} q_s(z_t | x)           z_s = z_t
+            denoise   gamma(z_t) alpha_s                 z_s ~ x (a second exact draw)
+            mask      gamma(z_t) beta_s pi_s([MASK])     z_s = [MASK]
+            uniform   gamma(z_t) beta_s pi_s(data ids)   z_s ~ Uniform(0..N-1)
+
+        (``gamma`` clipped at 0 against rounding, as in :meth:`posterior`). A denoised token's law
+        is ``x`` itself at any step size: the product (unmask probability) x ``x(v)``, which at
+        many steps sinks below what float32 Gumbel noise can draw (Zheng et al. 2024, arXiv
+        2409.02908: fewer rare tokens, lower generative perplexity and entropy), is
+        never formed. For the masked process this is MDLM's step (Eq. 7): unmask with probability
+        ``(alpha_s - alpha_t) / (1 - alpha_t)``, then draw the token from ``x``.
+
+        Args:
+          key: PRNG key.
+          z_t: int [...] current states.
+          x_log_probs: float [..., V] log-probabilities of ``x`` (one-hot or the model's
+            ``x_theta``), its batch axes broadcastable to ``z_t.shape`` (one shared law is not
+            copied). Only data ids may carry mass, as :func:`denoiser_log_probs` gives: the
+            denoise branch draws among ids ``0..N-1``.
+          s, t: float, broadcastable to ``z_t.shape``; ``0 <= s < t <= 1``.
+
+        Raises:
+          ValueError: a concrete ``s`` or ``t`` outside [0, 1]; ``x_log_probs`` not [..., V] with
+            batch axes broadcastable to ``z_t.shape``.
+        """
+        z_t = jnp.asarray(z_t)
+        if x_log_probs.ndim < 1 or x_log_probs.shape[-1] != self.vocab_size:
+            raise ValueError(f"Process.posterior_sample: x_log_probs must be [..., V={self.vocab_size}]"
+                             f", got shape {x_log_probs.shape}")
+        lead = z_t.ndim - (x_log_probs.ndim - 1)
+        try:
+            fits = lead >= 0 and jnp.broadcast_shapes(z_t.shape, x_log_probs.shape[:-1]) == z_t.shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"Process.posterior_sample: x_log_probs batch shape "
+                             f"{x_log_probs.shape[:-1]} must broadcast to z_t's {z_t.shape}")
+        x_log = jnp.asarray(x_log_probs, jnp.float32).reshape((1,) * lead + x_log_probs.shape)
+        s = jnp.broadcast_to(_times(s, "posterior_sample"), z_t.shape)
+        t = jnp.broadcast_to(_times(t, "posterior_sample"), z_t.shape)
+        a_s = self.alpha(s)
+        a_ts = self.alpha(t) / a_s
+        mask_s, data_s = self._prior_parts(s)
+        mask_t, data_t = self._prior_parts(t)
+        is_mask = (z_t == self.mask_id) if self.mask_id is not None else jnp.zeros(z_t.shape, bool)
+        is_data = z_t < self.num_classes
+        gamma = jnp.where(is_mask, mask_t - a_ts * mask_s,
+                          jnp.where(is_data, data_t - a_ts * data_s, 0.0))
+        gamma = jnp.maximum(gamma, 0.0)
+        x_zt = jnp.exp(jnp.take_along_axis(x_log, z_t[..., None].astype(jnp.int32), axis=-1,
+                                           mode="clip")[..., 0])
+        q_s_zt = a_s * x_zt + jnp.where(is_mask, mask_s, jnp.where(is_data, data_s, 0.0))
+        weights = jnp.stack([a_ts * q_s_zt, gamma * a_s, gamma * mask_s,
+                             gamma * (self.num_classes * data_s)], axis=-1)
+        k_branch, k_token, k_uniform = jax.random.split(key, 3)
+        branch = sampling.categorical(k_branch, jnp.log(weights))
+        token = sampling.categorical(k_token, x_log[..., :self.num_classes], shape=z_t.shape)
+        uniform = jax.random.randint(k_uniform, z_t.shape, 0, self.num_classes)
+        mask_id = 0 if self.mask_id is None else self.mask_id
+        return jnp.select([branch == 0, branch == 1, branch == 2],
+                          [z_t.astype(jnp.int32), token, jnp.full(z_t.shape, mask_id, jnp.int32)],
+                          uniform.astype(jnp.int32))
 
     def sample(self, key: jax.Array, x: jax.Array, t: jax.Array) -> jax.Array:
         """Draws ``z_t ~ q_t(. | x)`` for int tokens ``x`` [B, L] and times ``t`` [B] in [0, 1].
