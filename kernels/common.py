@@ -17,6 +17,21 @@ R query rows per kv head, L positions, N heads (RoPE), W packed words per vector
   - ``attend(layer_cache, q, start) -> out``: attention of ``q [B, H, T, D]`` over slots
     ``0 .. start[b] + t`` for new token ``t`` (causal), ``[B, H, T, D]`` in ``q``'s dtype.
 
+  Capacity: a cache from ``init(..., max_len, ...)`` holds positions ``0 .. max_len - 1``, for
+  every backend (one that allocates a buffer rounded up to whole chunks or pages still refuses
+  positions ``>= max_len``). A row ``b`` whose slots ``start[b] .. start[b] + T - 1`` do not all
+  lie in that range is out of capacity:
+
+  - outside ``jit`` (concrete ``start``), ``update`` and ``attend`` raise ``ValueError`` naming
+    the backend, the positions and the capacity;
+  - inside ``jit`` (``start`` traced, no exception possible), ``update`` leaves that row of the
+    cache bit-identical (no write is clamped onto the last slots) and ``attend`` returns NaN for
+    every output of that row, so the fault is visible; other rows are unaffected
+    (:func:`rows_in_capacity`, :func:`poison_rows`, :func:`write_slots`).
+
+  A fresh cache can be donated (``jax.jit(update, donate_argnums=0)``): no two of its leaves
+  share a buffer.
+
   Each backend module registers its classes by name with ``@register_backend("name")``;
   ``models.kv_cache.get_backend`` imports the kernel packages and looks the name up.
 * Dense attention: :func:`grouped_attention` (GQA softmax over a cache), :func:`causal_cache_mask`,
@@ -49,7 +64,13 @@ from kernels import checks
 
 @runtime_checkable
 class KVCacheBackend(Protocol):
-    """What ``Transformer.decode`` calls on a KV-cache backend (module docstring)."""
+    """What ``Transformer.decode`` calls on a KV-cache backend (methods: the module docstring).
+
+    The contract at the edges, for every backend: the capacity is ``init``'s ``max_len``; a row
+    whose new slots ``start[b] .. start[b] + T - 1`` leave ``0 .. max_len - 1`` is refused with a
+    ``ValueError`` outside ``jit`` and, inside ``jit``, left unchanged by ``update`` and poisoned
+    (all NaN) by ``attend``. A fresh cache has no two leaves sharing a buffer, so it can be donated.
+    """
 
     def init(self, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int,
              dtype: Any) -> Any: ...
@@ -92,6 +113,39 @@ def register_backend(name: str):
 def registered_backends() -> dict[str, type]:
     """A copy of the registry: backend name -> class (only the modules imported so far)."""
     return dict(_REGISTRY)
+
+
+def rows_in_capacity(start: jax.Array, num_new: int, capacity: jax.Array | int) -> jax.Array:
+    """bool [B]: True where row ``b``'s slots ``start[b] .. start[b] + T - 1`` (T = ``num_new``) all
+    lie in ``0 .. capacity - 1``; ``start`` int [B], ``capacity`` an int or int [B].
+
+    Compares ``start <= capacity - T`` rather than ``start + T <= capacity``, so a ``start`` near
+    the int32 maximum cannot wrap around into range."""
+    start = jnp.asarray(start)
+    return (start >= 0) & (start <= jnp.asarray(capacity, start.dtype) - num_new)
+
+
+def poison_rows(out: jax.Array, ok: jax.Array) -> jax.Array:
+    """``out`` [B, ...] (float) with every entry of the rows where ``ok`` [B] is False set to NaN:
+    how ``attend`` marks a row that is out of capacity inside ``jit`` (protocol above)."""
+    return jnp.where(ok.reshape((-1,) + (1,) * (out.ndim - 1)), out, jnp.nan)
+
+
+def write_slots(buf: jax.Array, new: jax.Array, start: jax.Array, ok: jax.Array) -> jax.Array:
+    """``buf`` [B, K, S, ...] with ``new`` [B, K, T, ...] written at slots ``start[b] .. start[b] +
+    T - 1`` of the rows where ``ok`` [B]; the other rows stay bit-identical.
+
+    ``lax.dynamic_update_slice`` clamps an out-of-range start onto the last T slots; here a row
+    that is not ``ok`` writes back what the (equally clamped) ``lax.dynamic_slice`` read there, so
+    nothing changes, at the cost of reading T slots (not a select over the whole buffer, which
+    would copy the cache on every decode step). ``new`` is cast to ``buf``'s dtype.
+    """
+    def row(b, n, s, o):  # b [K, S, ...], n [K, T, ...]
+        idx = (0, s) + (0,) * (b.ndim - 2)
+        old = lax.dynamic_slice(b, idx, n.shape)
+        return lax.dynamic_update_slice(b, jnp.where(o, n.astype(b.dtype), old), idx)
+
+    return jax.vmap(row)(buf, new, jnp.asarray(start, jnp.int32), ok)
 
 
 # -- dense attention over a cache ---------------------------------------------------------------
@@ -141,7 +195,8 @@ def causal_cache_mask(start: jax.Array, num_new: int, num_slots: int) -> jax.Arr
 @dataclasses.dataclass(frozen=True)
 class DenseKVCache:
     """Full-precision cache laid out ``[B, K, S, D]`` (sequence-contiguous per head, the fast
-    layout for decode on CPU), with dense attention over the valid prefix."""
+    layout for decode on CPU), with dense attention over the valid prefix; capacity S =
+    ``max_len`` (out-of-capacity rows: the protocol in the module docstring)."""
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
         checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "DenseKVCache.init")
@@ -152,19 +207,17 @@ class DenseKVCache:
         b, kh, s, d = layer_cache["k"].shape
         checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
                             where="DenseKVCache.update")
-
-        def write(buf, new, s):  # buf [K, S, D], new [K, T, D]
-            return lax.dynamic_update_slice(buf, new.astype(buf.dtype), (0, s, 0))
-
-        return {"k": jax.vmap(write)(layer_cache["k"], k, start),
-                "v": jax.vmap(write)(layer_cache["v"], v, start)}
+        ok = rows_in_capacity(start, k.shape[2], s)
+        return {"k": write_slots(layer_cache["k"], k, start, ok),
+                "v": write_slots(layer_cache["v"], v, start, ok)}
 
     def attend(self, layer_cache, q, start):
         b, kh, s, d = layer_cache["k"].shape
         checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
                             where="DenseKVCache.attend")
-        mask = causal_cache_mask(start, q.shape[2], layer_cache["k"].shape[2])
-        return grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
+        mask = causal_cache_mask(start, q.shape[2], s)
+        out = grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
+        return poison_rows(out, rows_in_capacity(start, q.shape[2], s))
 
 
 DENSE = DenseKVCache()

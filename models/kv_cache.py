@@ -7,7 +7,14 @@ The protocol (:class:`KVCacheBackend`: ``init`` / ``update`` / ``attend``), the 
 :mod:`kernels.common` with the backend registry, and are re-exported here. Every backend module
 registers its classes there (``@register_backend("ffd")``); this module imports the ``cache`` module
 of every kernel package (``models`` -> ``kernels``, the allowed direction) so that
-:func:`get_backend` finds ``"dense"``, ``"ffd"``, ``"quest"``, ``"qvg"`` and ``"kivi"``.
+:func:`get_backend` finds ``"dense"``, ``"ffd"``, ``"quest"``, ``"qvg"`` and ``"kivi"``; EntroKV's
+``"budgeted"`` cache registers when :mod:`algorithms.kv_budget.cache` is imported (``models``
+cannot import ``algorithms``).
+
+Every backend follows the protocol's contract at the edges (:class:`KVCacheBackend`): the capacity
+is ``init``'s ``max_len``; a row whose new positions leave ``0 .. max_len - 1`` raises
+``ValueError`` outside ``jit`` and, inside it, is left unchanged by ``update`` and NaN in
+``attend``; a fresh cache can be donated.
 """
 
 from __future__ import annotations

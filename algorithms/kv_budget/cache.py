@@ -18,26 +18,44 @@ import jax.numpy as jnp
 from flax import nnx
 
 from algorithms.kv_budget import entrokv
+from kernels import checks, common
 from models import kv_cache as kvc
 
 
+@common.register_backend("budgeted")
 @dataclasses.dataclass(frozen=True)
 class BudgetedKVCache:
-    """Dense ``[B, K, S, D]`` cache with a per-head keep mask (see the module docstring)."""
+    """Dense ``[B, K, S, D]`` cache with a per-head keep mask bool ``[B, K, S]`` (see the module
+    docstring), registered as ``"budgeted"`` once this module is imported.
+
+    It follows the backend protocol of :class:`kernels.common.KVCacheBackend`, its capacity rule
+    included (S = ``max_len``; a row out of capacity raises ``ValueError`` outside ``jit`` and,
+    inside it, is left unchanged by ``update`` and NaN in ``attend``): ``update`` and the checks
+    are the dense backend's. A row whose keep mask hides every slot it may see attends to nothing
+    and is NaN as well (:func:`kernels.common.grouped_attention` needs one key per query).
+    """
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
-        cache = kvc.DenseKVCache().init(batch_size, max_len, num_kv_heads, head_dim, dtype)
+        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype,
+                          "BudgetedKVCache.init")
+        cache = kvc.DENSE.init(batch_size, max_len, num_kv_heads, head_dim, dtype)
         cache["keep"] = jnp.ones((batch_size, num_kv_heads, max_len), bool)
         return cache
 
     def update(self, layer_cache, k, v, start):
-        new = kvc.DenseKVCache().update({"k": layer_cache["k"], "v": layer_cache["v"]}, k, v, start)
+        b, kh, s, d = layer_cache["k"].shape
+        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
+                            where="BudgetedKVCache.update")
+        new = kvc.DENSE.update({"k": layer_cache["k"], "v": layer_cache["v"]}, k, v, start)
         return {**new, "keep": layer_cache["keep"]}
 
     def attend(self, layer_cache, q, start):
-        s = layer_cache["k"].shape[2]
+        b, kh, s, d = layer_cache["k"].shape
+        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
+                            where="BudgetedKVCache.attend")
         mask = kvc.causal_cache_mask(start, q.shape[2], s) & layer_cache["keep"][:, :, None, None, :]
-        return kvc.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
+        out = kvc.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
+        return common.poison_rows(out, common.rows_in_capacity(start, q.shape[2], s))
 
 
 def with_keep(cache: list[dict], keep: list[jax.Array]) -> list[dict]:

@@ -12,6 +12,12 @@ attending; KIVI stores post-RoPE keys like the original and keeps its last ``res
 (a sliding window). The attention over quantized slots goes through the dispatch table of
 :mod:`kernels.kv_quant.api` (``implementation=``: the fused XLA path on CPU, the Pallas kernels on
 TPU / GPU for QVG).
+
+Capacity: the chunk buffers hold SP = ceil(max_len / N) * N slots, but the cache accepts positions
+``0 .. max_len - 1`` only, as every backend (:class:`kernels.common.KVCacheBackend`): the requested
+``max_len`` is kept in the cache (field ``max_len``, int32 [B]), so that ``jit``-traced positions
+are checked against it too; a row out of capacity raises ``ValueError`` outside ``jit`` and, inside
+it, is left unchanged by ``update`` and NaN in ``attend``.
 """
 
 from __future__ import annotations
@@ -22,11 +28,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernels import checks, common
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
+
+_FIELDS = ("k", "v", "wk", "wv", "max_len")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +61,8 @@ class _ChunkedQuantCache(abc.ABC):
         """Whether values are quantized in chunks together with the keys (QVG). A subclass that
         returns False stores values its own way and defines ``_init_values(batch_size, max_len,
         num_kv_heads, head_dim, dtype) -> {"v", "wv"}`` and ``_update_values(layer_cache, v,
-        start) -> {"v", "wv"}`` (KIVI's sliding window) and its own ``attend``."""
+        start, ok) -> {"v", "wv"}`` (KIVI's sliding window; rows where ``ok`` [B] is False must
+        stay unchanged) and its own ``attend``."""
         return True
 
     def _quantize_pair(self, quant, xk, xv, keys):
@@ -64,14 +74,28 @@ class _ChunkedQuantCache(abc.ABC):
     # -- protocol -------------------------------------------------------------------------------
 
     def _layout(self, layer_cache, where: str) -> tuple[int, int, int, int]:
-        """(B, K, capacity SP = NC * N, D) of a layer cache, which must be one of this backend's."""
-        if not isinstance(layer_cache, dict) or "wk" not in layer_cache or "k" not in layer_cache:
+        """(B, K, capacity, D) of a layer cache, which must be one of this backend's.
+
+        The capacity is ``init``'s ``max_len`` when the cache's ``max_len`` leaf is concrete;
+        under ``jit`` it is only known at run time, and this returns the padded buffer's SP =
+        NC * N slots (an upper bound, for the shape checks; :meth:`_in_capacity` applies the
+        exact one to traced positions)."""
+        if not isinstance(layer_cache, dict) or any(f not in layer_cache for f in _FIELDS):
             got = sorted(layer_cache) if isinstance(layer_cache, dict) else type(layer_cache)
             raise checks.error(where, "layer_cache", f"a {type(self).__name__} layer cache (from "
-                               "init)", got)
+                               f"init, with fields {_FIELDS})", got)
         b, kh, _, d = layer_cache["wk"].shape
         nc = jax.tree.leaves(layer_cache["k"])[0].shape[2]
+        cap = layer_cache["max_len"]
+        if not checks.is_traced(cap):
+            return b, kh, int(np.min(np.asarray(cap))), d
         return b, kh, nc * self._chunk(), d
+
+    @staticmethod
+    def _in_capacity(layer_cache, start, num_new) -> jax.Array:
+        """bool [B]: the rows whose new slots lie in ``0 .. max_len - 1`` (the requested capacity,
+        not the padded buffer's)."""
+        return common.rows_in_capacity(start, num_new, layer_cache["max_len"])
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
         checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype,
@@ -87,12 +111,15 @@ class _ChunkedQuantCache(abc.ABC):
                                     proto)
             cache[name] = jax.tree.map(
                 lambda s: jnp.zeros((batch_size, num_kv_heads, nc) + s.shape, s.dtype), shapes)
-        window = jnp.zeros((batch_size, num_kv_heads, n, head_dim), dtype)
-        cache["wk"] = window
-        if chunked_v:
-            cache["wv"] = window
+        window = (batch_size, num_kv_heads, n, head_dim)
+        cache["wk"] = jnp.zeros(window, dtype)
+        if chunked_v:  # a buffer of its own: two leaves sharing one could not be donated
+            cache["wv"] = jnp.zeros(window, dtype)
         else:
             cache.update(self._init_values(batch_size, max_len, num_kv_heads, head_dim, dtype))
+        # The requested capacity: the chunk buffers round it up to NC * N slots, which must not
+        # widen the positions the cache accepts.
+        cache["max_len"] = jnp.full((batch_size,), max_len, jnp.int32)
         return cache
 
     def update(self, layer_cache, k, v, start):
@@ -102,11 +129,12 @@ class _ChunkedQuantCache(abc.ABC):
                             where=where)
         b, kh, t, d = k.shape
         n = self._chunk()
-        start = start.astype(jnp.int32)
+        ok = self._in_capacity(layer_cache, start, t)  # [B]; other rows are left as they are
+        start = jnp.where(ok, start, 0).astype(jnp.int32)  # (and computed at 0, then dropped)
         first = start // n  # chunk index of the window
         off = start - first * n
         nj = (n + t) // n  # static: chunks that can complete in this call
-        n_full = (start + t) // n - first  # [B] chunks completed now
+        n_full = jnp.where(ok, (start + t) // n - first, 0)  # [B] chunks completed now
 
         def buffer(w, new, o):  # w [K, N, D], new [K, T, D] -> [K, (nj + 1) N, D]
             buf = jnp.zeros((kh, (nj + 1) * n, d), w.dtype).at[:, :n].set(w)
@@ -145,14 +173,15 @@ class _ChunkedQuantCache(abc.ABC):
         sk, sv = jax.lax.cond(jnp.any(n_full > 0), quantize_completed, lambda s: s,
                               (layer_cache["k"], layer_cache["v"] if chunked_v else None))
 
-        def new_window(buf, m):
-            return jax.lax.dynamic_slice_in_dim(buf, m * n, n, axis=1)
+        def new_window(buf, m, old, okb):
+            return jnp.where(okb, jax.lax.dynamic_slice_in_dim(buf, m * n, n, axis=1), old)
 
-        out = {"k": sk, "wk": jax.vmap(new_window)(bufk, n_full)}
+        out = {"k": sk, "wk": jax.vmap(new_window)(bufk, n_full, layer_cache["wk"], ok),
+               "max_len": layer_cache["max_len"]}
         if chunked_v:
-            out.update(v=sv, wv=jax.vmap(new_window)(bufv, n_full))
+            out.update(v=sv, wv=jax.vmap(new_window)(bufv, n_full, layer_cache["wv"], ok))
         else:
-            out.update(self._update_values(layer_cache, v, start))
+            out.update(self._update_values(layer_cache, v, start, ok))
         return out
 
     def _check_attend(self, layer_cache, q, start):
@@ -165,7 +194,10 @@ class _ChunkedQuantCache(abc.ABC):
         b, h, t, d = q.shape
         kh = layer_cache["wk"].shape[1]
         n = self._chunk()
-        start = start.astype(jnp.int32)
+        ok = self._in_capacity(layer_cache, start, t)
+        # A row out of capacity attends as if at position 0 and is then poisoned: its position
+        # must not reach the kernels (the XLA path loops up to the largest row's chunk count).
+        start = jnp.where(ok, start, 0).astype(jnp.int32)
         length = start + t
         nq = (length // n) * n  # [B] quantized slots
         qr = q.reshape(b, kh, (h // kh) * t, d)
@@ -175,7 +207,7 @@ class _ChunkedQuantCache(abc.ABC):
         slot = nq[:, None] + jnp.arange(n)  # [B, N]
         valid = (slot[:, None, :] <= pos[:, :, None])[:, None]
         o2, l2 = common.partial_attention(qr, layer_cache["wk"], layer_cache["wv"], valid)
-        out = common.merge_lse(o1, l1, o2, l2)
+        out = common.poison_rows(common.merge_lse(o1, l1, o2, l2), ok)
         return out.reshape(b, h, t, d).astype(q.dtype)
 
 
@@ -204,6 +236,10 @@ class QVGCache(_ChunkedQuantCache):
         :func:`kernels.kv_quant.api.resolve_implementation` (``"auto"``: the fused XLA path on
         CPU, the Pallas kernel on TPU / GPU).
       seed: k-means++ seeding (folded with chunk and head indices).
+
+    Cache fields: ``k``, ``v`` (:class:`~kernels.kv_quant.reference.QVGCode` of the quantized
+    chunks, fields [B, K, NC, ...]), ``wk``, ``wv`` [B, K, N, D] (the incomplete chunk, full
+    precision) and ``max_len`` int32 [B] (the capacity, module docstring).
     """
 
     config: QVGConfig = QVGConfig()
@@ -270,7 +306,8 @@ class KIVICache(_ChunkedQuantCache):
 
     Cache fields: ``k`` (key chunks), ``wk`` [B, K, N, D] (the incomplete key chunk), ``v``
     (per-token value codes over SP slots), ``wv`` [B, K, R, D] (ring of exact values, position p at
-    slot p mod R), with N = R = ``residual``.
+    slot p mod R), ``max_len`` int32 [B] (the capacity, module docstring), with N = R =
+    ``residual``.
     """
 
     config: KIVIConfig = KIVIConfig()
@@ -299,22 +336,19 @@ class KIVICache(_ChunkedQuantCache):
         ring = jnp.zeros((batch_size, num_kv_heads, self.config.residual, head_dim), dtype)
         return {"v": store, "wv": ring}
 
-    def _update_values(self, layer_cache, v, start):
+    def _update_values(self, layer_cache, v, start, ok):
         b, kh, t, d = v.shape
         r = self.config.residual
         quant = jax.vmap(jax.vmap(lambda x: self._quantize(x.astype(jnp.float32), None, False)))
         codes = quant(v)  # fields [B, K, T, ...]: one token per row
-
-        def write_row(store, code, s):
-            return jax.tree.map(lambda a, c: jax.lax.dynamic_update_slice_in_dim(a, c, s, axis=1),
-                                store, code)
-
-        store = jax.vmap(write_row)(layer_cache["v"], codes, start)
+        store = jax.tree.map(lambda a, c: common.write_slots(a, c, start, ok), layer_cache["v"],
+                             codes)
         # Only the last min(T, R) new values can still be in the window; their ring slots differ.
         keep = min(t, r)
         tail = v[:, :, t - keep:].astype(layer_cache["wv"].dtype)
         slot = (start[:, None] + (t - keep) + jnp.arange(keep)[None, :]) % r  # [B, keep]
-        ring = jax.vmap(lambda w, x, i: w.at[:, i].set(x))(layer_cache["wv"], tail, slot)
+        ring = jax.vmap(lambda w, x, i, o: w.at[:, i].set(jnp.where(o, x, w[:, i])))(
+            layer_cache["wv"], tail, slot, ok)
         return {"v": store, "wv": ring}
 
     def __post_init__(self):
@@ -328,9 +362,12 @@ class KIVICache(_ChunkedQuantCache):
         b, h, t, d = q.shape
         kh = layer_cache["wk"].shape[1]
         qr = q.reshape(b, kh, (h // kh) * t, d)
+        ok = self._in_capacity(layer_cache, start, t)
+        # attend out-of-capacity rows at position 0, then poison them (as QVG's attend)
         out = api.kivi_attention(qr, layer_cache["k"], layer_cache["wk"], layer_cache["v"],
-                                 layer_cache["wv"], self.config, start.astype(jnp.int32), t,
-                                 self.implementation)
+                                 layer_cache["wv"], self.config,
+                                 jnp.where(ok, start, 0).astype(jnp.int32), t, self.implementation)
+        out = common.poison_rows(out, ok)
         return out.reshape(b, h, t, d).astype(q.dtype)
 
 

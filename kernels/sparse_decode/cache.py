@@ -6,7 +6,9 @@ S = P * p capacity.
 Both implement the :class:`kernels.common.KVCacheBackend` protocol, so ``Transformer.decode`` and
 ``models.sampling.generate`` run with ``models.kv_cache.get_backend("ffd")`` / ``"quest"``.
 Prefill (T > 1) attends densely (causal) over the cache contents; the sparse rules apply to decode
-steps (T = 1), the regime the papers target.
+steps (T = 1), the regime the papers target. The capacity is ``max_len`` (a multiple of the page
+size); rows out of capacity are refused outside ``jit`` and, inside it, left unchanged by
+``update`` and NaN in ``attend`` (the protocol's rule).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from kernels import checks, common
 from kernels.sparse_decode import api
@@ -68,11 +71,26 @@ class FFDCache:
                                   self.page_size, scan_copy=scan)
 
     def update(self, layer_cache, k, v, start):
+        """Appends ``k, v [B, K, T, D]`` at slots ``start[b] ..`` (:func:`ref.update_ffd_cache`).
+
+        A row out of capacity (traced ``start`` outside ``0 .. S - T``) is passed on at slot S:
+        every page it completes then has index >= P, which the update drops; the values it would
+        write (clamped onto the last T slots) are replaced by the values already there (read in
+        the cache's dtype, so writing them back is exact) and its tail page is put back, so the
+        row stays bit-identical. Nothing is done over the whole cache (no select over all pages).
+        """
         ref.check_cache(layer_cache, "FFDCache.update")
         b, kh, n, p, d = layer_cache["resid"].shape
         checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
                             where="FFDCache.update")
-        return ref.update_ffd_cache(layer_cache, k, v, start)
+        t = k.shape[2]
+        ok = common.rows_in_capacity(start, t, n * p)
+        vbuf = layer_cache["v"]
+        old_v = lax.dynamic_slice_in_dim(vbuf.reshape(b, kh, n * p, d), n * p - t, t, axis=2)
+        v = jnp.where(ok[:, None, None, None], v.astype(vbuf.dtype), old_v)
+        new = ref.update_ffd_cache(layer_cache, k, v, jnp.where(ok, start, n * p))
+        new["tail"] = jnp.where(ok[:, None, None, None], new["tail"], layer_cache["tail"])
+        return new
 
     def attend(self, layer_cache, q, start):
         ref.check_cache(layer_cache, "FFDCache.attend")
@@ -80,14 +98,17 @@ class FFDCache:
         checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
                             where="FFDCache.attend")
         t = q.shape[2]
+        ok = common.rows_in_capacity(start, t, n * p)
+        start = jnp.where(ok, start, 0)  # out-of-capacity rows: attend at 0, then poison them
         if t == 1:
             out = api.ffd_decode(q[:, :, 0], layer_cache, start + 1, delta=self.delta,
                                  delta_unit=self.delta_unit, top_k=self.top_k,
                                  max_pages=self.max_pages, implementation=self.implementation)
-            return out[:, :, None]
+            return common.poison_rows(out[:, :, None], ok)
         k = ref.refined_keys(layer_cache, start + t)
         v = layer_cache["v"].reshape(b, kh, n * p, d)
-        return common.grouped_attention(q, k, v, common.causal_cache_mask(start, t, n * p))
+        out = common.grouped_attention(q, k, v, common.causal_cache_mask(start, t, n * p))
+        return common.poison_rows(out, ok)
 
 
 @common.register_backend("quest")
@@ -122,17 +143,19 @@ class QuestCache:
         p = self.page_size
         n, t = s // p, k.shape[2]
         nw = (p - 1 + t) // p + 1
+        in_cap = common.rows_in_capacity(start, t, s)  # other rows: no metadata write either
 
-        def row(kmin, kmax, keys, st):  # keys [K, S, D]
+        def row(kmin, kmax, keys, st, row_ok):  # keys [K, S, D]
             pages = keys.reshape(kh, n, p, d)
             ids = st // p + jnp.arange(nw)
-            ok = ids < n
-            got = pages[:, jnp.minimum(ids, n - 1)].astype(jnp.float32)  # [K, NW, p, D]
+            ok = (ids >= 0) & (ids < n) & row_ok
+            got = pages[:, jnp.clip(ids, 0, n - 1)].astype(jnp.float32)  # [K, NW, p, D]
             ids = jnp.where(ok, ids, n)
             return (kmin.at[:, ids].set(got.min(2), mode="drop"),
                     kmax.at[:, ids].set(got.max(2), mode="drop"))
 
-        kmin, kmax = jax.vmap(row)(layer_cache["kmin"], layer_cache["kmax"], dense["k"], start)
+        kmin, kmax = jax.vmap(row)(layer_cache["kmin"], layer_cache["kmax"], dense["k"], start,
+                                   in_cap)
         return {**dense, "kmin": kmin, "kmax": kmax}
 
     def attend(self, layer_cache, q, start):
@@ -140,10 +163,13 @@ class QuestCache:
         checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
                             where="QuestCache.attend")
         t = q.shape[2]
+        ok = common.rows_in_capacity(start, t, s)
+        start = jnp.where(ok, start, 0)  # out-of-capacity rows: attend at 0, then poison them
         if t == 1:
             out, _ = ref.quest_decode(q[:, :, 0], layer_cache["k"], layer_cache["v"],
                                       layer_cache["kmin"], layer_cache["kmax"], start + 1,
                                       top_k=self.top_k, page_size=self.page_size)
-            return out[:, :, None]
-        mask = common.causal_cache_mask(start, t, layer_cache["k"].shape[2])
-        return common.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
+            return common.poison_rows(out[:, :, None], ok)
+        mask = common.causal_cache_mask(start, t, s)
+        return common.poison_rows(
+            common.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask), ok)
