@@ -1,14 +1,16 @@
 """One contract for every implementation of the kv_quant attention ops: QVG's chunk attention
 (reference, xla, pallas_tpu and pallas_gpu in interpret mode) and KIVI's cache attention
-(reference, xla): the same output as a float64 oracle over the dequantized cache, rows that see
-nothing give (0, -inf), never NaN for finite input.
+(reference, xla), checked against independent float64 oracles (``tests/kernels/oracles.py``: own
+unpacking, dequantization and RoPE) within the float32 error bound; rows that see nothing give
+(0, -inf), never NaN for finite input; and a test that the check rejects wrong outputs (zeros,
+outputs shuffled across rows) at the largest magnitudes drawn.
 
-Shapes come from a few fixed configurations (interpret-mode kernels compile once per shape): GQA 1
-to 8, head dims 64 / 96 / 128 / 256, 2 / 4 / 8 bits, 0 / 1 / 2 k-means stages, bf16 queries, one or
-two new tokens. Codes, scales, zeros, centroids, ragged lengths (not multiples of the chunk or
-group), RoPE or not and the key pattern (random, all equal, a needle along the query in the last
-quantized chunk) are drawn by hypothesis, with magnitudes up to 1e4. Inputs are drawn with numpy
-(no XLA compilation per example).
+Shapes: every configuration below runs in every implementation (interpret-mode kernels compile
+once per shape): GQA 1 to 8, head dims 64 / 96 / 128 / 256, 2 / 4 / 8 bits, 0 / 1 / 2 k-means
+stages, bf16 queries, one or two new tokens. Codes, scales, zeros, centroids, ragged lengths (not
+multiples of the chunk or group), RoPE or not and the key pattern (random, all equal, a needle
+along the query in the last quantized chunk) are drawn by hypothesis, with magnitudes up to 1e4.
+Inputs are drawn with numpy (no XLA compilation per example).
 """
 
 import functools
@@ -24,9 +26,10 @@ from hypothesis import strategies as st
 from kernels import common
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
+from tests.hypothesis_budget import examples
+from tests.kernels import oracles
 
-EPS32 = float(np.finfo(np.float32).eps)
-SETTINGS = settings(max_examples=6, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=examples(12),
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.differing_executors])
 
@@ -41,60 +44,35 @@ PATTERNS = ("random", "equal", "needle")
 MAGNITUDES = (1e-2, 1.0, 30.0, 1e4)
 
 
-def _unpack(codes: np.ndarray, bits: int) -> np.ndarray:
-    return np.asarray(common.unpack_codes(jnp.asarray(codes), bits), np.float64)
+def _equal_keys_query(q: np.ndarray, key_max: float) -> np.ndarray:
+    """Queries for the all-equal-keys pattern: divided by the largest key element, so that the
+    logits stay O(1). Equal logits of size L are resolved by float32 only to about sqrt(D) u L
+    nats (u = 2^-24): with keys of 1e4 no float32 evaluation determines the weights of the
+    uniform softmax, and the error bound would admit any output."""
+    return q / max(1.0, key_max)
 
 
-def _rope64(k: np.ndarray, base: float) -> np.ndarray:
-    """RoPE on k [B, K, S, D] at slot positions, float64 (the reference's float32 angles)."""
-    s, d = k.shape[2], k.shape[3]
-    ang = np.asarray(common.rope_angles(jnp.arange(s), d, base), np.float64)  # [S, D/2]
-    cos, sin = np.cos(ang), np.sin(ang)
-    k1, k2 = k[..., :d // 2], k[..., d // 2:]
-    return np.concatenate([k1 * cos - k2 * sin, k2 * cos + k1 * sin], axis=-1)
-
-
-def _attend64(q, k, v, mask):
-    """float64 softmax attention of q [B, K, R, D] over k, v [B, K, S, D] (mask [B, K, R, S]);
-    (out, lse, the largest sum_c |q_c k_c| / sqrt(D) over visible slots)."""
-    d = q.shape[-1]
-    logits = np.einsum("bkrd,bksd->bkrs", q, k) / math.sqrt(d)
-    absdot = np.einsum("bkrd,bksd->bkrs", np.abs(q), np.abs(k)) / math.sqrt(d)
-    big = float(np.where(mask, absdot, 0.0).max(initial=0.0))
-    logits = np.where(mask, logits, -np.inf)
-    m = logits.max(-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    w = np.exp(logits - m)
-    l = w.sum(-1, keepdims=True)
-    out = np.einsum("bkrs,bksd->bkrd", w, v) / np.where(l > 0, l, 1.0)
-    lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(np.where(l > 0, l, 1.0))[..., 0], -np.inf)
-    return out, lse, big
-
-
-def _assert_close(got_out, got_lse, want_out, want_lse, big, vmax, max_pos):
-    """float32 logits carry a rounding error of about eps * sqrt(D) * big (big: the largest
-    sum |q_c k_c| / sqrt(D)), RoPE angles (angle addition in the fused path) differ by about
-    eps * position radians; the weights move by that, the output by that times the value range."""
-    d = got_out.shape[-1]
-    logit_err = (8 * math.sqrt(d) + 2 * max_pos) * EPS32 * big
-    tol = vmax * (3e-5 + 2 * logit_err)
-    np.testing.assert_allclose(np.asarray(got_out, np.float64), want_out, atol=tol, rtol=0)
-    got_lse = np.asarray(got_lse, np.float64)
-    np.testing.assert_array_equal(np.isneginf(got_lse), np.isneginf(want_lse))
-    seen = np.isfinite(want_lse)
-    np.testing.assert_allclose(got_lse[seen], want_lse[seen], rtol=3e-6, atol=3e-5 + logit_err)
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_packing_matches_the_documented_layout(bits):
+    """kernels.common.pack_codes writes channel d to byte d % P at bit bits * (d // P) (the
+    oracle's reading of the format), and unpack_codes inverts it."""
+    codes = np.random.default_rng(bits).integers(0, 2 ** bits, (3, 5, 64), dtype=np.uint8)
+    packed = common.pack_codes(jnp.asarray(codes), bits)
+    np.testing.assert_array_equal(oracles.unpack_planar(packed, bits), codes)
+    np.testing.assert_array_equal(common.unpack_codes(packed, bits), codes)
 
 
 # -- QVG --------------------------------------------------------------------------------------
 
 
-def draw_qvg(data, config, pattern, magnitude):
-    """(q, k_code, v_code, cfg, start, num_quantized) for one configuration."""
+def make_qvg(config, pattern, magnitude, seed, lengths):
+    """(q, k_code, v_code, cfg, start, num_quantized) for one configuration; row ``b`` holds
+    ``lengths[b]`` tokens (the T new ones last) and its complete chunks are quantized. ``needle``
+    needs a k-means stage (the needle is a centroid); without one it is ``random``."""
     b, kh, g, t, d, n, nc, bits, block, stages, c, dtype = config
     cfg = ref.QVGConfig(bits=bits, stages=stages, block=block, num_centroids=c, chunk=n)
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
-    lengths = np.array([data.draw(st.integers(t, nc * n + n - 1), label=f"length{i}")
-                        for i in range(b)])
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths)
     nq = np.minimum((lengths // n) * n, nc * n)
     p = d * bits // 8
 
@@ -125,36 +103,23 @@ def draw_qvg(data, config, pattern, magnitude):
           functools.partial(jnp.asarray, dtype=ref.CENTROID_DTYPE)]
     k_code = ref.QVGCode(*[f(x) for f, x in zip(to, kc, strict=True)])
     v_code = ref.QVGCode(*[f(x) for f, x in zip(to, vc, strict=True)])
+    if pattern == "equal":
+        q = _equal_keys_query(q, float(oracles.qvg_dequantize(*k_code, bits)[1].max()))
     start = jnp.asarray(lengths - t, jnp.int32)
     return jnp.asarray(q, dtype), k_code, v_code, cfg, start, jnp.asarray(nq, jnp.int32)
 
 
-def qvg_dequant64(code: ref.QVGCode, cfg: ref.QVGConfig) -> np.ndarray:
-    """float64 [B, K, NC * N, D]: ``sum_s C_s[a_s] + scale * (code - 2^(n-1))``."""
-    b, kh, nc, n, _ = code.codes.shape
-    x = _unpack(np.asarray(code.codes), cfg.bits) - 2 ** (cfg.bits - 1)
-    d = x.shape[-1]
-    s = np.repeat(np.asarray(code.scales.astype(jnp.float32), np.float64), cfg.block, axis=-1)
-    x = x * s
-    cents = np.asarray(code.centroids.astype(jnp.float32), np.float64)
-    assign = np.asarray(code.assign).astype(int)
-    for st_ in range(cfg.stages):
-        x = x + np.take_along_axis(cents[:, :, :, st_], assign[:, :, :, st_, :, None], axis=3)
-    return x.reshape(b, kh, nc * n, d)
+def draw_qvg(data, config, pattern, magnitude):
+    """:func:`make_qvg` with the seed and the lengths (T .. NC N + N - 1) drawn."""
+    b, t, n, nc = config[0], config[3], config[5], config[6]
+    seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+    lengths = [data.draw(st.integers(t, nc * n + n - 1), label=f"length{i}") for i in range(b)]
+    return make_qvg(config, pattern, magnitude, seed, lengths)
 
 
-def qvg_oracle(q, k_code, v_code, cfg, start, nq, t, rope_base):
-    k = qvg_dequant64(k_code, cfg)
-    v = qvg_dequant64(v_code, cfg)
-    if rope_base is not None:
-        k = _rope64(k, rope_base)
-    rows = q.shape[2]
-    pos = np.asarray(start)[:, None] + np.arange(rows) % t
-    s = np.arange(k.shape[2])
-    mask = (s[None, None] < np.asarray(nq)[:, None, None]) & (s[None, None] <= pos[..., None])
-    qf = np.asarray(q.astype(jnp.float32), np.float64)
-    out, lse, big = _attend64(qf, k, v, np.broadcast_to(mask[:, None], qf.shape[:3] + s.shape))
-    return out, lse, big, float(np.abs(v).max())
+def qvg_oracle(q, kc, vc, cfg, start, nq, t, rope):
+    return oracles.qvg_attention(q, kc, vc, bits=cfg.bits, stages=cfg.stages, start=start,
+                                 num_quantized=nq, num_new=t, rope_base=rope)
 
 
 @functools.cache
@@ -174,11 +139,11 @@ class QVGContract:
         del config
         return None
 
+    @pytest.mark.parametrize("ci", range(len(QVG_CONFIGS)))
     @SETTINGS
-    @given(data=st.data(), ci=st.sampled_from(range(len(QVG_CONFIGS))),
-           pattern=st.sampled_from(PATTERNS), magnitude=st.sampled_from(MAGNITUDES),
-           rope=st.sampled_from([None, 10_000.0]))
-    def test_matches_oracle_and_finite(self, data, ci, pattern, magnitude, rope):
+    @given(data=st.data(), pattern=st.sampled_from(PATTERNS),
+           magnitude=st.sampled_from(MAGNITUDES), rope=st.sampled_from([None, 10_000.0]))
+    def test_matches_oracle_and_finite(self, ci, data, pattern, magnitude, rope):
         config = QVG_CONFIGS[ci]
         q, kc, vc, cfg, start, nq = draw_qvg(data, config, pattern, magnitude)
         t = config[3]
@@ -190,8 +155,7 @@ class QVGContract:
         out, lse = _jitted_qvg(self.impl, self.interpret, cfg, t, rope)(q, kc, vc, start, nq)
         assert out.dtype == lse.dtype == jnp.float32 and out.shape == q.shape
         assert bool(jnp.all(jnp.isfinite(out))), "NaN/inf output for finite input"
-        want, want_lse, big, vmax = qvg_oracle(q, kc, vc, cfg, start, nq, t, rope)
-        _assert_close(out, lse, want, want_lse, big, vmax, int(jnp.max(nq)))
+        oracles.assert_close(out, qvg_oracle(q, kc, vc, cfg, start, nq, t, rope), lse=lse)
         # rows that see no quantized slot: (0, -inf)
         empty = np.asarray(nq) == 0
         assert np.all(np.asarray(out)[empty] == 0) and np.all(np.isneginf(np.asarray(lse)[empty]))
@@ -231,15 +195,14 @@ KIVI_CONFIGS = (
 )
 
 
-def draw_kivi(data, config, pattern, magnitude):
+def make_kivi(config, pattern, magnitude, seed, lengths):
     """(q, k_code, window_k, v_code, ring, cfg, start) for one configuration: the fields of a
-    :class:`kernels.kv_quant.cache.KIVICache` holding ``start + T`` tokens per row."""
+    :class:`kernels.kv_quant.cache.KIVICache` holding ``lengths[b]`` tokens in row ``b`` (the T new
+    ones last)."""
     b, kh, g, t, d, n, nc, bits, group, block, dtype = config
     cfg = ref.KIVIConfig(bits=bits, group=group, block=block, residual=n)
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1), label="seed"))
-    # the incomplete key chunk must fit: length < NC * N
-    lengths = np.array([data.draw(st.integers(t, nc * n - 1), label=f"length{i}")
-                        for i in range(b)])
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths)
     p, sp = d * bits // 8, nc * n
     k_codes = rng.integers(0, 256, (b, kh, nc, n, p), dtype=np.uint8)
     k_scale = rng.uniform(0.05, 0.6, (b, kh, nc, n // group, d)) * magnitude
@@ -262,6 +225,9 @@ def draw_kivi(data, config, pattern, magnitude):
     v_scale = rng.uniform(0.05, 0.6, (b, kh, sp, d // block)) * magnitude
     v_zero = rng.standard_normal((b, kh, sp, d // block)) * magnitude
     ring = rng.standard_normal((b, kh, n, d)) * magnitude
+    if pattern == "equal":  # the largest key element: (2^bits - 1) scale + |zero|, or a window key
+        q = _equal_keys_query(q, max((2 ** bits - 1) * k_scale.max() + np.abs(k_zero).max(),
+                                     np.abs(window_k).max()))
     bf = functools.partial(jnp.asarray, dtype=ref.SCALE_DTYPE)
     k_code = ref.KIVICode(jnp.asarray(k_codes), bf(k_scale), bf(k_zero))
     v_code = ref.KIVICode(jnp.asarray(v_codes), bf(v_scale), bf(v_zero))
@@ -270,37 +236,18 @@ def draw_kivi(data, config, pattern, magnitude):
             jnp.asarray(ring, jnp.bfloat16), cfg, start)
 
 
-def kivi_oracle(q, k_code, window_k, v_code, ring, cfg, start, t):
-    """float64 attention over the KIVI cache's contents (KIVI Sec. 3.3): quantized keys below
-    nq, exact keys after; exact values for the last N positions, quantized before."""
-    b, kh, nc, n, _ = k_code.codes.shape
-    f64 = lambda a: np.asarray(jnp.asarray(a).astype(jnp.float32), np.float64)  # noqa: E731
-    kq = _unpack(np.asarray(k_code.codes), cfg.bits).reshape(b, kh, nc, n // cfg.group,
-                                                             cfg.group, -1)
-    kq = kq * f64(k_code.scale)[:, :, :, :, None] + f64(k_code.zero)[:, :, :, :, None]
-    d = kq.shape[-1]
-    kq = kq.reshape(b, kh, nc * n, d)
-    vq = _unpack(np.asarray(v_code.codes), cfg.bits)
-    vq = (vq * np.repeat(f64(v_code.scale), cfg.block, -1)
-          + np.repeat(f64(v_code.zero), cfg.block, -1))
-    length = np.asarray(start) + t
-    nq = (length // n) * n
-    sp = nc * n
-    keys = kq.copy()
-    vals = vq.copy()
-    wk, rg = f64(window_k), f64(ring)
-    for bi in range(b):
-        for s_ in range(nq[bi], min(nq[bi] + n, sp)):
-            keys[bi, :, s_] = wk[bi, :, s_ - nq[bi]]
-        for s_ in range(max(length[bi] - n, 0), length[bi]):
-            vals[bi, :, s_] = rg[bi, :, s_ % n]
-    rows = q.shape[2]
-    pos = np.asarray(start)[:, None] + np.arange(rows) % t
-    s = np.arange(sp)
-    mask = (s[None, None] < length[:, None, None]) & (s[None, None] <= pos[..., None])
-    qf = np.asarray(q.astype(jnp.float32), np.float64)
-    out, _, big = _attend64(qf, keys, vals, np.broadcast_to(mask[:, None], qf.shape[:3] + s.shape))
-    return out, big, float(np.abs(vals).max())
+def draw_kivi(data, config, pattern, magnitude):
+    """:func:`make_kivi` with the seed and the lengths (T .. NC N - 1: the incomplete key chunk
+    must fit) drawn."""
+    b, t, n, nc = config[0], config[3], config[5], config[6]
+    seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+    lengths = [data.draw(st.integers(t, nc * n - 1), label=f"length{i}") for i in range(b)]
+    return make_kivi(config, pattern, magnitude, seed, lengths)
+
+
+def kivi_oracle(q, kc, wk, vc, ring, cfg, start, t):
+    return oracles.kivi_attention(q, kc, wk, vc, ring, bits=cfg.bits, group=cfg.group,
+                                  block=cfg.block, residual=cfg.residual, start=start, num_new=t)
 
 
 @functools.cache
@@ -314,20 +261,18 @@ class KIVIContract:
 
     impl: str
 
+    @pytest.mark.parametrize("ci", range(len(KIVI_CONFIGS)))
     @SETTINGS
-    @given(data=st.data(), ci=st.sampled_from(range(len(KIVI_CONFIGS))),
-           pattern=st.sampled_from(PATTERNS), magnitude=st.sampled_from(MAGNITUDES))
-    def test_matches_oracle_and_finite(self, data, ci, pattern, magnitude):
+    @given(data=st.data(), pattern=st.sampled_from(PATTERNS),
+           magnitude=st.sampled_from(MAGNITUDES))
+    def test_matches_oracle_and_finite(self, ci, data, pattern, magnitude):
         config = KIVI_CONFIGS[ci]
         q, kc, wk, vc, ring, cfg, start = draw_kivi(data, config, pattern, magnitude)
         t = config[3]
         out = _jitted_kivi(self.impl, cfg, t)(q, kc, wk, vc, ring, start)
         assert out.dtype == jnp.float32 and out.shape == q.shape
         assert bool(jnp.all(jnp.isfinite(out))), "NaN/inf output for finite input"
-        want, big, vmax = kivi_oracle(q, kc, wk, vc, ring, cfg, start, t)
-        logit_err = 8 * math.sqrt(q.shape[-1]) * EPS32 * big
-        np.testing.assert_allclose(np.asarray(out, np.float64), want,
-                                   atol=vmax * (3e-5 + 2 * logit_err), rtol=0)
+        oracles.assert_close(out, kivi_oracle(q, kc, wk, vc, ring, cfg, start, t))
 
 
 class TestKIVIReference(KIVIContract):
@@ -336,3 +281,92 @@ class TestKIVIReference(KIVIContract):
 
 class TestKIVIXLA(KIVIContract):
     impl = "xla"
+
+
+# -- the checks reject wrong outputs ----------------------------------------------------------
+
+
+def _shuffled(out):
+    """``out [B, K, R, D]`` with each (row, kv head)'s rows moved to the next (row, kv head)."""
+    b, kh, r, d = out.shape
+    return np.roll(out.reshape(b * kh, r, d), 1, axis=0).reshape(out.shape)
+
+
+@pytest.mark.parametrize("ci", range(len(QVG_CONFIGS)))
+def test_qvg_check_rejects_wrong_outputs(ci):
+    """At the largest magnitudes drawn, with and without RoPE, the QVG check accepts the oracle's
+    output and rejects an all-zero output and one shuffled across (row, kv head) pairs; for the
+    needle the tolerance is below 1e-4 of the value range."""
+    config = QVG_CONFIGS[ci]
+    b, kh, t, n, nc, stages = config[0], config[1], config[3], config[5], config[6], config[9]
+    lengths = [nc * n + n - 1 - i for i in range(b)]  # every chunk quantized, ragged rows
+    for pattern in PATTERNS:
+        for magnitude in (30.0, 1e4):
+            for rope in (None, 10_000.0):
+                q, kc, vc, cfg, start, nq = make_qvg(config, pattern, magnitude, 3, lengths)
+                att = qvg_oracle(q, kc, vc, cfg, start, nq, t, rope)
+                oracles.assert_close(att.out, att, lse=att.lse)
+                with pytest.raises(AssertionError):
+                    oracles.assert_close(np.zeros_like(att.out), att)
+                if b * kh > 1:
+                    with pytest.raises(AssertionError):
+                        oracles.assert_close(_shuffled(att.out), att)
+                if pattern == "needle" and stages and magnitude == 1e4:
+                    vmax = float(np.abs(oracles.qvg_dequantize(*vc, cfg.bits)[0]).max())
+                    assert att.out_tol.max() <= 1e-4 * vmax, (rope, att.out_tol.max() / vmax)
+
+
+@pytest.mark.parametrize("ci", range(len(KIVI_CONFIGS)))
+def test_kivi_check_rejects_wrong_outputs(ci):
+    """At the largest magnitudes drawn, the KIVI check accepts the oracle's output and rejects an
+    all-zero output and one shuffled across (row, kv head) pairs; for the needle the tolerance is
+    below 1e-4 of the value range."""
+    config = KIVI_CONFIGS[ci]
+    b, kh, t, n, nc = config[0], config[1], config[3], config[5], config[6]
+    lengths = [nc * n - 1 - i for i in range(b)]
+    for pattern in PATTERNS:
+        for magnitude in (30.0, 1e4):
+            q, kc, wk, vc, ring, cfg, start = make_kivi(config, pattern, magnitude, 3, lengths)
+            att = kivi_oracle(q, kc, wk, vc, ring, cfg, start, t)
+            oracles.assert_close(att.out, att)
+            with pytest.raises(AssertionError):
+                oracles.assert_close(np.zeros_like(att.out), att)
+            if b * kh > 1:
+                with pytest.raises(AssertionError):
+                    oracles.assert_close(_shuffled(att.out), att)
+            if pattern == "needle" and magnitude == 1e4:
+                vmax = max(float(np.abs(oracles.f64(ring)).max()),
+                           float(np.abs(oracles.unpack_planar(vc.codes, cfg.bits)
+                                        * np.repeat(oracles.f64(vc.scale), cfg.block, -1)
+                                        + np.repeat(oracles.f64(vc.zero), cfg.block, -1)).max()))
+                assert att.out_tol.max() <= 1e-4 * vmax, att.out_tol.max() / vmax
+
+
+def test_oracles_on_hand_made_codes():
+    """The QVG and KIVI oracles on values worked out by hand: one token, D = 4, 2-bit codes."""
+    # QVG: codes 3, 0, 1, 2 (offset 2: +1, -2, -1, 0) with scale 0.5 and one centroid (1, 1, 1, 1):
+    # x = (1.5, 0, 0.5, 1). D = 4 at 2 bits is P = 1 byte: channel d sits at bit 2 d
+    byte = 3 | (0 << 2) | (1 << 4) | (2 << 6)
+    codes = np.array([[[[[byte]]]]], np.uint8)  # [B, K, NC, N, P]
+    scales = np.full((1, 1, 1, 1, 1), 0.5)
+    assign = np.zeros((1, 1, 1, 1, 1), np.uint8)
+    cents = np.ones((1, 1, 1, 1, 1, 4))
+    x, xabs = oracles.qvg_dequantize(codes, scales, assign, cents, 2)
+    np.testing.assert_array_equal(x[0, 0, 0], [1.5, 0.0, 0.5, 1.0])
+    np.testing.assert_array_equal(xabs[0, 0, 0], [1.5, 2.0, 1.5, 1.0])
+    # RoPE at position 1 with base 1 (every angle 1 radian): (x0, x2) and (x1, x3) rotated
+    r = oracles.rope_rotate(np.array([[1.0, 0.0, 0.0, 1.0]]), np.array([1]), 1.0)
+    np.testing.assert_allclose(r[0], [math.cos(1), -math.sin(1), math.sin(1), math.cos(1)],
+                               rtol=1e-15)
+    # KIVI: a key code 2 with scale 0.25 and zero -1 -> -0.5; one token, group 1, no window
+    att = oracles.kivi_attention(
+        np.ones((1, 1, 1, 4)), (np.array([[[[[byte]]]]], np.uint8), np.full((1, 1, 1, 1, 4), 0.25),
+                                np.full((1, 1, 1, 1, 4), -1.0)),
+        np.zeros((1, 1, 1, 4)), (np.array([[[[byte]]]], np.uint8), np.full((1, 1, 1, 1), 0.5),
+                                 np.zeros((1, 1, 1, 1))),
+        np.full((1, 1, 1, 4), 7.0), bits=2, group=1, block=4, residual=1, start=np.array([0]),
+        num_new=1)
+    # one slot, attended alone: the output is its value, the exact ring value (the last N = 1)
+    np.testing.assert_array_equal(att.out[0, 0, 0], [7.0] * 4)
+    # logit = sum_c (c_code * 0.25 - 1) / 2 = ((0.75 - 1) + (0 - 1) + (0.25 - 1) + (0.5 - 1)) / 2
+    np.testing.assert_allclose(att.lse[0, 0, 0], -1.25, rtol=1e-15)
