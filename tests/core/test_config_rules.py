@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from core import config as cfg_lib
 from core import report
 from experiments import registry
+from tests.hypothesis_budget import examples
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULES = {name: importlib.import_module(f"experiments.configs.{name}")
@@ -198,7 +199,7 @@ def test_integer_and_number_bounds():
     assert not cfg_lib.number().accepts(math.inf) and cfg_lib.number().accepts(-1e300)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(-50, 50), st.integers(-1000, 1000))
 def test_integer_rule_accepts_exactly_the_integers_in_range(lo, value):
     rule = cfg_lib.integer(lo=lo)
@@ -206,7 +207,7 @@ def test_integer_rule_accepts_exactly_the_integers_in_range(lo, value):
     assert not rule.accepts(float(value))  # 3.0 is not an integer field's value
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.booleans())
 def test_number_rule_open_and_closed_bounds(x, lo_open, hi_open):
     rule = cfg_lib.number(lo=-1.0, hi=1.0, lo_open=lo_open, hi_open=hi_open)

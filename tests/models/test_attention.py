@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from models import attention as attn
 from models.kv_cache import grouped_attention
 from models.transformer import Transformer, TransformerConfig
+from tests.hypothesis_budget import examples
 
 
 def _inputs(seed, b, h, k, l, d, dtype=jnp.float32, scale=1.0):
@@ -50,7 +51,7 @@ def test_blockwise_equals_reference_values_and_grads(kind, block):
         np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5 * float(jnp.max(jnp.abs(r))))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(seed=st.integers(0, 2 ** 31 - 1), group=st.sampled_from([1, 2, 4]),
        kind=st.sampled_from(["causal", "full", "custom"]),
        scale=st.sampled_from([1e-3, 1.0, 30.0]))

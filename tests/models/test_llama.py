@@ -22,6 +22,7 @@ from models import kv_cache as kvc
 from models.llama import Llama, backend_for
 from models.rope import RotaryEmbedding
 from models.sampling import generate
+from tests.hypothesis_budget import examples
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -298,7 +299,7 @@ def test_sliding_window_refused_by_backends_that_cannot_forget(ckpts):
 # -- RoPE scaling against transformers' own frequency functions ------------------------------------
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(kind=st.sampled_from(["linear", "llama3", "yarn"]),
        theta=st.sampled_from([1e4, 5e5, 1e6]), factor=st.sampled_from([2.0, 4.0, 8.0, 32.0]),
        orig=st.sampled_from([512, 4096, 8192]), head_dim=st.sampled_from([64, 128]))

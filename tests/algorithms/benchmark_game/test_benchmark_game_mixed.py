@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import algorithms.benchmark_game as bg
 from algorithms.benchmark_game import mixed
+from tests.hypothesis_budget import examples
 
 
 def as_set(pairs, decimals=4):
@@ -168,7 +169,7 @@ def test_degenerate_game_extreme_equilibria():
     assert len(bg.nash_equilibria(np.full((3, 2), 7.0), np.full((3, 2), -1.0))) == 6
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(seed=st.integers(0, 2 ** 31 - 1),
        scale_a=st.floats(1e-4, 1e4), scale_b=st.floats(1e-4, 1e4),
        shift_a=st.floats(-1e3, 1e3), shift_b=st.floats(-1e3, 1e3))

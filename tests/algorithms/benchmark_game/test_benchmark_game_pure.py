@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import algorithms.benchmark_game as bg
 from algorithms.benchmark_game.game import _first_true
+from tests.hypothesis_budget import examples
 
 ADD = bg.AdditiveSaturating(amplitude=1.0, rate=1.0)
 
@@ -369,7 +370,7 @@ def games(draw):
     return theta, rewards, cost, score, delta
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(games(), st.floats(-6.0, 6.0))
 def test_pure_equilibria_invariant_to_positive_payoff_scale(game, log10_scale):
     theta, rewards, cost, score, delta = game
@@ -383,7 +384,7 @@ def test_pure_equilibria_invariant_to_positive_payoff_scale(game, log10_scale):
     assert bool(scaled.zero_effort_unique) == bool(base.zero_effort_unique)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.floats(-30.0, 30.0), st.floats(-6.0, 6.0), st.floats(-3.0, 3.0), st.floats(0.0, 5.0))
 def test_finite_inputs_give_finite_outputs_over_wide_magnitudes(log10_pay, log10_theta, log10_amp,
                                                                  delta):

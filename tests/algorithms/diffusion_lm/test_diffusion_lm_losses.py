@@ -17,6 +17,7 @@ from algorithms.diffusion_lm.families import (
 )
 from algorithms.diffusion_lm.processes import Process, denoiser_log_probs
 from models.transformer import Transformer
+from tests.hypothesis_budget import examples
 
 V, N, MASK = 9, 7, 7
 B, L = 4, 6
@@ -190,7 +191,7 @@ def _nelbos(x, logits, t, key):
             losses.duo_nelbo(_uniform_proc, denoiser_log_probs(_uniform_proc, logits, zu), x, zu, t))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(seed=st.integers(0, 2 ** 31 - 1), scale=st.sampled_from([1e-3, 1.0, 30.0, 1e3]),
        t=st.floats(1e-3, 1.0 - 1e-3))
 def test_nelbo_is_nonnegative_and_finite_for_any_denoiser(seed, scale, t):

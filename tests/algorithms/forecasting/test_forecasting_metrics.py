@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from algorithms.forecasting import losses, metrics
+from tests.hypothesis_budget import examples
 
 
 def _fair_crps_ref(samples, target):
@@ -333,7 +334,7 @@ def ensembles(draw):
     return samples, target
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(ensembles())
 def test_crps_nonnegative_and_equals_properscoring(case):
     samples, target = case
@@ -351,7 +352,7 @@ def test_crps_nonnegative_and_equals_properscoring(case):
     assert np.all(np.abs(fair - fair_ref) <= 4 * S_P * eps * fair_ref + 1e-13 * ref)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(ensembles(), st.sampled_from(metrics.OUT_OF_RANGE))
 def test_qice_bounds_and_counts(case, out_of_range):
     samples, target = case
@@ -367,7 +368,7 @@ def test_qice_bounds_and_counts(case, out_of_range):
     assert 0.0 <= qice <= max(1.0 / m, 2.0 * (m - 1) / m**2) + 1e-6
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(ensembles())
 def test_finite_input_gives_finite_metrics(case):
     samples, target = case

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from algorithms.kv_budget import cache as bcache
 from algorithms.kv_budget import entrokv
 from models import kv_cache as kvc
+from tests.hypothesis_budget import examples
 
 
 @pytest.mark.parametrize("total", [8, 9, 50, 113, 160])
@@ -93,7 +94,7 @@ def test_budget_below_window_keeps_the_newest_window_tokens(p, window, budget):
     np.testing.assert_array_equal(np.flatnonzero(keep), np.arange(p - budget, p))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), budget=st.integers(1, 48), levels=st.integers(2, 50))
 def test_selection_is_newest_window_then_top_votes(seed, budget, levels):
     """Against a plain numpy ranking: the window (newest first), then the prefix by vote (ties:

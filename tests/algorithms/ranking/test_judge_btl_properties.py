@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from algorithms.ranking import btl, data, inference
 from algorithms.ranking.data import LEFT, RIGHT, TIE
+from tests.hypothesis_budget import examples
 
 N, J = 4, 2
 CELLS = [(i, j, k) for i, j in itertools.combinations(range(N), 2) for k in range(J)]
@@ -52,7 +53,7 @@ def test_bootstrap_drops_replicates_whose_mle_is_at_infinity():
     assert np.all(summary.lo <= summary.hi) and np.all(np.abs(summary.hi) < 5)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(counts=st.lists(st.integers(0, 2), min_size=3 * len(CELLS), max_size=3 * len(CELLS)),
        tie_model=st.sampled_from(btl.TIE_MODELS), judge_aware=st.booleans(),
        ridge_scores=st.sampled_from([0.0, 1.0]), ridge_alpha=st.sampled_from([0.0, 1.0]))
@@ -98,7 +99,7 @@ def test_no_decisive_comparison_is_an_error():
 
 # --- ranks and rank intervals ---------------------------------------------------------------------
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(scores=st.lists(st.integers(-3, 3), min_size=6, max_size=6))
 def test_ranks_share_the_best_rank_on_ties(scores):
     s = np.asarray(scores, np.float64)
@@ -106,7 +107,7 @@ def test_ranks_share_the_best_rank_on_ties(scores):
     np.testing.assert_array_equal(np.asarray(inference.ranks(jnp.asarray(s, jnp.float32))), want)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(scores=st.lists(st.integers(-2, 2), min_size=6, max_size=6),
        log_scale=st.floats(-4, 2), seed=st.integers(0, 2**16))
 def test_point_rank_lies_in_its_interval(scores, log_scale, seed):
@@ -171,7 +172,7 @@ def _simulate(seed, per_cell, judge_aware):
     return np.asarray(counts, np.float64)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), judge_aware=st.booleans())
 def test_fit_is_invariant_to_permuting_models_and_judges(seed, judge_aware):
     counts = _simulate(seed, 12, judge_aware)
@@ -196,7 +197,7 @@ def test_fit_is_invariant_to_permuting_models_and_judges(seed, judge_aware):
                                res.params.log_discrimination, atol=1e-8 * scale)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_plain_btl_agrees_with_choix(seed):
     counts = _simulate(seed, 10, judge_aware=False)

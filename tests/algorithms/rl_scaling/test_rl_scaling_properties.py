@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from algorithms.rl_scaling import grpo, metrics
+from tests.hypothesis_budget import examples
 
 R = 24  # one rewards length for every example (eager ops are compiled once per shape)
 GROUP_SIZES = st.sampled_from([2, 3, 4, 6, 8, 12])
@@ -31,7 +32,7 @@ def test_constant_group_gives_exact_zeros(value, n, mode):
     assert np.array_equal(adv, np.zeros(n)), adv
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(values=st.lists(st.floats(-(2.0**100), 2.0**100, allow_nan=False, width=32), min_size=R // 2,
                        max_size=R // 2),
        n=GROUP_SIZES, mode=MODES, eps=st.sampled_from([0.0, 1e-6]))
@@ -45,7 +46,7 @@ def test_constant_groups_are_zero_for_any_value(values, n, mode, eps):
     assert np.all(np.isfinite(adv))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(eighths=st.lists(st.integers(-512, 512), min_size=R, max_size=R),
        shift=st.integers(-(2**12), 2**12), n=GROUP_SIZES, mode=MODES)
 def test_advantages_invariant_to_reward_shift(eighths, shift, n, mode):
@@ -57,7 +58,7 @@ def test_advantages_invariant_to_reward_shift(eighths, shift, n, mode):
     np.testing.assert_array_equal(a, b)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(rewards=st.lists(st.floats(-100, 100, width=32), min_size=R, max_size=R),
        n=GROUP_SIZES, log2_scale=st.integers(-20, 20))
 def test_advantages_under_scaling(rewards, n, log2_scale):
@@ -122,7 +123,7 @@ def _nck(draw, max_n=100_000, max_k=64):
     return n, c, k
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(nck=_nck())
 def test_pass_at_k_equals_exact_fraction_float32(nck):
     n, c, k = nck
@@ -137,7 +138,7 @@ def test_pass_at_k_equals_exact_fraction_float32(nck):
         assert float(got) == 1.0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(nck=_nck(max_n=10**7, max_k=256))
 def test_pass_at_k_equals_exact_fraction_float64(nck):
     n, c, k = nck

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.kv_quant import reference as ref
+from tests.hypothesis_budget import examples
 
 D, N = 16, 32  # one shape per function: one compilation for all examples
 EXPONENTS = st.floats(min_value=-6.0, max_value=4.0)  # block magnitudes 1e-6 .. 1e4
@@ -36,7 +37,7 @@ _kivi_cfg = ref.KIVIConfig(bits=2, group=8, block=8, residual=N)
 _kivi_rt = jax.jit(lambda k, v: ref.kivi_roundtrip(k[None], v[None], _kivi_cfg))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), exp=EXPONENTS, spread=st.floats(0.0, 3.0))
 def test_symmetric_scales_finite_and_error_within_half_a_step(seed, exp, spread):
     exps = exp + spread * np.random.default_rng(seed + 1).uniform(-1, 1, (N, 1))
@@ -55,7 +56,7 @@ def test_symmetric_scales_finite_and_error_within_half_a_step(seed, exp, spread)
     assert np.all(np.abs(x_hat - x) <= s4 / 2 * (1 + 1e-6))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), exp=EXPONENTS, offset=st.floats(-3.0, 3.0))
 def test_qvg_and_kivi_roundtrips_finite_with_relative_error_bounded(seed, exp, offset):
     x = _data(seed, np.float32(exp))

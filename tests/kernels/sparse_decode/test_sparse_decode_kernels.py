@@ -14,6 +14,7 @@ from kernels.common import grouped_attention  # the test's reference only
 from kernels.sparse_decode import api
 from kernels.sparse_decode import cache as sd_cache
 from kernels.sparse_decode import reference as ref
+from tests.hypothesis_budget import examples
 
 _update = jax.jit(ref.update_ffd_cache)
 
@@ -202,7 +203,7 @@ def test_delta_units_keep_the_same_pages():
 _quantize = jax.jit(ref.quantize_pages)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(exponent=st.integers(-45, 38), mantissa=st.floats(1.0, 9.99),
        pattern=st.sampled_from(["normal", "one_large", "constant", "tiny_rest"]),
        seed=st.integers(0, 2**16))
