@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from core import sampling
 from models import kv_cache as kvc
 
 
@@ -74,7 +75,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: 
       max_new_tokens: T >= 1, with Lp + T <= the model's max_len.
       end_id: the end token; sampling of a row stops after it.
       temperature: sampling temperature tau (> 0); tokens are drawn from softmax(logits / tau)
-        and their log-probs are under that policy.
+        exactly (:func:`core.sampling.categorical`: no float32 Gumbel truncation of tokens below
+        about 1e-7 of the most likely one) and their log-probs are under that policy.
       backend: KV-cache backend (its layer cache must be a pytree of arrays with a leading batch
         axis when ``prompt_rows`` is given).
       prompt_rows: optional int32 [R] with values in [0, G): the prompt of each rollout. The
@@ -108,7 +110,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: 
     def body(carry, key_t):
         cache, last, pos, done = carry
         scaled = last / temperature
-        tok = jax.random.categorical(key_t, scaled, axis=-1).astype(jnp.int32)
+        tok = sampling.categorical(key_t, scaled)
         tok = jnp.where(done, end_id, tok)
         logp = jnp.take_along_axis(jax.nn.log_softmax(scaled), tok[:, None], axis=-1)[:, 0]
         logits, cache = model.decode(tok[:, None], cache, pos, backend)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from algorithms.rl_scaling import rollout, tasks
+from core import sampling
 from core.report import markdown_table
 from core.timing import best_seconds
 from experiments.bench.timing import pick_size
@@ -81,7 +82,7 @@ def recompute_rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Ar
         logits = model(seq)  # [R, P + T, V]; causal, so the padding after p + i does not matter
         last = jax.lax.dynamic_index_in_dim(logits, p + i - 1, axis=1, keepdims=False)
         scaled = last / temperature
-        tok = jax.random.categorical(key_t, scaled, axis=-1).astype(jnp.int32)
+        tok = sampling.categorical(key_t, scaled)
         tok = jnp.where(done, end_id, tok)
         logp = jnp.take_along_axis(jax.nn.log_softmax(scaled), tok[:, None], axis=-1)[:, 0]
         seq = jax.lax.dynamic_update_slice_in_dim(seq, tok[:, None], p + i, axis=1)
