@@ -94,8 +94,9 @@ print("judge discriminations gamma, 5/50/95% quantiles:", np.round(np.quantile(g
 # %% [markdown]
 # ## 3. Intervals for scores and ranks
 #
-# The observed Fisher information gives Wald intervals for the scores (and, by the delta method,
-# for `gamma`); drawing scores from the asymptotic normal law gives an interval for each rank.
+# The expected (Fisher) information at the estimate, as in the paper, gives Wald intervals for the
+# scores (and, by the delta method, for `gamma`; `information="observed"` inverts the observed
+# information instead); drawing scores from the asymptotic normal law gives an interval for each rank.
 
 # %%
 with jax.enable_x64(True):
@@ -125,9 +126,9 @@ print("top 5, plain BTL:  ", [models[m] for m in np.argsort(plain_rank)[:5]])
 # ## 4. The full experiment
 #
 # Simulation, interval coverage, agreement with `choix`, speed against `choix` at 100 models and
-# 1M comparisons, and the held-out evaluation on LLMFAO. From a shell:
+# 1M comparisons, and, given a judgements file, the held-out evaluation on it. From a shell:
 # `python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:tiny --workdir=workdir`
-# (add `--config.data_path=...` for another judgements file).
+# (simulation only) or with `--config.data_path=llmfao.csv` (or any judgements file).
 
 # %%
 section = notebook_utils.run_and_show("judge_btl", VARIANT, workdir="workdir")
