@@ -25,9 +25,10 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from kernels import checks
+from kernels import checks, common
 from kernels.common import mesh_axis
 from kernels.sparse_decode import api
 from kernels.sparse_decode import reference as ref
@@ -126,9 +127,11 @@ class ShardedFFDCache(api.FFDCache):
         b, kh, n, p, d = layer_cache["resid"].shape
         checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
                             where="ShardedFFDCache.attend")
+        ok = common.rows_in_capacity(start, 1, n * p)
+        start = jnp.where(ok, start, 0)  # out-of-capacity rows: attend at 0, then poison them
         out = ffd_decode_sharded(q[:, :, 0], layer_cache, start + 1, self.mesh,
                                  batch_axis=self.batch_axis, head_axis=self.head_axis,
                                  delta=self.delta, delta_unit=self.delta_unit, top_k=self.top_k,
                                  max_pages=self.max_pages, implementation=self.implementation,
                                  interpret=self.interpret)
-        return out[:, :, None]
+        return common.poison_rows(out[:, :, None], ok)

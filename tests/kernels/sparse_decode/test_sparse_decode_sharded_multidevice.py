@@ -104,3 +104,20 @@ def test_sharded_backend_decodes_like_the_plain_backend_in_a_transformer():
         sharded.ShardedFFDCache().cache_sharding(model.init_cache(B, 64, plain)[0])
     assert isinstance(part.cache_sharding(cache[0])["v"], NamedSharding)
     assert part.cache_sharding(cache[0])["v"].spec == PartitionSpec("data", "model")
+
+
+def test_sharded_backend_poisons_a_row_past_capacity_inside_jit():
+    """The capacity rule holds on the mesh path too: inside jit, a row whose position is past the
+    cache's capacity attends to nothing (its output is NaN) and the other rows equal the plain
+    backend's output."""
+    mesh = _mesh(2)
+    q, cache, _ = _filled_cache(3, [PAGES * P] * B)
+    plain = api.FFDCache(page_size=P, delta=2.0, implementation="xla")
+    part = sharded.ShardedFFDCache(page_size=P, delta=2.0, implementation="xla", mesh=mesh)
+    start = jnp.asarray([PAGES * P, PAGES * P - 1, 5, 2**31 - 1], jnp.int32)  # rows 0, 3 past
+    good = jnp.where(start >= PAGES * P, 0, start)
+    cache = jax.device_put(cache, part.cache_sharding(cache))
+    out = np.asarray(jax.jit(part.attend)(cache, q[:, :, None], start))
+    want = np.asarray(jax.jit(plain.attend)(cache, q[:, :, None], good))
+    assert np.isnan(out[[0, 3]]).all()
+    np.testing.assert_allclose(out[[1, 2]], want[[1, 2]], rtol=1e-5, atol=1e-5)
