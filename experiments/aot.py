@@ -354,7 +354,10 @@ def llama_decode(backend_name: str, batch: int, context: int = LLAMA_CONTEXT) ->
         def step(params, cache, tokens, start):
             return nnx.merge(graphdef, params).decode(tokens, cache, start, backend)
 
-        args = (aot_steps.abstract(params, p_sh), aot_steps.abstract(cache, heads),
+        # rows on data and kv heads on model for [B, K, ...] leaves; per-row leaves [B] (a
+        # backend's requested capacity) on data alone
+        cache_sh = jax.tree.map(lambda x: heads if x.ndim >= 2 else per_row, cache)
+        args = (aot_steps.abstract(params, p_sh), aot_steps.abstract(cache, cache_sh),
                 jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=per_row),
                 jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=per_row))
         n = sum(int(x.size) for x in jax.tree.leaves(params))
