@@ -14,6 +14,7 @@ Nothing is downloaded: the numbers describe whatever weights the directory holds
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -157,6 +158,13 @@ def _load_checkpoint(path: str, text_path: str) -> MeasuredModel:
     if ids.size == 0:
         raise ValueError(f"text {text_path or DEFAULT_TEXT}: encodes to no tokens")
     prefix = tokenizer.prefix_ids()
+    k = len(prefix)
+    if k and ids.size > k and tuple(ids[:k].tolist()) == tuple(prefix):
+        # the text itself begins with the prefix's text (e.g. "<s>"): every window already starts
+        # with the prefix, so the first one would hold it twice
+        logging.warning("text %s begins with the tokenizer's prefix %s; that copy was dropped "
+                        "(each window starts with it once)", text_path or DEFAULT_TEXT, list(prefix))
+        ids = ids[k:]
     top = max(int(ids.max()), *prefix) if prefix else int(ids.max())
     if top >= ck.config.vocab_size:
         raise ValueError(f"{os.path.join(path, 'tokenizer.json')}: token id {top} is outside the "

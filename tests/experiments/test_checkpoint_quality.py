@@ -124,3 +124,23 @@ def test_checkpoint_limits_are_refused_naming_the_fields(tiny_llama_checkpoint, 
     missing = _config(kv_quant_config, tiny_llama_checkpoint, text=str(tmp_path / "none.txt"))
     with pytest.raises(ValueError, match="config field text = .*none.txt.*no such file"):
         measured_model.load(missing, str(tmp_path))
+
+
+def test_a_text_that_begins_with_bos_gives_one_bos_per_window(tiny_llama_checkpoint, tmp_path,
+                                                               caplog):
+    """A text file whose first characters are the BOS text: its encoded BOS is dropped, so the
+    first window starts with exactly one BOS, followed by the text after it."""
+    tok = hfc.load_tokenizer(tiny_llama_checkpoint)
+    bos = tok.backend.token_to_id("<s>")
+    body = "to be or not to be, that is the question. " * 20
+    text = tmp_path / "t.txt"
+    text.write_text("<s>" + body)
+    config = _config(kv_quant_config, tiny_llama_checkpoint, text=str(text))
+    with caplog.at_level("WARNING"):
+        model = measured_model.load(config, str(tmp_path))
+    with_bos = tok.encode("<s>" + body, add_special_tokens=False)
+    assert with_bos[0] == bos  # the text does encode to a leading BOS ...
+    np.testing.assert_array_equal(model.text, with_bos[1:])  # ... which the windows do not repeat
+    first = model.windows(10, 1)[0]
+    assert first[0] == bos and first[1] != bos
+    assert "begins with the tokenizer's prefix" in caplog.text
