@@ -560,7 +560,8 @@ def rl_scaling_train(devices) -> StepSpec:
     tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), optax.adam(config.learning_rate))
     gcfg = grpo.GRPOConfig(advantage=config.advantage, aggregation=config.aggregation,
                            clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high,
-                           kl_beta=config.kl_beta, inner_steps=config.inner_steps)
+                           kl_beta=config.kl_beta, kl_estimator=config.kl_estimator,
+                           inner_steps=config.inner_steps)
     groups = collections.defaultdict(list)
     for n in config.ns:
         for bp in config.problems_per_batch:
