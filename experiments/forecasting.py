@@ -61,14 +61,15 @@ def _fan_figure(fan: dict, title: str, channel: int, channel_name: str) -> plt.F
 def _crps_figure(results: dict) -> plt.Figure:
     keys = [(d, h) for d in results for h in results[d]]
     methods = [m for m in METHODS if any(m in results[d][h] for d, h in keys)]
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(keys) + 2), 3.2))
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(keys) + 2) + 2.0, 3.2))
     width = 0.8 / len(methods)
     for j, m in enumerate(methods):
         vals = [results[d][h].get(m, {}).get("crps", np.nan) for d, h in keys]
         ax.bar(np.arange(len(keys)) + j * width, vals, width, label=LABELS[m])
     ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2, [f"{d}\nH={h}" for d, h in keys], fontsize=8)
-    ax.set_ylabel("CRPS (lower is better)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("fair CRPS of 100 draws\n(lower is better)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars
+    fig.tight_layout()
     return fig
 
 
