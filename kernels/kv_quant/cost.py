@@ -28,6 +28,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels import checks
 from kernels.kv_quant.reference import CENTROID_DTYPE, SCALE_DTYPE, QVGConfig
 
 _F32 = 4  # bytes
@@ -204,14 +205,13 @@ def qvg_floor_bytes(context: int, num_kv_heads: int, num_heads: int, head_dim: i
     ``2 H T D io_itemsize`` bytes. Dense bf16 attention reads ``2 S D 2`` bytes per kv head.
 
     Raises:
-      ValueError: a size that is not an int >= 1, or ``num_heads`` not a multiple of
+      ValueError: a size that is not an integer >= 1, or ``num_heads`` not a multiple of
         ``num_kv_heads``; a head dim ``cfg`` cannot pack.
     """
     for name, x in (("context", context), ("num_kv_heads", num_kv_heads),
                     ("num_heads", num_heads), ("head_dim", head_dim), ("num_new", num_new),
                     ("window_itemsize", window_itemsize), ("io_itemsize", io_itemsize)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"qvg_floor_bytes: {name} must be an int >= 1, got {x!r}")
+        checks.integer(x, name, "qvg_floor_bytes", minimum=1)
     if num_heads % num_kv_heads:
         raise ValueError(f"qvg_floor_bytes: num_heads={num_heads} is not a multiple of "
                          f"num_kv_heads={num_kv_heads}")

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels import checks
 from kernels.sparse_decode.reference import CODES_PER_WORD, F8
 
 DEFAULT_KEPT_FRACTION = 0.1
@@ -219,14 +220,13 @@ def ffd_floor_bytes(context: int, num_kv_heads: int, num_heads: int, head_dim: i
     Dense bf16 attention reads ``2 S D 2`` bytes per kv head.
 
     Raises:
-      ValueError: a size that is not an int >= 1, ``num_heads`` not a multiple of
+      ValueError: a size that is not an integer >= 1, ``num_heads`` not a multiple of
         ``num_kv_heads``, or ``kept_fraction`` outside (0, 1].
     """
     for name, x in (("context", context), ("num_kv_heads", num_kv_heads),
                     ("num_heads", num_heads), ("head_dim", head_dim), ("page_size", page_size),
                     ("io_itemsize", io_itemsize), ("tail_key_itemsize", tail_key_itemsize)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"ffd_floor_bytes: {name} must be an int >= 1, got {x!r}")
+        checks.integer(x, name, "ffd_floor_bytes", minimum=1)
     if num_heads % num_kv_heads:
         raise ValueError(f"ffd_floor_bytes: num_heads={num_heads} is not a multiple of "
                          f"num_kv_heads={num_kv_heads}")
