@@ -598,15 +598,26 @@ def load_tokenizer(path: str) -> Tokenizer:
     except Exception as e:  # noqa: BLE001 - the library raises plain Exception on bad files
         raise ValueError(f"{file}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
     eos: Any = None
-    gen_file = os.path.join(path, "generation_config.json")
+    eos_file = gen_file = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_file):
         eos = read_json(gen_file).get("eos_token_id")
     cfg_file = os.path.join(path, "config.json")
     if eos is None and os.path.isfile(cfg_file):
-        hf = read_json(cfg_file)
+        hf, eos_file = read_json(cfg_file), cfg_file
         eos = (HF_DEFAULTS[hf["model_type"]]["eos_token_id"]
                if "eos_token_id" not in hf and hf.get("model_type") in HF_DEFAULTS
                else hf.get("eos_token_id"))
-    eos_ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [eos] if eos is not None
-                                     else []))
-    return Tokenizer(backend, eos_ids)
+    return Tokenizer(backend, _eos_ids(eos, eos_file))
+
+
+def _eos_ids(eos: Any, where: str) -> tuple[int, ...]:
+    """``eos_token_id`` (null, an id or a list of ids) as a tuple of ids.
+
+    Raises:
+      ValueError (naming ``where``): anything else (a string, a float, a negative id).
+    """
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"{where}: eos_token_id must be a token id, a list of them or null, "
+                         f"got {eos!r}")
+    return tuple(ids)

@@ -366,6 +366,13 @@ def test_tokenizer_from_tokenizer_json(saved, tmp_path):
         json.dump({"eos_token_id": [2, 0]}, f)
     ours = hfc.load_tokenizer(path)
     assert ours.eos_ids == (2, 0)
+    for bad in ("2", 2.5, [2, None], True, -1):
+        with open(os.path.join(path, "generation_config.json"), "w") as f:
+            json.dump({"eos_token_id": bad}, f)
+        with pytest.raises(ValueError, match=r"generation_config.json: eos_token_id must be"):
+            hfc.load_tokenizer(path)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [2, 0]}, f)
     text = "the lazy fox to be"
     ids = ours.encode(text)
     assert ids[0] == tok.token_to_id("<s>") and len(ids) > 3
