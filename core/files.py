@@ -94,6 +94,16 @@ def _split_url(url: str) -> tuple[str, str, str]:
     return name.lower(), bucket, "/" + key
 
 
+def missing_client(path: str | os.PathLike, error: ImportError) -> str:
+    """The reason, in one line, why ``path`` cannot be reached: its scheme's client library (the
+    ``ImportError`` that ``etils.epath`` raised) is not installed; for ``gs://`` it names the
+    project's extra that provides it."""
+    name = scheme(path)
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    hint = "; for gs:// install the gcs extra: pip install -e '.[gcs]'" if name == "gs" else ""
+    return f"no client library for {name}:// paths ({first}){hint}"
+
+
 def makedirs(path: str | os.PathLike) -> epath.Path:
     """Creates the folder ``path`` and its parents if missing (on an object store, where folders
     are only name prefixes, this may do nothing); returns it as an ``epath.Path``."""
@@ -145,5 +155,5 @@ def remove(path: str | os.PathLike, missing_ok: bool = True) -> None:
     as_path(path).unlink(missing_ok=missing_ok)
 
 
-__all__ = ["as_path", "display", "exists", "is_local", "join", "makedirs", "parent", "read_text",
-           "relative", "remove", "scheme", "write_bytes", "write_text"]
+__all__ = ["as_path", "display", "exists", "is_local", "join", "makedirs", "missing_client", "parent",
+           "read_text", "relative", "remove", "scheme", "write_bytes", "write_text"]

@@ -82,9 +82,7 @@ def _check_remote_workdir(workdir: str, where: str) -> None:
             raise OSError("a probe object written there read back different")
         files.remove(probe)
     except ImportError as e:
-        raise ValueError(f"{where}: no client library for {files.scheme(workdir)}:// paths "
-                         f"({str(e).strip().splitlines()[0]}); for gs:// install the gcs extra: "
-                         "pip install -e '.[gcs]'") from None
+        raise ValueError(f"{where}: {files.missing_client(workdir, e)}") from None
     except Exception as e:  # noqa: BLE001 - any failure of the store: credentials, bucket, network
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{where}: cannot write there ({type(e).__name__}: {reason})") from None

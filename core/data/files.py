@@ -30,8 +30,7 @@ def check_file(path: str, what: str = "data file") -> str:
         try:
             found, folder = p.exists(), p.is_dir()
         except ImportError as e:
-            raise ValueError(f"{what} {path!r}: no client library for {files.scheme(path)}:// "
-                             f"paths ({str(e).strip().splitlines()[0]})") from None
+            raise ValueError(f"{what} {path!r}: {files.missing_client(path, e)}") from None
         if not found:
             raise FileNotFoundError(f"{what} {path!r} does not exist")
         if folder:

@@ -102,3 +102,18 @@ def test_data_files_are_read_from_a_bucket(tmp_path):
             read_text("gs://b/missing.csv", "series")
         with pytest.raises(ValueError, match="'gs://b' is a directory"):
             read_text("gs://b", "series")
+
+
+def test_a_missing_client_library_is_one_line_naming_the_path_and_the_fix():
+    error = ImportError("No module named 'gcsfs'\nmore detail")
+    assert files.missing_client("gs://b/x", error) == (
+        "no client library for gs:// paths (No module named 'gcsfs'); for gs:// install the gcs "
+        "extra: pip install -e '.[gcs]'")
+    assert files.missing_client("s3://b/x", ImportError()) == (
+        "no client library for s3:// paths (ImportError)")
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is None:  # else the check would reach the network
+        with pytest.raises(ValueError, match=r"^data file 'gs://b/d\.csv': no client library for "
+                                             r"gs:// paths .*pip install -e '\.\[gcs\]'$"):
+            read_text("gs://b/d.csv")
