@@ -124,11 +124,12 @@ def normalized_entropy(probs: jax.Array, valid: jax.Array) -> jax.Array:
     if probs.ndim < 2:
         raise checks.error(where, "probs", "an array [..., W, P] of rank >= 2",
                            f"shape {tuple(probs.shape)}")
-    check_finite(probs, "probs", where)
-    if not checks.is_traced(probs) and bool(np.any(np.asarray(probs) < 0)):
-        p_np = np.asarray(probs)
-        idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(p_np < 0)), p_np.shape))
-        raise checks.error(where, "probs", "non-negative", f"{p_np[idx]} at index {idx}")
+    if not checks.is_traced(probs):
+        p_np = np.asarray(probs)  # one host copy for both value checks
+        check_finite(p_np, "probs", where)
+        if np.any(p_np < 0):
+            idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(p_np < 0)), p_np.shape))
+            raise checks.error(where, "probs", "non-negative", f"{p_np[idx]} at index {idx}")
     p = probs.astype(jnp.float32)
     # xlogy(0, 0) = 0; a NaN or negative entry gives NaN, which propagates (no silent drop).
     ent = -jnp.sum(jax.scipy.special.xlogy(p, p), axis=-1)
