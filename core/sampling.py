@@ -71,10 +71,11 @@ def _check(logits, shape, where: str) -> tuple[tuple[int, ...], tuple[int, ...]]
         raise ValueError(f"{where}: shape={out} must be the logits' batch shape {batch} with "
                          f"optional leading axes (the batch shape broadcast to it)")
     if not isinstance(logits, jax.core.Tracer):
-        bad = np.asarray(logits, np.float32)
-        if np.isnan(bad).any() or np.isposinf(bad).any():
+        values = np.asarray(logits, np.float32)
+        has_nan = bool(np.isnan(values).any())
+        if has_nan or np.isposinf(values).any():
             raise ValueError(f"{where}: logits must be finite or -inf (probability 0), got "
-                             f"{'NaN' if np.isnan(bad).any() else '+inf'}")
+                             f"{'NaN' if has_nan else '+inf'}")
     return batch, out
 
 
@@ -102,7 +103,7 @@ def categorical(key: jax.Array, logits: jax.Array, *, shape: tuple[int, ...] | N
       ValueError: ``logits`` not a floating array [..., V] with V >= 1; ``shape`` not the batch
         shape with optional leading axes; concrete logits with NaN or ``+inf``.
     """
-    batch, out = _check(logits, shape, "categorical")
+    _, out = _check(logits, shape, "categorical")
     return _categorical(key, logits, out)
 
 
