@@ -17,7 +17,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from kernels import checks, common
 from kernels.sparse_decode import api
@@ -71,26 +70,13 @@ class FFDCache:
                                   self.page_size, scan_copy=scan)
 
     def update(self, layer_cache, k, v, start):
-        """Appends ``k, v [B, K, T, D]`` at slots ``start[b] ..`` (:func:`ref.update_ffd_cache`).
-
-        A row out of capacity (traced ``start`` outside ``0 .. S - T``) is passed on at slot S:
-        every page it completes then has index >= P, which the update drops; the values it would
-        write (clamped onto the last T slots) are replaced by the values already there (read in
-        the cache's dtype, so writing them back is exact) and its tail page is put back, so the
-        row stays bit-identical. Nothing is done over the whole cache (no select over all pages).
-        """
+        """Appends ``k, v [B, K, T, D]`` at slots ``start[b] ..`` (:func:`ref.update_ffd_cache`,
+        which leaves a row out of capacity bit-identical under ``jit``)."""
         ref.check_cache(layer_cache, "FFDCache.update")
         b, kh, n, p, d = layer_cache["resid"].shape
         checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
                             where="FFDCache.update")
-        t = k.shape[2]
-        ok = common.rows_in_capacity(start, t, n * p)
-        vbuf = layer_cache["v"]
-        old_v = lax.dynamic_slice_in_dim(vbuf.reshape(b, kh, n * p, d), n * p - t, t, axis=2)
-        v = jnp.where(ok[:, None, None, None], v.astype(vbuf.dtype), old_v)
-        new = ref.update_ffd_cache(layer_cache, k, v, jnp.where(ok, start, n * p))
-        new["tail"] = jnp.where(ok[:, None, None, None], new["tail"], layer_cache["tail"])
-        return new
+        return ref.update_ffd_cache(layer_cache, k, v, start)
 
     def attend(self, layer_cache, q, start):
         ref.check_cache(layer_cache, "FFDCache.attend")

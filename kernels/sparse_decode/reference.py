@@ -175,7 +175,9 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
 
     Keys go to the full-precision tail page; every page that fills up is quantized
     (:func:`quantize_pages`) and written to ``codes/scale/resid``; the new tail is the unfinished page
-    ``(start + T) // p``. Rows may be ragged.
+    ``(start + T) // p``. Rows may be ragged. Inside ``jit``, a row whose ``start`` is outside
+    ``0..S - T`` is left bit-identical (no page, tail or value written; the capacity rule of
+    :class:`kernels.common.KVCacheBackend`).
 
     Raises:
       ValueError: ``cache`` is not an FFD cache; ``k`` not float [B, K, T, D] matching the cache;
@@ -190,31 +192,29 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
     nw = (p - 1 + t) // p + 1  # window pages: the old tail page, the new tokens, the next tail
 
     scan_copy = "codes_u8" in cache
+    ok = common.rows_in_capacity(start, t, n * p)  # [B]; the other rows are left as they are
 
-    def row(codes, scale, resid, tail, k, start, codes_u8):
+    def row(codes, scale, resid, tail, k, start, row_ok, codes_u8):
         off, page0 = start % p, start // p
         win = jnp.zeros((kh, nw * p, d), tail.dtype).at[:, :p].set(tail)
         win = lax.dynamic_update_slice(win, k.astype(tail.dtype), (0, off, 0))
         pages = win.reshape(kh, nw, p, d)
         c, s, r = quantize_pages(pages)
         filled = (off + t) // p  # window pages 0 .. filled-1 are now full
-        idx = jnp.where(jnp.arange(nw) < filled, page0 + jnp.arange(nw), n)  # n: dropped
+        idx = jnp.where((jnp.arange(nw) < filled) & row_ok, page0 + jnp.arange(nw), n)  # n: dropped
         codes = codes.at[:, idx].set(c, mode="drop")
         scale = scale.at[:, idx].set(s, mode="drop")
         resid = resid.at[:, idx].set(r, mode="drop")
         if scan_copy:
             codes_u8 = codes_u8.at[:, idx].set(unpack_codes(c), mode="drop")
-        tail = lax.dynamic_index_in_dim(pages, filled, axis=1, keepdims=False)
+        tail = jnp.where(row_ok, lax.dynamic_index_in_dim(pages, filled, axis=1, keepdims=False),
+                         tail)
         return codes, scale, resid, tail, codes_u8
 
     codes, scale, resid, tail, codes_u8 = jax.vmap(row)(
-        cache["codes"], cache["scale"], cache["resid"], cache["tail"], k, start,
+        cache["codes"], cache["scale"], cache["resid"], cache["tail"], k, start, ok,
         cache.get("codes_u8", jnp.zeros((b,), jnp.uint8)))
-
-    def write_v(buf, new, s):  # buf [K, S, D]
-        return lax.dynamic_update_slice(buf, new.astype(buf.dtype), (0, s, 0))
-
-    vflat = jax.vmap(write_v)(cache["v"].reshape(b, kh, n * p, d), v, start)
+    vflat = common.write_slots(cache["v"].reshape(b, kh, n * p, d), v, start, ok)
     out = {"codes": codes, "scale": scale, "resid": resid, "tail": tail,
            "v": vflat.reshape(b, kh, n, p, d)}
     if scan_copy:
