@@ -313,6 +313,7 @@ CLAIM_RULES: dict[str, Rule] = {
     "claim.statement": string(nonempty=True),
     "claim.checks": tuple_of(claim_check()),
     "claim.ours": string(nonempty=True),
+    "claim.resolved": tuple_of(claim_check(), min_len=0),  # optional: older configs lack it
 }
 
 
@@ -349,7 +350,8 @@ def validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
     """
     paths = field_paths(config)
     if "claim" in paths:
-        rules = {**CLAIM_RULES, **rules}
+        rules = {**{k: r for k, r in CLAIM_RULES.items() if k != "claim.resolved"
+                    or k in paths}, **rules}
     problems = []
     for path in paths:
         value = get_field(config, path)

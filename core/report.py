@@ -162,7 +162,7 @@ class Section:
         construction, so that a section sent through JSON from another process still finds them,
         and all are written into the report relative to the report's own folder.
       headline: one row for the report's opening table, keys ``method``, ``claim``, ``ours``,
-        ``reproduces`` (``"yes"``, ``"no"``, ``"partly"``, ``"failed"``) — optional.
+        ``reproduces`` (one of :data:`VERDICTS`, or ``"failed"``) — optional.
       variant: the config argument the experiment ran with (``"tiny"``, ``"smoke,seed=1"``), or
         ``""`` when not recorded.
     """
@@ -304,6 +304,37 @@ def metric_value(metrics: Mapping[str, Any], key: str) -> Any:
     return node
 
 
+NOT_MEASURED = "not measured here"
+NOT_RESOLVED = "not resolved at this size"
+VERDICTS = ("yes", "partly", "no", NOT_RESOLVED, NOT_MEASURED)
+"""The verdicts a :class:`Claim` gives (its docstring states the rule that picks one)."""
+
+
+def check_outcome(metrics: Mapping[str, Any], check: str) -> bool | None:
+    """Whether ``check`` holds on ``metrics``: ``True``/``False``, or ``None`` when a metric it
+    names is ``None`` (the run did not measure it, e.g. a data set that was not in the run).
+    A NaN value is a measurement that went wrong and fails the check (``False``).
+
+    Raises:
+      KeyError: the check names a metric that ``metrics`` lacks (a misspelt key is an error, not
+        an unmeasured metric: an experiment records what it did not measure as ``None``).
+      ValueError: a malformed check (see :func:`parse_check`).
+    """
+    lhs, op, num, scale, rhs, offset = parse_check(check)
+    a = metric_value(metrics, lhs)
+    b = num if rhs is None else metric_value(metrics, rhs)
+    if a is None or b is None:
+        return None
+    if math.isnan(float(a)) or math.isnan(float(b)):
+        return False
+    bound = float(b) if rhs is None else scale * float(b) + offset
+    return bool(_OPS[op](float(a), bound))
+
+
+def _shown_outcome(outcome: bool | None) -> bool | str:
+    return NOT_MEASURED if outcome is None else outcome
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
     """A paper's headline claim and the checks that decide whether our metrics reproduce it.
@@ -312,54 +343,110 @@ class Claim:
     that the thresholds sit beside the statement and can be overridden from the command line
     (``--config.claim.checks='("val_bpb < bigram_bpb - 0.2",)'``).
 
+    The verdict is one of :data:`VERDICTS`, decided by this rule (:meth:`rule` writes it out for
+    the report, :meth:`reason` says which branch a run took):
+
+    1. A check whose metric is ``None`` (the run did not measure it) is left out and shown as
+       "not measured here". If every check is left out: **"not measured here"**.
+    2. Else, if any ``resolved`` check does not hold (fails, or its metric is ``None`` or NaN):
+       **"not resolved at this size"** — the measurement is too noisy or too small to decide
+       the claim either way, whatever the checks say.
+    3. Else, over the measured checks: all hold **"yes"**, some **"partly"**, none **"no"**.
+
     Attributes:
       method: the method's name in the report's opening table.
       statement: the paper's claim, in words.
-      checks: conditions on the metrics (grammar: :func:`parse_check`). All hold: "yes"; some
-        hold: "partly"; none: "no".
+      checks: conditions on the metrics (grammar: :func:`parse_check`) that the claim asserts.
       ours: what we measured, a ``str.format`` template over the metrics (nested keys with
         ``{fits[easy][n]}``), e.g. ``"{val_bpb:.3f} vs bigram {bigram_bpb:.3f} bpb"``.
+      resolved: conditions (same grammar) that say the measurement is sized to decide the claim,
+        e.g. that an interval's width is small enough or that it excludes the claim's
+        threshold; empty when any measurement decides.
     """
 
     method: str
     statement: str
     checks: tuple[str, ...]
     ours: str
+    resolved: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.checks:
             raise ValueError(f"claim {self.method!r}: needs at least one check")
-        for c in self.checks:
+        for c in (*self.checks, *self.resolved):
             parse_check(c)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Claim:
-        """The claim of a ``ConfigDict``/dict with fields ``method, statement, checks, ours``."""
+        """The claim of a ``ConfigDict``/dict with fields ``method, statement, checks, ours`` and
+        optionally ``resolved``."""
+        resolved = config["resolved"] if "resolved" in config else ()
         return cls(method=config["method"], statement=config["statement"],
-                   checks=tuple(config["checks"]), ours=config["ours"])
+                   checks=tuple(config["checks"]), ours=config["ours"], resolved=tuple(resolved))
 
-    def outcomes(self, metrics: Mapping[str, Any]) -> list[bool]:
-        """Whether each check holds on ``metrics``; a NaN or missing (``None``) value fails.
+    def outcomes(self, metrics: Mapping[str, Any]) -> list[bool | None]:
+        """Whether each check holds on ``metrics``: ``True``, ``False`` (also for a NaN value), or
+        ``None`` when a metric it names is ``None`` (not measured by this run).
 
         Raises:
           KeyError: a check names a metric that ``metrics`` lacks.
         """
-        out = []
-        for c in self.checks:
-            lhs, op, num, scale, rhs, offset = parse_check(c)
-            a = metric_value(metrics, lhs)
-            b = num if rhs is None else metric_value(metrics, rhs)
-            if a is None or b is None or math.isnan(float(a)) or math.isnan(float(b)):
-                out.append(False)
-                continue
-            bound = float(b) if rhs is None else scale * float(b) + offset
-            out.append(bool(_OPS[op](float(a), bound)))
-        return out
+        return [check_outcome(metrics, c) for c in self.checks]
+
+    def resolved_outcomes(self, metrics: Mapping[str, Any]) -> list[bool | None]:
+        """:meth:`outcomes` of the ``resolved`` checks."""
+        return [check_outcome(metrics, c) for c in self.resolved]
 
     def verdict(self, metrics: Mapping[str, Any]) -> str:
-        """``"yes"`` (every check holds), ``"partly"`` (some) or ``"no"`` (none)."""
-        held = self.outcomes(metrics)
+        """One of :data:`VERDICTS`, by the rule in the class docstring."""
+        held = [o for o in self.outcomes(metrics) if o is not None]
+        if not held:
+            return NOT_MEASURED
+        if not all(o is True for o in self.resolved_outcomes(metrics)):
+            return NOT_RESOLVED
         return "yes" if all(held) else ("partly" if any(held) else "no")
+
+    def rule(self) -> str:
+        """The verdict rule of this claim in one markdown sentence (for the report), e.g.
+        ``"Rule: 'not measured here' if no check's metric was measured; else 'not resolved at
+        this size' unless `ci.lo > 0`; else 'yes' if all 2 checks hold, 'partly' if some, 'no'
+        if none (a check on an unmeasured metric is left out)."``"""
+        parts = [f"Rule: {NOT_MEASURED!r} if no check's metric was measured"]
+        if self.resolved:
+            needs = " and ".join(f"`{c}`" for c in self.resolved)
+            parts.append(f"else {NOT_RESOLVED!r} unless {needs}")
+        n = len(self.checks)
+        parts.append(f"else 'yes' if all {n} checks hold, 'partly' if some, 'no' if none "
+                     "(a check on an unmeasured metric is left out)" if n > 1
+                     else "else 'yes' if the check holds, 'no' if not")
+        return "; ".join(parts) + "."
+
+    def reason(self, metrics: Mapping[str, Any]) -> str:
+        """Why :meth:`verdict` gave what it gave on ``metrics``, in one markdown line."""
+        outcomes = self.outcomes(metrics)
+        unmeasured = [c for c, o in zip(self.checks, outcomes) if o is None]
+        verdict = self.verdict(metrics)
+        if verdict == NOT_MEASURED:
+            return f"{NOT_MEASURED}: no check's metric was measured by this run"
+        tail = (f"; not measured here: {', '.join(f'`{c}`' for c in unmeasured)}"
+                if unmeasured else "")
+        if verdict == NOT_RESOLVED:
+            failed = [c for c, o in zip(self.resolved, self.resolved_outcomes(metrics))
+                      if o is not True]
+            return f"{NOT_RESOLVED}: {', '.join(f'`{c}`' for c in failed)} does not hold" + tail
+        held = sum(1 for o in outcomes if o is True)
+        measured = sum(1 for o in outcomes if o is not None)
+        return f"{verdict}: {held} of {measured} measured checks hold" + tail
+
+    def record(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``claim`` block of ``metrics.json``: statement, verdict, each check's outcome
+        (``true``/``false``/``"not measured here"``), each ``resolved`` check's outcome, the rule
+        and the reason."""
+        return {"statement": self.statement, "verdict": self.verdict(metrics),
+                "checks": {c: _shown_outcome(o) for c, o in zip(self.checks, self.outcomes(metrics))},
+                "resolved": {c: _shown_outcome(o)
+                             for c, o in zip(self.resolved, self.resolved_outcomes(metrics))},
+                "rule": self.rule(), "reason": self.reason(metrics)}
 
     def headline(self, metrics: Mapping[str, Any]) -> dict[str, str]:
         """The report's opening-table row: method, claim, ours, reproduces."""
@@ -367,13 +454,15 @@ class Claim:
                 "ours": self.ours.format(**metrics), "reproduces": self.verdict(metrics)}
 
 
-def claim_config(method: str, statement: str, checks: Sequence[str], ours: str):
+def claim_config(method: str, statement: str, checks: Sequence[str], ours: str,
+                 resolved: Sequence[str] = ()):
     """A ``ConfigDict`` for an experiment's ``config.claim`` (validated as a :class:`Claim`)."""
     import ml_collections
 
-    Claim(method, statement, tuple(checks), ours)
+    Claim(method, statement, tuple(checks), ours, tuple(resolved))
     return ml_collections.ConfigDict(
-        {"method": method, "statement": statement, "checks": tuple(checks), "ours": ours})
+        {"method": method, "statement": statement, "checks": tuple(checks), "ours": ours,
+         "resolved": tuple(resolved)})
 
 
 def finish(out_dir: str, *, title: str, metrics: Mapping[str, Any], body: str,
@@ -381,9 +470,10 @@ def finish(out_dir: str, *, title: str, metrics: Mapping[str, Any], body: str,
            figures: Mapping[str, plt.Figure] | None = None) -> Section:
     """Writes an experiment's outputs and returns its report section.
 
-    ``<out_dir>/metrics.json`` gets ``metrics`` (plus ``claim``: the statement, each check with
-    its outcome, and the verdict), each figure becomes ``<out_dir>/<name>.png`` (and is closed),
-    and the section carries the claim's headline row.
+    ``<out_dir>/metrics.json`` gets ``metrics`` (plus ``claim``: :meth:`Claim.record`, i.e. the
+    statement, each check's outcome, the verdict, its rule and the reason), each figure becomes
+    ``<out_dir>/<name>.png`` (and is closed), and the section carries the claim's headline row;
+    the body ends with a line giving the verdict, why, and the rule.
 
     Args:
       out_dir: the experiment's folder (``<workdir>/<experiment>``).
@@ -404,8 +494,8 @@ def finish(out_dir: str, *, title: str, metrics: Mapping[str, Any], body: str,
     if claim is not None:
         claim = claim if isinstance(claim, Claim) else Claim.from_config(claim)
         headline = claim.headline(metrics)
-        metrics["claim"] = {"statement": claim.statement, "verdict": headline["reproduces"],
-                            "checks": dict(zip(claim.checks, claim.outcomes(metrics)))}
+        metrics["claim"] = claim.record(metrics)
+        body = body.rstrip() + f"\n\n**Verdict — {claim.reason(metrics)}.** {claim.rule()}\n"
     write_json(files.join(out_dir, "metrics.json"), metrics)
     paths = [save_figure(fig, files.join(out_dir, f"{name}.png"))
              for name, fig in (figures or {}).items()]

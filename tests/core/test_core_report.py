@@ -79,12 +79,15 @@ def test_claim_checks_compare_metrics_numbers_and_scaled_shifted_metrics():
     assert Claim("LM", "s", ("bpb < 9", "bigram > 1e-3"), "x").verdict(metrics) == "yes"
 
 
-def test_claim_nan_or_none_metric_fails_its_check_and_missing_metric_names_the_key():
+def test_claim_nan_fails_its_check_none_is_unmeasured_and_missing_metric_names_the_key():
     from core.report import Claim
 
     claim = Claim("m", "s", ("a < 1",), "x")
     assert claim.outcomes({"a": float("nan")}) == [False]
-    assert claim.outcomes({"a": None}) == [False]
+    assert claim.outcomes({"a": 0.5, "b": float("nan")}) == [True]
+    assert Claim("m", "s", ("a < b",), "x").outcomes({"a": 0.5, "b": float("nan")}) == [False]
+    assert claim.outcomes({"a": None}) == [None]
+    assert Claim("m", "s", ("a < b",), "x").outcomes({"a": 0.5, "b": None}) == [None]
     with pytest.raises(KeyError, match="metric 'fits.hard' not found; fits has \\['easy'\\]"):
         Claim("m", "s", ("fits.hard < 1",), "x").outcomes({"fits": {"easy": 1}})
 
@@ -111,9 +114,75 @@ def test_claim_config_fields_are_validated_with_the_config(tmp_path):
     with pytest.raises(ValueError, match="config field 'claim.checks'"):
         cfg_lib.validate(config, rules)
     config.claim.checks = ("bpb < bigram",)
+    config.claim.resolved = ("ci_width <",)
+    with pytest.raises(ValueError, match="config field 'claim.resolved'"):
+        cfg_lib.validate(config, rules)
+    config.claim.resolved = ()
     section = finish(str(tmp_path), title="T", metrics={"bpb": 1.0, "bigram": 2.0}, body="b",
                      claim=config.claim)
     assert section.headline["reproduces"] == "yes" and section.headline["ours"] == "1.0"
     written = json.loads((tmp_path / "metrics.json").read_text())
-    assert written["claim"] == {"statement": "under bigram", "verdict": "yes",
-                                "checks": {"bpb < bigram": True}}
+    assert written["claim"] == {
+        "statement": "under bigram", "verdict": "yes", "checks": {"bpb < bigram": True},
+        "resolved": {}, "reason": "yes: 1 of 1 measured checks hold",
+        "rule": "Rule: 'not measured here' if no check's metric was measured; else 'yes' if the "
+                "check holds, 'no' if not."}
+    assert section.body.startswith("b\n\n**Verdict — yes: 1 of 1 measured checks hold.** Rule: ")
+
+
+# One claim, every verdict: two checks on a slope, one resolved check on its interval's width.
+_SLOPE_CLAIM = dict(method="m", statement="n* grows", checks=("slope > 0", "easy_slope > 0"),
+                    ours="{slope}", resolved=("slope_ci.width <= 0.5",))
+
+
+@pytest.mark.parametrize("metrics, verdict, checks, resolved, reason", [
+    ({"slope": 0.3, "easy_slope": 0.2, "slope_ci": {"lo": 0.1, "width": 0.4}}, "yes",
+     [True, True], [True], "yes: 2 of 2 measured checks hold"),
+    ({"slope": 0.3, "easy_slope": -0.2, "slope_ci": {"lo": 0.1, "width": 0.4}}, "partly",
+     [True, False], [True], "partly: 1 of 2 measured checks hold"),
+    ({"slope": -0.3, "easy_slope": -0.2, "slope_ci": {"lo": -0.5, "width": 0.4}}, "no",
+     [False, False], [True], "no: 0 of 2 measured checks hold"),
+    # the point estimates pass but the interval [-0.02, 0.68] is 0.7 wide: the size cannot decide
+    ({"slope": 0.3, "easy_slope": 0.2, "slope_ci": {"lo": -0.02, "width": 0.70}},
+     "not resolved at this size", [True, True], [False],
+     "not resolved at this size: `slope_ci.width <= 0.5` does not hold"),
+    # an interval that could not be computed does not resolve the claim either
+    ({"slope": 0.3, "easy_slope": 0.2, "slope_ci": {"lo": None, "width": None}},
+     "not resolved at this size", [True, True], ["not measured here"],
+     "not resolved at this size: `slope_ci.width <= 0.5` does not hold"),
+    # one check unmeasured: left out of the verdict, named in the reason
+    ({"slope": 0.3, "easy_slope": None, "slope_ci": {"lo": 0.1, "width": 0.4}}, "yes",
+     [True, "not measured here"], [True],
+     "yes: 1 of 1 measured checks hold; not measured here: `easy_slope > 0`"),
+    ({"slope": None, "easy_slope": None, "slope_ci": {"lo": None, "width": None}},
+     "not measured here", ["not measured here"] * 2, ["not measured here"],
+     "not measured here: no check's metric was measured by this run"),
+])
+def test_claim_gives_each_verdict_by_its_rule(tmp_path, metrics, verdict, checks, resolved,
+                                                reason):
+    from core.report import VERDICTS, Claim, claim_config, finish
+
+    assert verdict in VERDICTS
+    claim = Claim(**_SLOPE_CLAIM)
+    assert claim.verdict(metrics) == verdict
+    assert claim.reason(metrics) == reason
+    section = finish(str(tmp_path), title="T", metrics=metrics, body="b",
+                     claim=claim_config(**_SLOPE_CLAIM))
+    assert section.headline["reproduces"] == verdict
+    assert f"**Verdict — {reason}.**" in section.body
+    assert "'not resolved at this size' unless `slope_ci.width <= 0.5`" in section.body
+    written = json.loads((tmp_path / "metrics.json").read_text())["claim"]
+    assert written["verdict"] == verdict and written["reason"] == reason
+    assert written["checks"] == dict(zip(claim.checks, checks))
+    assert written["resolved"] == dict(zip(claim.resolved, resolved))
+    assert written["rule"] == claim.rule()
+
+
+def test_claim_resolved_checks_are_parsed_and_a_config_without_them_still_loads():
+    from core.report import Claim
+
+    with pytest.raises(ValueError, match="claim check 'w <'"):
+        Claim("m", "s", ("a < 1",), "x", resolved=("w <",))
+    old = {"method": "m", "statement": "s", "checks": ("a < 1",), "ours": "x"}
+    assert Claim.from_config(old).resolved == ()
+    assert Claim.from_config(old).verdict({"a": 0.0}) == "yes"
