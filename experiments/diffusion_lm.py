@@ -62,7 +62,7 @@ class _JsonCache(dict):
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     out = common.experiment_dir(workdir, NAME)
     tok = ByteTokenizer()
-    corpus = load_corpus(config.corpus or None, val_fraction=config.val_fraction, tokenizer=tok)
+    corpus = load_corpus(config.data_path or None, val_fraction=config.val_fraction, tokenizer=tok)
     windows = {n: grid_lib.heldout_windows(corpus.val, config.seq_len, n)
                for n in (config.eval_windows, config.final_eval_windows)}
     runner = grid_lib.Runner(config, tok)

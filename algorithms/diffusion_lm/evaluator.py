@@ -9,7 +9,7 @@ directory under a settings fingerprint (so it is trained once and then only rest
 are ``config.evaluator`` (``model`` fields of :class:`models.transformer.TransformerConfig`,
 ``seq_len``, ``batch_size``, ``steps``, ``learning_rate``, ``warmup_steps``, ``weight_decay``,
 ``grad_clip``, ``log_every``, ``checkpoint_every``) with the data fields of the comparison
-(``corpus``, ``val_fraction``, ``seed``) and its mesh fields.
+(``data_path``, ``val_fraction``, ``seed``) and its mesh fields.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from algorithms.lm.training import TrainedLM
 def evaluator_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The :func:`algorithms.lm.training.train` config of ``config``'s evaluator: its
     ``evaluator`` sub-config plus the comparison's data split and mesh (the same training split)."""
-    shared = {k: config[k] for k in ("corpus", "val_fraction", "seed", "model_parallelism",
+    shared = {k: config[k] for k in ("val_fraction", "seed", "model_parallelism",
                                      "param_sharding")}
+    # algorithms.lm.training reads the text's location as ``corpus``.
+    shared["corpus"] = config.data_path
     return ml_collections.ConfigDict({**config.evaluator.to_dict(), **shared})
 
 

@@ -166,7 +166,7 @@ class Runner:
         """The settings that shape ``model``'s run and its evaluations."""
         c = self.config
         return config_fingerprint(
-            dataclasses.asdict(model.spec), model.size, c.seed, c.corpus, c.val_fraction,
+            dataclasses.asdict(model.spec), model.size, c.seed, c.data_path, c.val_fraction,
             c.seq_len, c.batch_size, c.backbone, c.optim, c.eval_windows, c.eval_reps)
 
     def train(self, model: Model, train_tokens: np.ndarray, eval_steps: Sequence[int],

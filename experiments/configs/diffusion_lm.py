@@ -5,6 +5,9 @@ Models").
     python -m experiments.diffusion_lm --config=experiments/configs/diffusion_lm.py:tiny --workdir=workdir
     python -m experiments.diffusion_lm --config=experiments/configs/diffusion_lm.py:paper --workdir=DIR  # accelerator
 
+``data_path``: the text to train and evaluate on (a text file, or comma-separated files /
+folders); empty = the bundled Shakespeare plays.
+
 Override fields with ``--config.<field>=value`` (e.g. ``--config.budgets='(1e10,2e10,4e10)'``) or
 ``:tiny,field=value``; grouped fields by their dotted path (``--config.optim.learning_rate=1e-3``).
 """
@@ -18,7 +21,9 @@ from core import report
 def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.corpus = ""  # comma-separated text files or folders; empty = the Shakespeare plays
+    # The text to train and evaluate on: a text file, or comma-separated files / folders of
+    # them; empty = the bundled Shakespeare plays (held-out plays are the validation split).
+    c.data_path = ""
     c.val_fraction = 0.1
     c.seq_len = 64
     c.batch_size = 16
@@ -120,7 +125,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 # What each field accepts (checked once every override is in, before any work).
 RULES = {
     "seed": cfg_lib.integer(lo=0),
-    "corpus": cfg_lib.path_or_empty(several=True),
+    "data_path": cfg_lib.path_or_empty(several=True),
     "val_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
     "seq_len": cfg_lib.integer(lo=2),
     "batch_size": cfg_lib.integer(lo=1),
