@@ -346,7 +346,8 @@ def validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
       ValueError: one line naming every refused field, its value and what was expected
         (``config field 'steps' = 0: expected an integer >= 1``); a leaf field with no rule or a
         rule for a field the config does not have (the config is not the one the rules were
-        written for); or the first failing cross-field check.
+        written for); a warm-up longer than its training (:func:`check_warmup`); or the first
+        failing cross-field check.
     """
     paths = field_paths(config)
     if "claim" in paths:
@@ -371,8 +372,37 @@ def validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
                         "experiment needs")
     if problems:
         raise ValueError("; ".join(problems))
+    check_warmup(config)
     for check in cross_checks:
         check(config)
+
+
+# Fields that bound a training run's steps, beside which a ``warmup_steps`` field is checked.
+STEP_FIELDS = ("steps", "max_steps")
+
+
+def check_warmup(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+    """A learning-rate warm-up must fit in the training it warms up: in every group of fields
+    (the config itself and each nested group) that has ``warmup_steps`` and a step bound
+    (:data:`STEP_FIELDS`), ``warmup_steps`` may not exceed it (a longer warm-up never reaches the
+    configured learning rate, and its decay never starts). Applied by :func:`validate` to every
+    experiment's config.
+
+    Raises:
+      ValueError: naming both fields and their values.
+    """
+    for key, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            check_warmup(value, f"{prefix}{key}.")
+    if "warmup_steps" not in config:
+        return
+    warmup = config["warmup_steps"]
+    for bound in STEP_FIELDS:
+        steps = config.get(bound)
+        if _is_int(warmup) and _is_int(steps) and warmup > steps:
+            raise ValueError(f"config fields {prefix}warmup_steps={warmup} and {prefix}{bound}="
+                             f"{steps}: expected warmup_steps <= {bound} (the warm-up would "
+                             "outlast training)")
 
 
 def validate_module_config(config: ml_collections.ConfigDict, module: Any,

@@ -46,7 +46,8 @@ def base() -> ml_collections.ConfigDict:
 VARIANTS = {
     "tiny": {},
     # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
-    "smoke": {"steps": 4, "log_every": 2, "checkpoint_every": 2, "eval_windows": 4, "sample_len": 8,
+    "smoke": {"steps": 4, "warmup_steps": 2, "log_every": 2, "checkpoint_every": 2,
+              "eval_windows": 4, "sample_len": 8,
               "batch_size": 4, "seq_len": 32, "model.d_model": 32, "model.num_layers": 1,
               "model.num_heads": 2, "model.num_kv_heads": 1, "model.max_len": 64},
     "paper": {

@@ -313,3 +313,24 @@ def test_entry_points_refuse_bad_fields_in_one_line(args, expected, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == expected
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("name, warmup, bound, steps", [
+    ("lm", "warmup_steps", "steps", 4),  # smoke: 4 steps
+    ("diffusion_lm", "evaluator.warmup_steps", "evaluator.steps", 4),
+    ("rl_scaling", "warmup.warmup_steps", "warmup.max_steps", 8),
+])
+def test_a_warmup_longer_than_training_is_refused_naming_both_fields(name, warmup, bound, steps):
+    config = MODULES[name].get_config("smoke")
+    assert cfg_lib.get_field(config, bound) == steps
+    cfg_lib.validate_module_config(_with(config, warmup, steps), MODULES[name])  # equal: fits
+    with pytest.raises(ValueError) as info:
+        cfg_lib.validate_module_config(_with(config, warmup, steps + 1), MODULES[name])
+    assert f"{warmup}={steps + 1} and {bound}={steps}" in str(info.value), str(info.value)
+
+
+def test_a_warmup_longer_than_training_is_refused_in_a_nested_lm_variant():
+    with pytest.raises(ValueError, match=r"warmup_steps=5 and steps=4"):
+        cfg_lib.validate_module_config(
+            MODULES["kv_quant"].get_config("smoke,lm_config='smoke,warmup_steps=5'"),
+            MODULES["kv_quant"])
