@@ -144,9 +144,11 @@ class _ChunkedQuantCache(abc.ABC):
         bufk = jax.vmap(buffer)(layer_cache["wk"], k, off)
         bufv = jax.vmap(buffer)(layer_cache["wv"], v, off) if chunked_v else None
 
-        def quantize_completed(stores):
-            sk, sv = stores
-            xk = bufk[:, :, :nj * n].astype(jnp.float32)
+        def quantize_completed(bufs):
+            # Operands: the window buffers only (never the cache's chunk store), so the branch
+            # that runs k-means once per chunk neither reads nor copies the quantized cache.
+            bk, bv = bufs
+            xk = bk[:, :, :nj * n].astype(jnp.float32)
             if self._pre_rope():
                 xk = common.rope_slots(xk, self._rope_base(), first * n, sign=-1)
             xk = xk.reshape(b, kh, nj, n, d)
@@ -159,19 +161,23 @@ class _ChunkedQuantCache(abc.ABC):
             quant = jax.vmap(jax.vmap(jax.vmap(self._quantize, (0, 0, None)), (0, 0, None)),
                              (0, 0, None))
             if chunked_v:
-                xv = bufv[:, :, :nj * n].astype(jnp.float32).reshape(b, kh, nj, n, d)
-                ck, cv = self._quantize_pair(quant, xk, xv, keys)
-            else:
-                ck, cv = quant(xk, keys, True), None
-            for j in range(nj):
-                ok = j < n_full  # [B]
-                sk = _masked_chunk_write(sk, ck, j, first + j, ok)
-                if chunked_v:
-                    sv = _masked_chunk_write(sv, cv, j, first + j, ok)
-            return sk, sv
+                xv = bv[:, :, :nj * n].astype(jnp.float32).reshape(b, kh, nj, n, d)
+                return self._quantize_pair(quant, xk, xv, keys)
+            return quant(xk, keys, True), None
 
-        sk, sv = jax.lax.cond(jnp.any(n_full > 0), quantize_completed, lambda s: s,
-                              (layer_cache["k"], layer_cache["v"] if chunked_v else None))
+        def no_chunk(bufs):  # the same shapes as quantize_completed, never written (ok False)
+            shapes = jax.eval_shape(quantize_completed, bufs)
+            return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        # Chunks of this call's new codes [B, K, nj, ...]: k-means runs only when a chunk filled.
+        ck, cv = jax.lax.cond(jnp.any(n_full > 0), quantize_completed, no_chunk, (bufk, bufv))
+        sk = layer_cache["k"]
+        sv = layer_cache["v"] if chunked_v else None
+        for j in range(nj):  # in-place writes of single chunks outside the conditional
+            okj = j < n_full  # [B]
+            sk = _masked_chunk_write(sk, ck, j, first + j, okj)
+            if chunked_v:
+                sv = _masked_chunk_write(sv, cv, j, first + j, okj)
 
         def new_window(buf, m, old, okb):
             return jnp.where(okb, jax.lax.dynamic_slice_in_dim(buf, m * n, n, axis=1), old)
