@@ -284,6 +284,30 @@ def _first_line(text: str) -> str:
     return lines[0][:200] if lines else ""
 
 
+def restore_message(step: int, saved_target: int | None, num_steps: int) -> str:
+    """What a run restored at ``step`` does next, in words for the terminal.
+
+    Args:
+      step: the checkpoint's step.
+      saved_target: the number of steps the run that saved it was asked for (the checkpoint's
+        ``target_steps``; ``None`` for a checkpoint written before it was recorded).
+      num_steps: the number of steps asked for now (``>= step``).
+
+    Returns:
+      ``"restored the finished run at step s"`` when nothing is left to train; ``"continuing the
+      same run from step s, where its s-step budget ended, to n steps"`` when the checkpoint is
+      the end of a finished shorter run (nested budgets, e.g. an IsoFLOP grid, or a longer rerun);
+      otherwise ``"resuming from step s of an interrupted run of t steps"``.
+    """
+    if step >= num_steps:
+        return f"restored the finished run at step {step}"
+    if saved_target == step:
+        return (f"continuing the same run from step {step}, where its {step}-step budget ended, "
+                f"to {num_steps} steps")
+    of = f" of an interrupted run of {saved_target} steps" if saved_target else ""
+    return f"resuming from step {step}{of}"
+
+
 def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key: jax.Array,
                config: LoopConfig, workdir: str | None = None,
                put_batch: Callable[[Any], Any] | None = None,
@@ -398,7 +422,8 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
             print(f"{config.desc}: restored the early-stopped run at step {start} "
                   f"({ckpt.directory})", file=sys.stderr)
         else:
-            print(f"{config.desc}: resuming from step {start} ({ckpt.directory})", file=sys.stderr)
+            print(f"{config.desc}: {restore_message(start, meta.get('target_steps'), end)} "
+                  f"({ckpt.directory})", file=sys.stderr)
     for w in (writer, eval_writer):
         if w is not None:
             dropped = w.truncate(lambda r, s=start: int(r.get("step", 0)) <= s)
@@ -487,7 +512,7 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
             if save_now:
                 flush()
                 meta = {"step": step_done, "data_position": batches.position,
-                        "stopped_early": stopped_at is not None}
+                        "stopped_early": stopped_at is not None, "target_steps": end}
                 if early is not None or config.evaluates:
                     meta.update(tracker)
                 if fingerprint is not None:

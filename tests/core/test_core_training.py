@@ -1,5 +1,7 @@
 """The training loop: exact resume, non-finite stop with the last good checkpoint kept."""
 
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ from core.training import (
     NonFiniteLossError,
     init_train_state,
     make_train_step,
+    restore_message,
     train_loop,
 )
 from models.losses import next_token_nll
@@ -55,6 +58,26 @@ def test_resume_is_bit_identical(tmp_path):
     assert resumed.history[-1]["loss"] == full.history[-1]["loss"]
 
 
+def test_restore_says_whether_it_continues_a_finished_run_or_resumes_an_interrupted_one(
+        tmp_path, capsys):
+    # nested budgets: one run trained to 2 steps, then the same run to 4 (an IsoFLOP grid's
+    # larger budget), then asked for 4 again; and a run stopped at its step-2 checkpoint of 4
+    run(tmp_path / "nested", 2)
+    assert capsys.readouterr().err == ""  # a fresh start says nothing
+    run(tmp_path / "nested", 4)
+    assert "continuing the same run from step 2, where its 2-step budget ended, to 4 steps" \
+        in capsys.readouterr().err
+    run(tmp_path / "nested", 4)
+    err = capsys.readouterr().err
+    assert "restored the finished run at step 4" in err and "resuming" not in err
+    run(tmp_path / "cut", 4)  # checkpoints at 2 and 4; the run is "killed" before step 4's
+    shutil.rmtree(tmp_path / "cut" / "checkpoints" / "4")
+    capsys.readouterr()
+    run(tmp_path / "cut", 4)
+    assert "resuming from step 2 of an interrupted run of 4 steps" in capsys.readouterr().err
+    assert restore_message(2, None, 4) == "resuming from step 2"  # saved before it was recorded
+
+
 def test_loss_decreases(tmp_path):
     res = run(tmp_path, 30, checkpoint_every=0)
     assert res.history[-1]["loss"] < res.history[0]["loss"] - 0.3
@@ -74,7 +97,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     ckpt = Checkpointer(str(tmp_path / "checkpoints"))
     assert ckpt.latest_step() == 4
     restored, meta = ckpt.restore(setup()[1])
-    assert meta == {"step": 4, "data_position": 4, "stopped_early": False}
+    assert meta == {"step": 4, "data_position": 4, "stopped_early": False, "target_steps": 10}
     chex_finite = all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored))
     assert chex_finite
 
