@@ -1,9 +1,12 @@
 """Shared set-up of the tutorial notebooks in ``experiments/notebooks/``.
 
 Each notebook teaches one method's public API step by step at a size that runs in about a minute
-on a free Colab runtime, then runs the full experiment. Its first cell installs the project when
-it is not importable (Colab) and calls :func:`setup`; the rest uses :func:`size` to pick problem
-sizes and :func:`run_and_show` for the experiment.
+on a free Colab CPU runtime, then, in a last cell headed "Optional", runs the full experiment at
+``tiny`` (its heading and the notebook's introduction state how long that takes). Its first cell
+installs the project from the repository URL declared in ``pyproject.toml`` when it is not
+importable (Colab) and calls :func:`setup`; the rest picks problem sizes with :func:`size`, the one
+place that decides between the test suite's smoke sizes, the Colab sizes and the accelerator
+sizes, and runs the experiment with :func:`run_and_show`.
 
 The variant comes from the ``ICML26_VARIANT`` environment variable when set (the test suite sets
 ``smoke`` to execute every notebook in seconds on the CPU), else ``tiny``; ``paper`` is honoured
@@ -34,7 +37,7 @@ def detect_runtime() -> str:
     return {"cuda": "gpu", "rocm": "gpu"}.get(backend, backend)
 
 
-def choose_variant(requested: str = "tiny") -> str:
+def _variant(requested: str = "tiny") -> str:
     """The variant to run: ``$ICML26_VARIANT`` if set, else ``requested``; ``paper`` on a CPU
     runtime falls back to ``tiny`` (it is sized for an accelerator)."""
     variant = os.environ.get("ICML26_VARIANT", requested)
@@ -52,7 +55,7 @@ def setup() -> str:
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", requirement],
                            check=True)
     runtime = detect_runtime()
-    print(f"runtime: {runtime} ({jax.device_count()} device(s)); variant: {choose_variant()}")
+    print(f"runtime: {runtime} ({jax.device_count()} device(s)); variant: {_variant()}")
     return runtime
 
 
@@ -68,10 +71,10 @@ def size(smoke: T, colab: T, accelerator: T | None = None) -> T:
 
 
 def run_and_show(name: str, variant: str = "tiny", workdir: str = "workdir") -> report.Section:
-    """Runs experiment ``name`` at ``variant`` (see :func:`choose_variant`) and displays its
-    report section (markdown and plots)."""
+    """Runs experiment ``name`` at ``variant`` (``$ICML26_VARIANT`` when set; ``paper`` only on an
+    accelerator runtime, else ``tiny``) and displays its report section (markdown and plots)."""
     module, config_module = registry.load(name)
-    variant = choose_variant(variant)
+    variant = _variant(variant)
     print(f"runtime: {detect_runtime()} ({jax.device_count()} devices); variant: {variant}")
     section = module.run(config_module.get_config(variant), workdir)
     report.write_report(os.path.join(workdir, f"{name}_report.md"), name, [section])

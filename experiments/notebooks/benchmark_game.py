@@ -18,33 +18,34 @@
 # climb a leaderboard; the designer can give every model `Delta` units of such training before the
 # test ("tune-before-test"). This notebook builds the payoff tensor of a three-provider game, finds
 # its equilibria with and without tune-before-test, checks when "no equilibrium at `Delta = 0`" can
-# hold at all, and plots the designer's threshold. Under a minute on a free Colab CPU.
+# hold at all, and plots the designer's threshold.
+#
+# **Time.** The tutorial takes about a minute on a free Colab CPU runtime (2 cores). The last cell,
+# *Optional: the full experiment*, runs the `tiny` variant and adds 0.5 to 1 minute on a 2-core CPU
+# (idle to busy); skip it for the tutorial alone.
 
 # %%
-# Install the project when running outside a checkout (e.g. on Colab): set REPO to its git URL.
+# Set-up: installs the project from its repository when it is not importable (e.g. on Colab).
+import importlib
 import importlib.util
 import subprocess
 import sys
 
-REPO = ""  # e.g. "https://github.com/<owner>/icml26-jax"
+REPO = "https://github.com/icml26-jax/icml26-jax"
 if importlib.util.find_spec("experiments") is None:
-    if not REPO:
-        raise SystemExit("set REPO to the repository's git URL to install it on this runtime")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO}"], check=True)
-from experiments import notebook_utils
+    importlib.invalidate_caches()
+from experiments import notebook_utils as nbu
 
-notebook_utils.setup()  # installs the data packages, prints the runtime and the variant
+nbu.setup()  # installs the data packages, prints the runtime and the variant
 
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
 
 import algorithms.benchmark_game as bg
-from experiments import notebook_utils
 
-VARIANT = notebook_utils.choose_variant("tiny")  # "smoke" in the test suite: smaller grids
-LEVELS = 11 if VARIANT == "smoke" else 41
-print("runtime:", notebook_utils.detect_runtime(), "| variant:", VARIANT)
+LEVELS = nbu.size(smoke=11, colab=41)  # effort levels per provider
 
 # %% [markdown]
 # ## 1. The game
@@ -90,7 +91,7 @@ for kappa in (0.25, 5.0):
 # effort ranked by quality (Kendall tau 1). Closed form against the grid:
 
 # %%
-deltas = np.linspace(0.0, 3.0, 13 if VARIANT == "smoke" else 31)
+deltas = np.linspace(0.0, 3.0, nbu.size(smoke=13, colab=31))
 sweep = bg.sweep_deltas(score, contest, deltas)
 taus, _ = bg.fidelity(score, contest, deltas, sweep)
 closed = bg.delta_star_closed_form(score, cost, theta, rewards)
@@ -104,7 +105,7 @@ plt.show()
 print("numeric Delta* on the grid:", bg.delta_star_numeric(deltas, np.asarray(sweep.zero_effort_unique)))
 
 # %% [markdown]
-# ## 4. The full experiment
+# ## Optional: the full experiment (`tiny`, 0.5 to 1 minute on a 2-core CPU)
 #
 # Three games (two score families, five providers), `Delta*` against the quality gap, the mixed
 # equilibrium of two providers, timing. From a shell:
@@ -112,4 +113,4 @@ print("numeric Delta* on the grid:", bg.delta_star_numeric(deltas, np.asarray(sw
 # override any field, e.g. `--config.theta='(1.0, 0.7, 0.4)' --config.cost_scale=5`.
 
 # %%
-section = notebook_utils.run_and_show("benchmark_game", VARIANT, workdir="workdir")
+section = nbu.run_and_show("benchmark_game", "tiny", workdir="workdir")

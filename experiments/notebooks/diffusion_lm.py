@@ -23,21 +23,25 @@
 # This notebook builds the pieces with the library's public API on the Shakespeare bytes: the
 # families and their processes, a NELBO estimate per family, a small masked diffusion model trained
 # for about a minute on a Colab CPU and sampled, then the full `diffusion_lm` experiment.
+#
+# **Time.** The tutorial takes about a minute on a free Colab CPU runtime (2 cores). The last cell,
+# *Optional: the full experiment*, runs the `tiny` variant and adds 2 to 7 minutes on a 2-core CPU
+# (idle to busy); skip it for the tutorial alone.
 
 # %%
-# Set-up: outside a checkout (e.g. on Colab) set REPO to the repository's git URL to install it.
+# Set-up: installs the project from its repository when it is not importable (e.g. on Colab).
+import importlib
 import importlib.util
 import subprocess
 import sys
 
-REPO = ""
+REPO = "https://github.com/icml26-jax/icml26-jax"
 if importlib.util.find_spec("experiments") is None:
-    if not REPO:
-        raise SystemExit("set REPO to the repository's git URL to install the project here")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO}"], check=True)
+    importlib.invalidate_caches()
 from experiments import notebook_utils as nbu
 
-nbu.setup()
+nbu.setup()  # installs the data packages, prints the runtime and the variant
 
 # %% [markdown]
 # ## The families
@@ -122,7 +126,7 @@ print(f"{tokens_per_s:,.0f} tokens/s; first sample:")
 print(tokenizer.decode(samples[0]))
 
 # %% [markdown]
-# ## The full experiment
+# ## Optional: the full experiment (`tiny`, 2 to 7 minutes on a 2-core CPU)
 # The IsoFLOP grid (AR, MDLM with both objectives, Duo at four sizes and three budgets), Eso-LM,
 # its ablation and GIDD at the reference size, samples of every family scored by one larger AR
 # evaluator, and the fits (`tiny` on a CPU takes several minutes; `paper` is sized for a TPU or GPU

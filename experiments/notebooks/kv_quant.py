@@ -23,21 +23,25 @@
 # attention error against the number of bits, decodes through the cache backends and checks that
 # the fused XLA path (the CPU default) equals the reference. Then it runs the `kv_quant` experiment,
 # which measures the same on a trained language model.
+#
+# **Time.** The tutorial takes about a minute on a free Colab CPU runtime (2 cores). The last cell,
+# *Optional: the full experiment*, runs the `tiny` variant (it first trains the `lm` experiment's
+# model) and adds 5 to 12 minutes on a 2-core CPU (idle to busy); skip it for the tutorial alone.
 
 # %%
-# Set-up: outside a checkout (e.g. on Colab) set REPO to the repository's git URL to install it.
+# Set-up: installs the project from its repository when it is not importable (e.g. on Colab).
+import importlib
 import importlib.util
 import subprocess
 import sys
 
-REPO = ""
+REPO = "https://github.com/icml26-jax/icml26-jax"
 if importlib.util.find_spec("experiments") is None:
-    if not REPO:
-        raise SystemExit("set REPO to the repository's git URL to install the project here")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO}"], check=True)
+    importlib.invalidate_caches()
 from experiments import notebook_utils as nbu
 
-nbu.setup()
+nbu.setup()  # installs the data packages, prints the runtime and the variant
 
 # %% [markdown]
 # ## Keys, values and queries
@@ -139,7 +143,7 @@ for name, make in backends.items():
           f"error vs dense attention {quality.relative_error(fused, dense):.3f}")
 
 # %% [markdown]
-# ## The full experiment
+# ## Optional: the full experiment (`tiny`, 5 to 12 minutes on a 2-core CPU)
 # On the trained byte-level LM: true compression, attention error on its real activations,
 # held-out bits per byte when decoding through each cache, EntroKV vs uniform budgets, and the
 # synthetic comparison at the paper's 256 centroids; it writes `workdir/kv_quant/metrics.json`, a

@@ -23,21 +23,25 @@
 # (as long-context models' is), selects pages at several `delta`, checks the softmax mass they
 # keep and the output against dense attention, times one decode step, then runs the full
 # `sparse_decode` experiment.
+#
+# **Time.** The tutorial takes about a minute on a free Colab CPU runtime (2 cores). The last cell,
+# *Optional: the full experiment*, runs the `tiny` variant (it first trains the `lm` experiment's
+# model) and adds 5 to 12 minutes on a 2-core CPU (idle to busy); skip it for the tutorial alone.
 
 # %%
-# Set-up: outside a checkout (e.g. on Colab) set REPO to the repository's git URL to install it.
+# Set-up: installs the project from its repository when it is not importable (e.g. on Colab).
+import importlib
 import importlib.util
 import subprocess
 import sys
 
-REPO = ""
+REPO = "https://github.com/icml26-jax/icml26-jax"
 if importlib.util.find_spec("experiments") is None:
-    if not REPO:
-        raise SystemExit("set REPO to the repository's git URL to install the project here")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO}"], check=True)
+    importlib.invalidate_caches()
 from experiments import notebook_utils as nbu
 
-nbu.setup()
+nbu.setup()  # installs the data packages, prints the runtime and the variant
 
 # %% [markdown]
 # ## A concentrated workload
@@ -128,7 +132,7 @@ row = benchmark.time_decode(jax.random.key(0), S, B, setup, timing.read_bandwidt
 print({key: round(val, 3) for key, val in row.items() if key.endswith(("_ms", "dense"))})
 
 # %% [markdown]
-# ## The full experiment
+# ## Optional: the full experiment (`tiny`, 5 to 12 minutes on a 2-core CPU)
 # Speed at 4k-64k tokens, quality on queries and keys captured from the trained byte-level `lm`
 # (it trains the lm first if needed), needle recall and greedy decoding:
 # `python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:tiny`.

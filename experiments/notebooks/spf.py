@@ -23,21 +23,25 @@
 # This notebook follows a rotating optimum from a stream of noisy least-squares mini-batches, tunes
 # the baselines over all their hyper-parameters on separate episodes, trains SPF for about a minute
 # on a free Colab CPU, and compares tracking errors; then it runs the full `spf` experiment.
+#
+# **Time.** The tutorial takes about a minute on a free Colab CPU runtime (2 cores). The last cell,
+# *Optional: the full experiment*, runs the `tiny` variant and adds 1 to 2 minutes on a 2-core CPU
+# (idle to busy); skip it for the tutorial alone.
 
 # %%
-# Set-up: outside a checkout (e.g. on Colab) set REPO to the repository's git URL to install it.
+# Set-up: installs the project from its repository when it is not importable (e.g. on Colab).
+import importlib
 import importlib.util
 import subprocess
 import sys
 
-REPO = ""
+REPO = "https://github.com/icml26-jax/icml26-jax"
 if importlib.util.find_spec("experiments") is None:
-    if not REPO:
-        raise SystemExit("set REPO to the repository's git URL to install the project here")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO}"], check=True)
+    importlib.invalidate_caches()
 from experiments import notebook_utils as nbu
 
-nbu.setup()
+nbu.setup()  # installs the data packages, prints the runtime and the variant
 
 # %% [markdown]
 # ## A drifting problem with a known optimum path
@@ -128,7 +132,7 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# ## The full experiment
+# ## Optional: the full experiment (`tiny`, 1 to 2 minutes on a 2-core CPU)
 # Three problems (rotation and OU drift in least squares, rotating logistic regression), the
 # Kalman oracle, the Malliavin noise memory and the dimension sweep, writing
 # `workdir/spf/metrics.json`, plots and a report section. From a shell:
