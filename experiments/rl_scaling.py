@@ -171,11 +171,36 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "n_star_growth": {s: v[-1]["n_star"] / v[0]["n_star"] for s, v in nstar.items()},
         "sigmoid_decisive": {s: int(f["winner"] == "sigmoid" and f.get("decisive", False))
                              for s, f in fits.items()},
-        "fit_winner": {s: f["winner"] for s, f in fits.items()}}
+        "fit_winner": {s: f["winner"] for s, f in fits.items()},
+        "n_star_slope": {s: n_star_slope(f) for s, f in fits.items()},
+        "objective_spread": {s: objective_spread(v[-1]) for s, v in nstar.items()}}
+    result["n_star_slope_text"] = ", ".join(
+        f"{s} {v['slope']:.2f} " + ("[no interval]" if v["lo"] is None
+                                   else f"[{v['lo']:.2f}, {v['hi']:.2f}]")
+        for s, v in result["n_star_slope"].items())
     return report.finish(out, title=TITLE, metrics=result, claim=config.claim,
                          body=describe(config, cfg, result, warm_info),
                          figures={"n_star": plot_nstar(nstar, fits),
                                   "reward_vs_c": plot_curves(recs, cfg)})
+
+
+def n_star_slope(fit_result: dict) -> dict:
+    """The power law's exponent b of log2 n* = a + b log2 C and its 90% bootstrap interval over
+    seeds (:func:`analysis.fit_n_star`): {"slope", "lo", "hi", "excludes_zero"}; ``excludes_zero``
+    is 1 when the interval lies wholly above or below 0 (the sweep is large enough to tell
+    whether n* grows), else 0. Without a bootstrap (fewer than 3 budgets where every n ran, or
+    ``fit_boot = 0``) ``lo``, ``hi`` and ``excludes_zero`` are None: not measured."""
+    slope = fit_result["power"]["b"]
+    if "slope_ci" not in fit_result:
+        return {"slope": slope, "lo": None, "hi": None, "excludes_zero": None}
+    lo, hi = fit_result["slope_ci"]
+    return {"slope": slope, "lo": lo, "hi": hi, "excludes_zero": int(lo > 0 or hi < 0)}
+
+
+def objective_spread(row: dict) -> float:
+    """max - min over n of the seed-mean objective at one budget (a row of
+    :func:`analysis.n_star_by_budget`): how much choosing n matters there at all."""
+    return float(max(row["mean"]) - min(row["mean"]))
 
 
 def describe(config, cfg: sweep.SweepConfig, r: dict, warm_info: dict) -> str:
@@ -207,6 +232,10 @@ def describe(config, cfg: sweep.SweepConfig, r: dict, warm_info: dict) -> str:
         report.markdown_table(["C", "n* easy (pass@1) [90% CI]", f"n* hard (pass@{k}) [90% CI]"],
                               rows), "",
         f"Fit of log2 n*(C): {fit_line('easy')}; {fit_line('hard')}.", "",
+        f"Power-law slope of log2 n* in log2 C, 90% bootstrap over seeds: "
+        f"{r['n_star_slope_text']}; an interval that contains 0 cannot tell growth from none. "
+        f"Spread of the seed-mean objective across n at the largest budget: "
+        + ", ".join(f"{s} {v:.4f}" for s, v in r["objective_spread"].items()) + ".", "",
         report.markdown_table(["n", "share of batch problems whose pass@1 fell",
                                "informative groups", "per-problem gradient cosine"],
                               [[n, v["fallen"], v["informative_groups"],

@@ -80,7 +80,10 @@ def base() -> ml_collections.ConfigDict:
         checks=("n_star_growth.easy > 1", "n_star_growth.hard > 1",
                 "sigmoid_decisive.easy == 1"),
         ours="n* grows x{n_star_growth[easy]:.2f} (easy), x{n_star_growth[hard]:.2f} (hard) over "
-             "the budgets; fit: {fit_winner[easy]}/{fit_winner[hard]}")
+             "the budgets; slope of log2 n* in log2 C [90% CI]: {n_star_slope_text}; fit: "
+             "{fit_winner[easy]}/{fit_winner[hard]}",
+        # Sized to decide: each split's slope interval lies wholly on one side of 0.
+        resolved=("n_star_slope.easy.excludes_zero == 1", "n_star_slope.hard.excludes_zero == 1"))
     return c
 
 
