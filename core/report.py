@@ -129,10 +129,11 @@ def read_json_lines(path: str) -> list[dict[str, Any]]:
 
 def save_figure(fig: plt.Figure, path: str) -> str:
     """Saves ``fig`` as PNG at ``path`` (dpi 120; a local path or a URL), closes it, and returns
-    ``path``."""
+    ``path``. The image is cropped to what is drawn, so a legend placed beside the axes
+    (:func:`core.figures.legend_outside`, :func:`core.figures.figure_legend`) is kept whole."""
     fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight", pad_inches=0.05)
     plt.close(fig)
     return files.write_bytes(path, buffer.getvalue())
 
