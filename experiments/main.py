@@ -13,11 +13,15 @@ A failing experiment is reported as failed in the report's opening table and doe
 others; the exit code is 1 if any failed. With several experiments, each runs in its own process
 (``--isolate``, the default): one experiment's global JAX state cannot leak into the next, and one
 that hangs is stopped and reported as failed. A hang is recognised by a lack of progress, not by
-total time: no output line and no file written under ``<workdir>/<experiment>`` for
-``--stall_minutes`` (``--timeout_minutes`` adds an optional cap on the total). Bad flags (unknown
-name, bad value, unknown experiment or variant, a workdir that is a file, cannot be created or
-written, or is used by another main job) print one line to stderr and exit with status 2 before any
-experiment runs. Ctrl-C stops the running experiment (its checkpoint being saved is committed
+total time: no output line and no file written under ``<workdir>/<experiment>`` or the folder of an
+experiment it requires (``kv_quant`` trains ``lm`` there when its checkpoint is missing) for
+``--stall_minutes`` (``--timeout_minutes`` adds an optional cap on the total); in an object-store
+workdir (``gs://``) only output lines count. Bad flags (unknown name, bad value, unknown experiment
+or variant, a workdir that is a file, cannot be created or written, or is used by another main
+job) and an experiment folder held by another process (a direct ``python -m experiments.<name>``
+run, also of a required experiment) print one line naming it to stderr and exit with status 2
+before any experiment runs; such a folder taken while the job runs stops the job with one line,
+leaving that experiment's report as it was. Ctrl-C stops the running experiment (its checkpoint being saved is committed
 first) and leaves with one line and status 130. A ``--variant=smoke`` report says at the top that
 its numbers are meaningless and judges no claim.
 """
@@ -34,7 +38,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from absl import app, flags, logging
 
@@ -68,6 +72,45 @@ def _failed_section(name: str, message: str, details: str) -> report.Section:
     return report.Section(title=f"{name}: FAILED", body=f"```\n{details[-4000:]}\n```",
                           headline={"method": name, "claim": "", "ours": message[:200],
                                     "reproduces": "failed"})
+
+
+# Exit status of an isolated child whose experiment folder is held by another process.
+IN_USE_EXIT = 75
+
+
+def with_requirements(names) -> list[str]:
+    """``names`` followed by every experiment they require (``REQUIRES`` of their config
+    modules, transitively), each once."""
+    out = list(names)
+    for name in out:  # grows while walked
+        out += [r for r in getattr(_config_module(name), "REQUIRES", ()) if r not in out]
+    return out
+
+
+def check_folders_free(workdir: str, names) -> None:
+    """Checks, before any experiment runs, that no other process holds the folder of one of
+    ``names`` or of an experiment they require (``core.checkpoint.run_dir_lock``: e.g. a direct
+    ``python -m experiments.lm`` run on the same workdir). A local folder is locked and released
+    at once; one that does not exist yet is free. Folders in an object store are not probed (the
+    lock there takes a write and seconds to settle): a conflict is found when the experiment
+    takes its folder.
+
+    Raises:
+      core.checkpoint.RunDirectoryInUseError: one line naming the folder and its holder.
+    """
+    from core.checkpoint import RunDirectoryInUseError
+
+    for name in with_requirements(names):
+        folder = paths.join(workdir, name)
+        if not paths.is_local(folder) or not os.path.isdir(paths.display(folder)):
+            continue
+        try:
+            with common.lock_workdir(folder):
+                pass
+        except RunDirectoryInUseError as e:
+            needed = "" if name in names else \
+                f" (needed by {', '.join(n for n in names if name in with_requirements([n]))})"
+            raise RunDirectoryInUseError(f"{name}{needed}: {e}") from None
 
 
 def _run_in_process(name: str, variant: str, workdir: str) -> report.Section:
@@ -135,20 +178,25 @@ def _files_state(directory: str) -> tuple[int, int, int]:
     return newest, count, size
 
 
-def watch(cmd: list[str], watch_dir: str, stall_s: float, timeout_s: float | None = None,
-          poll_s: float = 1.0, *, clock: Callable[[], float] = timing.now,
+def watch(cmd: list[str], watch_dir: str | Sequence[str], stall_s: float,
+          timeout_s: float | None = None, poll_s: float = 1.0, *,
+          clock: Callable[[], float] = timing.now,
           sleep: Callable[[float], None] = time.sleep) -> tuple[str, int | None, float]:
     """Runs ``cmd``, forwarding its output, until it exits or stops making progress.
 
-    Progress is an output line (stdout or stderr) or a change to the files under ``watch_dir``
-    (looked for every ``min(10 s, stall_s / 4)``); a process with neither for more than
+    Progress is an output line (stdout or stderr) or a change to the files under one of the local
+    folders ``watch_dir`` (looked for every ``min(10 s, stall_s / 4)``); folders in an object
+    store (``gs://``) are not listed (a listing every few seconds is slow and billed), so there
+    only output lines count: a long step must print, as progress bars do at least every 30 s when
+    the output is not a terminal. A process with neither for more than
     ``stall_s`` seconds, its start-up included, is stopped (SIGTERM, then SIGKILL after 30 s).
     The total time is not limited unless ``timeout_s`` is given. Ctrl-C is passed on to the child
     as SIGINT (so that a checkpoint being saved is committed), and re-raised once it has exited.
 
     Args:
       cmd: the child's command line.
-      watch_dir: the folder whose files count as the child's progress (need not exist yet).
+      watch_dir: the folder, or folders, whose files count as the child's progress (need not
+        exist yet; object-store URLs are ignored).
       stall_s: seconds without progress after which the child is stopped as hung.
       timeout_s: optional cap on the child's total seconds.
       poll_s: seconds between two checks (the ``sleep`` between them).
@@ -160,16 +208,22 @@ def watch(cmd: list[str], watch_dir: str, stall_s: float, timeout_s: float | Non
       ``(outcome, exit code, seconds without progress)``; ``outcome`` is ``"exited"``,
       ``"stalled"`` or ``"timed out"``.
     """
+    folders = [d for d in ([watch_dir] if isinstance(watch_dir, str) else watch_dir)
+               if paths.is_local(d)]
+
+    def files_state():
+        return [_files_state(paths.display(d)) for d in folders]
+
     child = _Watched(cmd, clock)
     start = scanned = last_write = child.last_output
-    files = _files_state(watch_dir)
+    files = files_state()
     scan_s = min(10.0, stall_s / 4)
     try:
         while child.proc.poll() is None:
             sleep(poll_s)
             now = clock()
-            if now - scanned >= scan_s:
-                scanned, seen = now, _files_state(watch_dir)
+            if folders and now - scanned >= scan_s:
+                scanned, seen = now, files_state()
                 if seen != files:
                     files, last_write = seen, now
             silent = now - max(child.last_output, last_write)
@@ -189,14 +243,26 @@ def watch(cmd: list[str], watch_dir: str, stall_s: float, timeout_s: float | Non
 
 def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
                   timeout_s: float | None = None) -> report.Section:
-    """Runs one experiment in a child process (see :func:`watch`); its section comes back as
-    JSON."""
+    """Runs one experiment in a child process (see :func:`watch`: its output and the files in its
+    own folder and those of the experiments it requires are its progress); its section comes back
+    as JSON.
+
+    Raises:
+      core.checkpoint.RunDirectoryInUseError: another process took one of its folders (the
+        child named it on stderr).
+    """
     out = paths.join(workdir, name, common.SECTION_FILE)
     paths.makedirs(paths.join(workdir, name))
     paths.remove(out)  # an earlier run's section must not pass for this one's
     cmd = [sys.executable, "-m", "experiments.main", f"--experiments={name}",
            f"--variant={variant}", f"--workdir={workdir}", "--noisolate", f"--section_out={out}"]
-    outcome, code, silent_s = watch(cmd, os.path.join(workdir, name), stall_s, timeout_s)
+    folders = [paths.join(workdir, n) for n in with_requirements([name])]
+    outcome, code, silent_s = watch(cmd, folders, stall_s, timeout_s)
+    if outcome == "exited" and code == IN_USE_EXIT:
+        from core.checkpoint import RunDirectoryInUseError
+
+        raise RunDirectoryInUseError(f"{name} stopped: a folder it uses is held by another "
+                                     "process (named above); its report is left as it was")
     if outcome == "timed out":
         return _failed_section(name, f"timed out after {timeout_s / 60:g} min",
                                f"{name} did not finish within {timeout_s:.0f} s "
@@ -204,7 +270,7 @@ def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
     if outcome == "stalled":
         return _failed_section(
             name, f"no progress for {stall_s / 60:g} min",
-            f"{name} printed nothing and wrote nothing under {os.path.join(workdir, name)} for "
+            f"{name} printed nothing and wrote nothing under {' or '.join(folders)} for "
             f"{silent_s:.0f} s (--stall_minutes); stopped as hung")
     if code != 0 or not paths.exists(out):
         return _failed_section(name, f"exit code {code}",
@@ -219,6 +285,10 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
             ) -> tuple[list[report.Section], list[str]]:
     """Runs each experiment; returns (sections, names of failed experiments).
 
+    Raises:
+      core.checkpoint.RunDirectoryInUseError: another process holds a folder an experiment needs
+        (that experiment is neither reported nor saved; the ones before it are).
+
     Args:
       names: experiment names, in order.
       variant: the config argument for every experiment (``"tiny"``, ``"smoke,seed=1"``, ...).
@@ -228,6 +298,8 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
       on_done: called with each experiment's name and section (its ``variant`` set) as soon as
         it has finished, failed ones included.
     """
+    from core.checkpoint import RunDirectoryInUseError
+
     sections, failed = [], []
     for i, name in enumerate(names):
         print(f"[{i + 1}/{len(names)}] {name} ({variant}) ...", file=sys.stderr, flush=True)
@@ -237,6 +309,8 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
         else:
             try:
                 section = _run_in_process(name, variant, workdir)
+            except RunDirectoryInUseError:
+                raise  # not this experiment's failure: its earlier report stays
             except Exception as e:  # noqa: BLE001 - one failing experiment must not stop the others
                 tb = traceback.format_exc()
                 print(tb, file=sys.stderr)
@@ -394,7 +468,8 @@ def main(argv):
         try:
             section = _run_in_process(names[0], _VARIANT.value, workdir)
         except RunDirectoryInUseError as e:
-            common.usage_error("main", str(e))
+            print(f"error: main: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+            sys.exit(IN_USE_EXIT)
         report.save_section(_SECTION_OUT.value, section)
         return 0
     done: list[str] = []
@@ -408,6 +483,7 @@ def main(argv):
 
     try:
         with common.lock_workdir(workdir):
+            check_folders_free(workdir, names)
             _, failed = run_all(
                 names, _VARIANT.value, workdir, isolate=_ISOLATE.value and len(names) > 1,
                 stall_s=_STALL.value * 60,

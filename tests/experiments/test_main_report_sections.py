@@ -119,3 +119,56 @@ def test_a_section_record_finds_its_figures_after_the_workdir_moved(tmp_path, mo
     (where / "x" / "bad.json").write_text('{"titel": 1}')
     with pytest.raises(ValueError, match="bad.json: not a report section record"):
         report.load_section(str(where / "x" / "bad.json"))
+
+
+@pytest.fixture
+def lm_folder_held(tmp_path):
+    """A process (as a direct ``python -m experiments.lm --workdir=<wd>`` run would) holding the
+    lock of ``<wd>/lm``; yields ``(workdir, its pid)``."""
+    import subprocess
+    import sys
+
+    workdir = tmp_path / "wd"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from core.checkpoint import run_dir_lock\n"
+         f"with run_dir_lock({str(workdir / 'lm')!r}):\n"
+         "    print('held', flush=True)\n"
+         "    time.sleep(600)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield str(workdir), holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("name, race", [("lm", False), ("kv_quant", False), ("lm", True)])
+def test_a_folder_held_by_a_direct_run_stops_main_with_one_line_and_keeps_the_report(
+        lm_folder_held, monkeypatch, capsys, name, race):
+    workdir, pid = lm_folder_held
+    common.save_experiment_report(workdir, name, report.Section(
+        f"{name}: earlier run", "old body", headline=_row(name, "yes"), variant="tiny"))
+    main_lib.rebuild_main_report(workdir, "tiny", [name], 1.0)
+    before = {p: open(p).read() for p in (f"{workdir}/report.md", f"{workdir}/{name}/report.md")}
+
+    def never(config, workdir):
+        raise AssertionError("the experiment ran")
+
+    real_load = registry.load
+    monkeypatch.setattr(main_lib.registry, "load",
+                        lambda n: (types.SimpleNamespace(run=never), real_load(n)[1]))
+    if race:  # the folder is taken after the check: the experiment's own lock finds it
+        monkeypatch.setattr(main_lib, "check_folders_free", lambda workdir, names: None)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        _main(f"--experiments={name}", "--variant=tiny", f"--workdir={workdir}")
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    lines = err.splitlines()
+    # the race is found once the experiment has started: after its progress line
+    assert lines[:-1] == ([f"[1/1] {name} (tiny) ..."] if race else []), err
+    assert lines[-1].startswith("error: main: ") and f"is in use by pid {pid} " in lines[-1], err
+    if name == "kv_quant":
+        assert lines[-1].startswith("error: main: lm (needed by kv_quant): "), err
+    assert {p: open(p).read() for p in before} == before  # the reports are untouched

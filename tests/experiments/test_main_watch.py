@@ -147,6 +147,36 @@ def test_a_silent_run_that_keeps_writing_files_is_not_stopped(tmp_path, gap, exp
     assert (outcome, code, silent, pacer.t, pacer.taken) == expected
 
 
+def test_writes_in_a_required_experiments_folder_are_progress(tmp_path):
+    # kv_quant training the lm it needs writes only under <workdir>/lm: with both folders watched
+    # a write every 0.5 s keeps it going; with its own folder alone it is stopped as hung
+    for folders, expected in (([tmp_path / "kv_quant", tmp_path / "lm"], ("exited", 0)),
+                              ([tmp_path / "kv_quant"], ("stalled", -signal.SIGTERM))):
+        ctl, lm = tmp_path / f"ctl{len(folders)}", tmp_path / "lm"
+        ctl.mkdir()
+        lm.mkdir(exist_ok=True)
+        log = lm / f"train_metrics{len(folders)}.jsonl"
+        cmd = _stepped(ctl, 8, f"""
+            with open({str(log)!r}, "a") as f:
+                f.write("x")
+        """)
+        pacer = _Pacer(ctl, 8, 0.5, lambda i, log=log: log.exists() and log.stat().st_size > i)
+        outcome, code, _ = main_lib.watch(cmd, [str(f) for f in folders], stall_s=1.0,
+                                          poll_s=0.125, clock=pacer.clock, sleep=pacer.sleep)
+        assert (outcome, code) == expected
+
+
+def test_an_object_store_folder_is_not_listed_and_output_alone_is_progress(tmp_path, monkeypatch):
+    # a gs:// folder is never walked (os.walk of a URL would find nothing and hide that): lines
+    # keep the run going, and the folder's files are not looked at
+    monkeypatch.setattr(main_lib, "_files_state", lambda d: pytest.fail(f"listed {d}"))
+    cmd, pacer, _ = _printing_child(tmp_path, monkeypatch, steps=6, gap=0.5)
+    outcome, code, _ = main_lib.watch(cmd, ["gs://bucket/run/kv_quant", "gs://bucket/run/lm"],
+                                      stall_s=1.0, poll_s=0.125, clock=pacer.clock,
+                                      sleep=pacer.sleep)
+    assert (outcome, code) == ("exited", 0)
+
+
 class _Ticking:
     """A clock that moves by the poll interval at each ``sleep`` (and really sleeps a little, so
     that the child gets to run)."""
