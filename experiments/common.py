@@ -376,7 +376,8 @@ def plain_output_if_not_tty(interval_s: float = 30.0) -> None:
 def interrupted(name: str, error: BaseException) -> NoReturn:
     """Leaves after Ctrl-C with one line on stderr and exit status 130, without the interpreter
     teardown (which can crash while XLA threads still run). A training loop's interrupt names
-    its last checkpoint; a checkpoint being saved was committed first."""
+    its last checkpoint (a checkpoint being saved was committed first); any other interrupt
+    names none, since only the training loop keeps checkpoints."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break this line
@@ -384,7 +385,7 @@ def interrupted(name: str, error: BaseException) -> NoReturn:
     if training is not None and isinstance(error, training.TrainingInterrupted):
         message = str(error)
     else:
-        message = f"{name}: interrupted; rerun the same command to resume from the last checkpoint"
+        message = f"{name}: interrupted; rerun the same command to run it again"
     lead = "\n" if sys.stderr.isatty() else ""  # end a live progress bar's line first
     print(f"{lead}{message}", file=sys.stderr, flush=True)
     sys.stdout.flush()

@@ -22,6 +22,7 @@ import dataclasses
 import io
 import json
 import os
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -119,8 +120,8 @@ def _read_rows(path: str) -> list[tuple[int, object]]:
 
 def read_judgments(path: str, *, left: str = "left", right: str = "right", judge: str = "judge",
                    outcome: str = "winner", left_value: str = "left", right_value: str = "right",
-                   tie_value: str = "tie", drop_unknown: bool = False, name: str | None = None
-                   ) -> Judgments:
+                   tie_value: str = "tie", drop_unknown: bool = False, name: str | None = None,
+                   column_options: Mapping[str, str] | None = None) -> Judgments:
     """Reads pairwise judgements from a CSV, JSON-lines or JSON-array file (module docstring).
 
     Args:
@@ -131,6 +132,9 @@ def read_judgments(path: str, *, left: str = "left", right: str = "right", judge
       drop_unknown: drop rows whose outcome is none of the three values (counted in
         :attr:`Judgments.dropped`) instead of stopping at the first.
       name: the data set's name; default :func:`dataset_name` of ``path``.
+      column_options: for the error on a missing column, the option that sets each column's
+        name ({"left": "--config.columns.left", ...}, keyed by the argument names ``left``,
+        ``right``, ``judge``, ``outcome``); the message then says which to set.
 
     Returns:
       :class:`Judgments`.
@@ -156,7 +160,12 @@ def read_judgments(path: str, *, left: str = "left", right: str = "right", judge
                              f"{type(row).__name__}")
         missing = [c for c in need if c not in row]
         if missing:
-            raise ValueError(f"{path}:{line}: missing column(s) {missing}; present: {sorted(row)}")
+            roles = dict(zip(("left", "right", "judge", "outcome"), need))
+            hint = "; ".join(f"{opt}=<column> names the {role} column"
+                             for role, opt in (column_options or {}).items()
+                             if roles.get(role) in missing)
+            raise ValueError(f"{path}:{line}: missing column(s) {missing}; present: {sorted(row)}"
+                             + (f" ({hint})" if hint else ""))
         o = str(row[outcome])
         if o not in code:
             if drop_unknown:

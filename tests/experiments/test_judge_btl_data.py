@@ -132,8 +132,8 @@ def test_real_data_numbers_are_kept_apart_and_named(tmp_path, monkeypatch):
     rows = _rows(n=400)
     rows[3]["winner"] = "??"
     path = _csv(tmp_path / "my_votes.csv", rows)
-    section = judge_btl.run(_config(path, drop_unknown_outcomes=True, data_name="My votes"),
-                            str(tmp_path))
+    section = judge_btl.run(_config(path, drop_unknown_outcomes=True, data_name="My votes",
+                                    data_only=False), str(tmp_path))
     m = json.load(open(tmp_path / "judge_btl" / "metrics.json"))
     assert "rank_ci_width" not in m and "fit_seconds" not in m
     assert m["simulation"]["rank_ci_width"] == 111.0 and m["timing"]["fit_seconds"] == 222.0
@@ -160,3 +160,60 @@ def test_llmfao_file_validates():
     d = judge_btl.load_comparisons(LLMFAO, _config(LLMFAO))
     assert (d["left"].shape[0], len(d["models"]), len(d["judges"])) == (8931, 59, 124)
     assert d["name"] == "llmfao"
+
+
+def test_data_only_fits_the_file_alone_and_reports_judges_by_name(tmp_path, no_simulation):
+    # data_only is on by default with a comparisons file: no simulation, coverage, choix or timing
+    path = _csv(tmp_path / "votes.csv", _rows(n=400))
+    section = judge_btl.run(_config(path), str(tmp_path))
+    m = json.load(open(tmp_path / "judge_btl" / "metrics.json"))
+    assert m["data_only"] is True and m["simulation"] is None and m["timing"] is None
+    assert m["headline"]["heldout_source"] == "votes" and m["headline"]["ci_coverage"] is None
+    # the simulation-only checks are not measured; the held-out one is judged on the file
+    checks = m["claim"]["checks"]
+    assert checks["headline.ci_coverage >= 0.93"] == "not measured here"
+    assert checks["sim_rmse_judge_aware < sim_rmse_btl"] == "not measured here"
+    held = checks["headline.heldout_loglik_judge_aware > headline.heldout_loglik_btl"]
+    assert held in (True, False) and m["claim"]["verdict"] == ("yes" if held else "no")
+    assert "not run (data only)" in section.headline["ours"]
+    # one row per judge of the file's judge column, named, with its interval around gamma
+    judges = m["real_data"]["judges"]
+    assert sorted(j["judge"] for j in judges) == ["w0", "w1", "w2"]
+    assert sum(j["comparisons"] for j in judges) == 400
+    assert [j["gamma"] for j in judges] == sorted((j["gamma"] for j in judges), reverse=True)
+    for j in judges:
+        assert j["lo"] == pytest.approx(j["gamma"] - 1.959963984540054 * j["se"])
+        assert j["hi"] == pytest.approx(j["gamma"] + 1.959963984540054 * j["se"])
+        assert f"| {j['judge']} | {j['gamma']:.3f} |" in section.body
+    assert "--config.data_only=False" in section.body
+
+
+def test_missing_column_error_names_the_flag_to_set(tmp_path, no_simulation):
+    rows = [dict(left=r["left"], right=r["right"], annotator=r["worker"], winner=r["winner"])
+            for r in _rows(n=20)]
+    path = _csv(tmp_path / "votes.csv", rows)
+    want = (f"{path}:2: missing column(s) ['worker']; present: ['annotator', 'left', 'right', "
+            "'winner'] (--config.columns.judge=<column> names the judge column)")
+    with pytest.raises(ValueError, match="^" + re.escape(want) + "$"):
+        judge_btl.run(_config(path), str(tmp_path / "work"))
+    d = judge_btl.load_comparisons(path, _config(path, columns=dict(
+        judge_btl_config.get_config("smoke").columns, judge="annotator")))
+    assert d["judges"] == ["w0", "w1", "w2"]
+
+
+def test_ctrl_c_outside_training_names_no_checkpoint(monkeypatch, capsys):
+    import signal
+
+    from experiments import common
+
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+
+    def leave(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(common.os, "_exit", leave)
+    with pytest.raises(SystemExit) as e:
+        common.interrupted("judge_btl", KeyboardInterrupt())
+    assert e.value.code == 130
+    err = capsys.readouterr().err.strip()
+    assert err == "judge_btl: interrupted; rerun the same command to run it again"
