@@ -212,7 +212,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     per_seed, seeds = {}, {}
     with Stopwatch() as total:
         for di, path in enumerate(paths):
-            table = load_table(path, config.columns, config.fill_gaps)
+            table = load_table(path, config.columns, config.fill_gaps,
+                               columns_option="--config.columns")
             name = table.source.split(".")[0]
             split = data.resolve_split(config.split, table.source)
             borders = data.split_borders(len(table.values), config.input_len, max(config.horizons),

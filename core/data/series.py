@@ -204,7 +204,8 @@ def _interpolate_missing(values: np.ndarray, names, line_of) -> int:
 
 
 def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | None = None,
-                delimiter: str = ",", fill_gaps: str = "none") -> Table:
+                delimiter: str = ",", fill_gaps: str = "none",
+                columns_option: str | None = None) -> Table:
     """Parses an ETT-style CSV (header, timestamp column, numeric columns) or headerless numeric rows.
 
     The layout is detected from the first non-empty line: if every cell is a number the file has no
@@ -226,6 +227,8 @@ def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | No
         interpolated linearly in time between the nearest rows that have them; the counts are in
         :attr:`Table.filled_rows` and :attr:`Table.filled_cells` (report them). Repeated,
         backwards or off-step timestamps are errors either way.
+      columns_option: the option that sets ``columns`` (e.g. ``"--config.columns"``); the error
+        on a column the file lacks then says to set it.
 
     Returns:
       :class:`Table`.
@@ -249,7 +252,8 @@ def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | No
     headerless = all(_is_number(c) for c in head)
     if headerless:
         if columns is not None:
-            raise ValueError(f"{source}: has no header row, so columns {columns} cannot be selected")
+            raise ValueError(f"{source}: has no header row, so columns {columns} cannot be selected"
+                             + (f" (leave {columns_option} empty)" if columns_option else ""))
         names = tuple(f"c{j}" for j in range(len(head)))
         rows, has_time = lines, False
     else:
@@ -264,7 +268,9 @@ def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | No
     else:
         missing = [c for c in columns if c not in names]
         if missing:
-            raise ValueError(f"{source}: missing column(s) {missing}; the header has {list(names)}")
+            raise ValueError(f"{source}: missing column(s) {missing}; the header has {list(names)}"
+                             + (f" (set {columns_option}=<name>,... to some of them, or leave it "
+                                "empty for all)" if columns_option else ""))
         keep = [names.index(c) for c in columns]
     if not keep:
         raise ValueError(f"{source}: no value columns (expected a timestamp column and channels)")
@@ -336,7 +342,8 @@ def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | No
                  filled_rows, missing_cells)
 
 
-def load_table(path: str, columns: str | tuple[str, ...] = "", fill_gaps: str = "none") -> Table:
+def load_table(path: str, columns: str | tuple[str, ...] = "", fill_gaps: str = "none",
+               columns_option: str | None = None) -> Table:
     """Reads an ETT-style CSV or a headerless numeric file (``.gz`` allowed) into a :class:`Table`.
 
     Args:
@@ -344,6 +351,8 @@ def load_table(path: str, columns: str | tuple[str, ...] = "", fill_gaps: str = 
       columns: channel names to keep, in order: a tuple or a comma-separated string (empty: all).
       fill_gaps: as in :func:`parse_table` (``"none"``: a gap in the timestamps or a missing value
         is an error naming the file and line; ``"linear"``: interpolated and counted).
+      columns_option: the option that sets ``columns`` (``"--config.columns"``), named in the
+        error on a column the file lacks.
 
     Returns:
       :class:`Table` whose ``source`` is the file's base name.
@@ -355,7 +364,8 @@ def load_table(path: str, columns: str | tuple[str, ...] = "", fill_gaps: str = 
     text = read_text(path, "time-series table")
     if isinstance(columns, str):
         columns = tuple(c.strip() for c in columns.split(",") if c.strip())
-    return parse_table(text, os.path.basename(path), tuple(columns) or None, fill_gaps=fill_gaps)
+    return parse_table(text, os.path.basename(path), tuple(columns) or None, fill_gaps=fill_gaps,
+                       columns_option=columns_option)
 
 
 def statsmodels_series_path(name: str = "mstl_elec_vic.csv") -> str:

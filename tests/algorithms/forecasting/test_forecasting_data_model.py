@@ -41,6 +41,13 @@ def test_parse_errors(text, match):
 def test_missing_column_error():
     with pytest.raises(ValueError, match=r"missing column\(s\) \['OT'\]"):
         data.parse_table(ETT_TEXT, "x.csv", columns=("OT",))
+    # the experiment's option to set is named
+    with pytest.raises(ValueError, match=r"\['OT'\]; the header has \['A', 'B'\] \(set "
+                                         r"--config\.columns=<name>,\.\.\. to some of them"):
+        data.parse_table(ETT_TEXT, "x.csv", columns=("OT",), columns_option="--config.columns")
+    with pytest.raises(ValueError, match=r"cannot be selected \(leave --config\.columns empty\)"):
+        data.parse_table("0.5,1\n0.6,2\n", "x.txt", columns=("A",),
+                         columns_option="--config.columns")
 
 
 def test_splits_match_literature_conventions():
