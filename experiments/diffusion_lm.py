@@ -35,6 +35,7 @@ from algorithms.diffusion_lm import grid as grid_lib
 from algorithms.diffusion_lm import scaling
 from algorithms.diffusion_lm.processes import nats_to_bpb
 from algorithms.lm.evaluation import heldout_bpb
+from core import figures as style
 from core import report
 from core.data import ByteTokenizer, load_corpus
 from core.timing import Stopwatch
@@ -44,6 +45,7 @@ from models.transformer import param_count
 NAME = "diffusion_lm"
 LABELS = {"ar": "AR", "mdlm": "MDLM (NELBO)", "mdlm_ce": "MDLM (CE)", "duo": "Duo (uniform)",
           "esolm": "Eso-LM", "esolm_nelbo": "Eso-LM, NELBO at α0 (ablation)", "gidd": "GIDD"}
+COLORS = style.method_colors(LABELS)  # one colour per family in every figure
 
 class _JsonCache(dict):
     """A dict kept in a JSON file, rewritten on every assignment."""
@@ -129,40 +131,47 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
 
 
 def _plot_isoflop(g, fits, budgets) -> plt.Figure:
-    fig, axes = plt.subplots(1, len(fits), figsize=(3.2 * len(fits), 3.0), sharey=True)
-    for ax, (fam, fit) in zip(np.atleast_1d(axes), fits.items()):
+    fig, axes = plt.subplots(1, len(fits), figsize=(3.2 * len(fits), 3.0), sharey=True, squeeze=False)
+    for ax, (fam, fit) in zip(axes[0], fits.items()):
         for k, c in enumerate(budgets):
-            ax.plot(g.sizes[fam], nats_to_bpb(g.losses[fam][k]), "o-", ms=3, label=f"C={c:.1e}")
-            ax.plot(fit.n_opt[k], nats_to_bpb(fit.loss_opt[k]), "k*", ms=8)
+            ax.plot(g.sizes[fam], nats_to_bpb(g.losses[fam][k]), "o-", ms=3, color=f"C{k}",
+                    label=f"budget {style.compact_number(c)} FLOPs")
+        ax.plot(fit.n_opt, nats_to_bpb(np.asarray(fit.loss_opt)), "k*", ls="none", ms=8,
+                label="fitted optimum $N^*$")
         ax.set_xscale("log")
-        ax.set(title=f"{LABELS[fam]}  a={fit.exponent:.2f}", xlabel="parameters N")
-    np.atleast_1d(axes)[0].set_ylabel("held-out NELBO (bits/byte)")
-    np.atleast_1d(axes)[0].legend(fontsize=7)
+        style.log_ticks(ax, "x")
+        ax.set(title=f"{LABELS[fam]}: $N^* \\propto C^{{{fit.exponent:.2f}}}$", xlabel="parameters N")
+    axes[0, 0].set_ylabel("held-out NELBO (bits/byte)")
+    style.figure_legend(fig)
     return fig
 
 
 def _plot_pareto(gen, tps) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for i, fam in enumerate(gen):
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for fam in gen:
         keys = list(gen[fam])
         xs, ys = [tps[fam][k] for k in keys], [gen[fam][k] for k in keys]
-        ax.plot(xs, ys, "o-", color=f"C{i}", label=LABELS[fam])
+        ax.plot(xs, ys, "o-", color=COLORS[fam], label=LABELS[fam])
         for x, y, k in zip(xs, ys, keys):
             ax.annotate(k, (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
     ax.set(xscale="log", yscale="log", xlabel="sampling throughput (tokens/s)",
-           ylabel="generative perplexity (evaluator)", title="Speed-quality (labels: steps)")
-    ax.legend(fontsize=7)
+           ylabel="generative perplexity (evaluator)", title="Speed-quality (labels: sampling steps)")
+    ax.margins(0.08)  # room for the step labels at the ends
+    style.log_ticks(ax, "x")
+    style.log_ticks(ax, "y")
+    style.legend_outside(ax)
     return fig
 
 
 def _plot_losses(hist) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for i, (fam, h) in enumerate(hist.items()):
-        ax.plot([r["step"] for r in h], [nats_to_bpb(r["nelbo"]) for r in h], color=f"C{i}",
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for fam, h in hist.items():
+        ax.plot([r["step"] for r in h], [nats_to_bpb(r["nelbo"]) for r in h], color=COLORS[fam],
                 label=LABELS[fam])
     ax.set(xlabel="step", ylabel="training-batch NELBO (bits/byte)",
            title="Training curves (reference size)")
-    ax.legend(fontsize=7)
+    style.integer_ticks(ax, "x")
+    style.legend_outside(ax)
     return fig
 
 
