@@ -148,7 +148,7 @@ _RAW_KEY = re.compile(r"(?<![\w\\])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?!\w)")
 
 
 def _texts(fig: plt.Figure) -> list[str]:
-    out = [fig._suptitle.get_text()] if fig._suptitle is not None else []
+    out = [t.get_text() for t in (fig._suptitle, fig._supxlabel, fig._supylabel) if t is not None]
     for ax in fig.axes:
         out += [ax.get_xlabel(), ax.get_ylabel(), ax.get_title()]
         legend = ax.get_legend()
@@ -173,16 +173,19 @@ def raw_key_labels(fig: plt.Figure) -> list[str]:
 def unlabelled_axes(fig: plt.Figure) -> list[str]:
     """``"panel i: x"`` / ``"panel i: y"`` for each panel with data whose axis has no label and
     shares it with no labelled panel (a shared y label on the left column, a shared x label on the
-    bottom row, count). A categorical x axis (bars named by their tick labels) needs no label."""
+    bottom row, count, and so do the figure's ``supxlabel`` / ``supylabel``). A categorical x axis
+    (bars named by their tick labels) needs no label."""
     missing = []
+    sup_x = fig._supxlabel is not None and fig._supxlabel.get_text()
+    sup_y = fig._supylabel is not None and fig._supylabel.get_text()
     for i, ax in enumerate(fig.axes):
         if not ax.get_visible() or not ax.has_data():
             continue
-        if not any(s.get_xlabel() for s in ax.get_shared_x_axes().get_siblings(ax)):
+        if not sup_x and not any(s.get_xlabel() for s in ax.get_shared_x_axes().get_siblings(ax)):
             categorical = bool(ax.patches) and all(t.get_text() for t in ax.get_xticklabels())
             if not categorical:
                 missing.append(f"panel {i}: x")
-        if not any(s.get_ylabel() for s in ax.get_shared_y_axes().get_siblings(ax)):
+        if not sup_y and not any(s.get_ylabel() for s in ax.get_shared_y_axes().get_siblings(ax)):
             missing.append(f"panel {i}: y")
     return missing
 

@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 import algorithms.benchmark_game as bg
+from core import figures as style
 from core import report, timing
 from experiments import common
 
@@ -37,13 +38,14 @@ def game_labels(config: ml_collections.ConfigDict) -> dict[str, str]:
 
 def _plot_counts(results):
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for label, r, style in results:
-        ax.step(r["deltas"], r["n_pure_ne"], where="mid", label=label, **style)
-        ax.axvline(r["delta_star_closed_form"], color=style["color"], ls=":", lw=1)
+    for label, r, line in results:
+        ax.step(r["deltas"], r["n_pure_ne"], where="mid", label=label, **line)
+        ax.axvline(r["delta_star_closed_form"], color=line["color"], ls=":", lw=1)
     ax.set_xlabel("tune-before-test training $\\Delta$")
     ax.set_ylabel("number of pure Nash equilibria")
     ax.set_title("Pure equilibria vs $\\Delta$ (dotted: closed-form $\\Delta^*$)")
-    ax.legend(fontsize=8)
+    style.integer_ticks(ax, "y")
+    style.legend_outside(ax, fontsize=8)
     return fig
 
 
@@ -55,7 +57,7 @@ def _plot_gaps(add, logit):
         ax.set_xlabel("quality gap $\\theta_1 - \\theta_2$")
         ax.set_ylabel("$\\Delta^*$")
         ax.set_title(f"two providers, {title}")
-        ax.legend(fontsize=8)
+    style.figure_legend(fig, fontsize=8)
     return fig
 
 
@@ -65,8 +67,9 @@ def _plot_designer(r, objective, cost_per_delta, label):
     ax.plot(r["deltas"], objective, "s-", ms=3, label=f"objective $\\tau - {cost_per_delta:g}\\,\\Delta$")
     ax.axvline(r["delta_star_closed_form"], color="gray", ls=":", lw=1, label="closed-form $\\Delta^*$")
     ax.set_xlabel("tune-before-test training $\\Delta$")
+    ax.set_ylabel("Kendall $\\tau$ / objective")
     ax.set_title(f"The designer's objective ({label})")
-    ax.legend(fontsize=8)
+    style.legend_outside(ax, fontsize=8)
     return fig
 
 

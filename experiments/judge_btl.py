@@ -30,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from algorithms.ranking import data, speed, studies
+from core import figures as style
 from core import report, timing
 from core.data import judgments
 from experiments import common
@@ -69,13 +70,14 @@ def _recovery_figure(truth, sim):
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     axes[0].errorbar(truth.scores, sim["scores_hat"], yerr=1.96 * sim["scores_se"], fmt="o", ms=3)
     lim = float(np.max(np.abs(truth.scores))) * 1.15
-    axes[0].plot([-lim, lim], [-lim, lim], "k--", lw=0.8)
-    axes[0].set(xlabel="true score s", ylabel="estimated score (95% CI)", title="scores")
+    axes[0].plot([-lim, lim], [-lim, lim], "k--", lw=0.8, label="perfect recovery (y = x)")
+    axes[0].set(xlabel="true score $s$", ylabel="estimated score (95% CI)", title="scores")
     axes[1].errorbar(sim["gamma_true"], sim["gamma_hat"], yerr=1.96 * sim["gamma_se"], fmt="o", ms=3)
     g = float(np.max(sim["gamma_true"])) * 1.2
-    axes[1].plot([0, g], [0, g], "k--", lw=0.8)
-    axes[1].set(xlabel="true discrimination gamma", ylabel="estimated gamma (95% CI, delta method)",
+    axes[1].plot([0, g], [0, g], "k--", lw=0.8, label="perfect recovery (y = x)")
+    axes[1].set(xlabel="true discrimination $\\gamma$", ylabel="estimated $\\gamma$ (95% CI, delta method)",
                 title="judges (reliable, near random, adversarial)")
+    style.figure_legend(fig)
     return fig
 
 
@@ -88,15 +90,16 @@ def _real_figures(config, d, r):
     ax.plot(r["rank"][order], y, "k|", ms=8, label="estimated rank")
     ax.set_yticks(y, [f"{d['models'][k]} ({r['scores'][k]:+.2f})" for k in order], fontsize=6)
     ax.invert_yaxis()
-    ax.set(xlabel="rank (1 = best)")
+    ax.set(xlabel="rank (1 = best)", ylabel="model (estimated score)")
     ax.set_title(f"{d['name']}, judge-aware MAP (ridge on alpha = {r['ridge_alpha']:g}): "
                  f"{config.level:.0%} rank intervals", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    style.legend_outside(ax)
     fig2, ax = plt.subplots(figsize=(6, 4))
     ax.errorbar(r["comparisons_per_judge"], r["gamma"], yerr=1.96 * r["gamma_se"], fmt="o", ms=3, alpha=0.6)
-    ax.axhline(1.0, color="k", lw=0.8, ls="--")
-    ax.set(xscale="log", xlabel="comparisons by the judge", ylabel="discrimination gamma (95% CI)",
+    ax.axhline(1.0, color="k", lw=0.8, ls="--", label="$\\gamma = 1$ (plain BTL)")
+    ax.set(xscale="log", xlabel="comparisons by the judge", ylabel="discrimination $\\gamma$ (95% CI)",
            title=f"{d['name']}: judges")
+    style.legend_outside(ax)
     stem = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in d["name"]) or "data"
     return {f"{stem}_rank_intervals": fig1, f"{stem}_judges": fig2}
 
@@ -263,7 +266,9 @@ def _body(config, m) -> str:
             ["simulated data sets left out of the coverage (no finite MLE, or no convergence)", "",
              f"{cov['num_dropped']} of {cov['num_datasets']} ({cov['dropped_fraction']:.1%})"],
             [f"95% CI coverage of s_i, expected information (over the {cov['num_used']} data sets "
-             "kept)", "[0.93, 0.97]", cov["scores"]],
+             "kept; +- its Monte Carlo standard error)", "[0.93, 0.97]",
+             f"{cov['scores']:.4g}" + ("" if cov.get("scores_mc_se") is None
+                                      else f" +- {cov['scores_mc_se']:.4f}")],
             ["  ... of s_i - s_j / of alpha_k", "[0.93, 0.97]",
              f"{cov['differences']:.3f} / {cov['log_discrimination']:.3f}"],
             ["  ... s_i / s_i - s_j / alpha_k with the observed information", "",

@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from algorithms.lm import evaluation, training
+from core import figures as style
 from core import report
 from core.data import ByteTokenizer
 from core.data.text import sequential_windows
@@ -28,6 +29,20 @@ from models.sampling import generate
 from models.transformer import forward_flops_per_token, param_count
 
 NAME = "lm"
+
+
+def loss_figure(hist: list[dict], val_bpb: float, bigram_bpb: float) -> plt.Figure:
+    """The training loss in bits per byte against the step (``hist``: the records of
+    ``train_metrics.jsonl``, keys ``step`` and ``loss`` in nats per byte), with the held-out and
+    bigram bits per byte as horizontal lines."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    ax.plot([h["step"] for h in hist], [h["loss"] / math.log(2) for h in hist], label="train (batch)")
+    ax.axhline(val_bpb, color="C1", ls="--", label=f"held-out {val_bpb:.3f}")
+    ax.axhline(bigram_bpb, color="C2", ls=":", label=f"bigram {bigram_bpb:.3f}")
+    ax.set(xlabel="step", ylabel="bits per byte", title="Byte-level LM on Shakespeare")
+    style.integer_ticks(ax, "x")
+    style.legend_outside(ax)
+    return fig
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
@@ -58,12 +73,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "val_bytes": int(corpus.val.size), "resumed_from": result.resumed_from,
     }
     hist = report.read_json_lines(os.path.join(out, "train_metrics.jsonl"))
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([h["step"] for h in hist], [h["loss"] / math.log(2) for h in hist], label="train")
-    ax.axhline(val_bpb, color="C1", ls="--", label=f"held-out {val_bpb:.3f}")
-    ax.axhline(bigram, color="C2", ls=":", label=f"bigram {bigram:.3f}")
-    ax.set(xlabel="step", ylabel="bits per byte", title="Byte-level LM on Shakespeare")
-    ax.legend()
+    fig = loss_figure(hist, val_bpb, bigram)
 
     body = "\n".join([
         report.markdown_table(

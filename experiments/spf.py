@@ -36,6 +36,7 @@ from algorithms.spf.training import (  # noqa: F401  (EpisodeBatches, data_paral
     make_problem,
     spf_training,
 )
+from core import figures as style
 from core import report
 from core.timing import Stopwatch
 from core.training import LoopConfig, config_fingerprint, train_loop
@@ -45,6 +46,7 @@ NAME = "spf"
 LABELS = {"spf": "SPF (ours)", "sgd": "SGD (constant step)", "sgd_decay": "SGD (decaying step)",
           "adam": "Adam", "pc": "prediction-correction", "rls": "RLS (forgetting)",
           "kalman": "Kalman filter (oracle model)"}
+COLORS = style.method_colors(LABELS)  # a method's colour in every panel and figure
 
 
 def train(problem, cfg: S.SPFConfig, config, out: str, name: str):
@@ -115,33 +117,34 @@ def _figures(results, scale) -> dict:
     fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.4), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items(), strict=True):
         for m, c in r["curves"].items():
-            ax.plot(np.arange(len(c)) * r["problem"]["dt"], c, label=LABELS[m],
+            ax.plot(np.arange(len(c)) * r["problem"]["dt"], c, label=LABELS[m], color=COLORS[m],
                     lw=2.0 if m == "spf" else 1.0, ls="--" if m == "kalman" else "-")
-        ax.set(yscale="log", xlabel="time t", ylabel="||x_t - x*(t)||^2", title=name)
-    axes[0][0].legend(fontsize=7)
+        ax.set(yscale="log", xlabel="time t", ylabel="tracking error $\\|x_t - x^*(t)\\|^2$", title=name)
+    style.figure_legend(fig)
     figs["tracking_error"] = fig
     if scale:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.4))
         for m in scale["seconds_per_step"]:
             nan = lambda vs: [np.nan if v is None else v for v in vs]  # noqa: E731
             a1.plot(scale["dims"], np.asarray(nan(scale["seconds_per_step"][m])) * 1e3, "o-",
-                    label=LABELS[m])
-            a2.plot(scale["dims"], nan(scale["relative_error"][m]), "o-", label=LABELS[m])
+                    label=LABELS[m], color=COLORS[m])
+            a2.plot(scale["dims"], nan(scale["relative_error"][m]), "o-", label=LABELS[m], color=COLORS[m])
         a1.set(xscale="log", yscale="log", xlabel="dimension d", ylabel="ms per step",
                title="time per step")
-        a2.set(xscale="log", xlabel="dimension d", ylabel="||x - x*||^2 / ||x*||^2",
+        a2.set(xscale="log", xlabel="dimension d", ylabel="$\\|x - x^*\\|^2 / \\|x^*\\|^2$",
                title="tracking error vs d (lsq rotation)")
-        a1.legend(fontsize=7)
+        style.figure_legend(fig)
         figs["scaling"] = fig
     mem = [(name, r["noise_memory"]) for name, r in results.items() if r["noise_memory"]]
     if mem:
         fig, axes = plt.subplots(1, len(mem), figsize=(4.6 * len(mem), 3.4), squeeze=False)
         for ax, (name, nm) in zip(axes[0], mem, strict=True):
             for m, v in nm.items():
-                ax.plot(np.asarray(v["by_lag"])[:60], label=LABELS[m])
-            ax.set(yscale="log", xlabel="lag T - 1 - k (steps)", ylabel="|d x_T / d eps_k|^2",
+                ax.plot(np.asarray(v["by_lag"])[:60], label=LABELS[m], color=COLORS[m])
+            ax.set(yscale="log", xlabel="lag $T - 1 - k$ (steps)",
+                   ylabel="$|\\partial x_T / \\partial \\varepsilon_k|^2$",
                    title=f"noise memory (Malliavin diagnostic), {name}")
-        axes[0][0].legend(fontsize=7)
+        style.figure_legend(fig)
         figs["noise_memory"] = fig
     return figs
 
@@ -162,6 +165,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
             config.burn_in)
         scale["spf_params"] = S.param_count(params)
     wins = sum(r["vs_best_baseline"]["outcome"] == "wins" for r in results.values())
+    ties = sum(r["vs_best_baseline"]["outcome"] == "ties" for r in results.values())
     ratio = max((s / g for s, g in zip(scale["relative_error"]["spf"],
                                        scale["relative_error"]["sgd"], strict=True)),
                 default=None) if scale else None
@@ -171,7 +175,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                         f"({r['vs_best_baseline']['outcome']})" for n, r in results.items())
     metrics = {"problems": {n: {k: v for k, v in r.items() if k not in ("model", "curves")}
                             for n, r in results.items()},
-               "scaling": scale, "spf_wins": wins, "num_problems": len(results),
+               "scaling": scale, "spf_wins": wins, "spf_ties": ties, "num_problems": len(results),
                "scaling_error_vs_sgd": ratio, "summary": summary}
     return report.finish(out, title="Stochastic Path Follower (spf)", metrics=metrics,
                          body=_body(config, results, scale), claim=config.claim,

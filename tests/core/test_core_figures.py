@@ -124,6 +124,14 @@ def test_unlabelled_axes_honours_shared_labels_and_categorical_bars():
     ax.bar(["qvg", "kivi"], [1, 2])
     ax.set_ylabel("bits per byte")
     assert figures.unlabelled_axes(fig) == []
+    fig, axes = plt.subplots(2, 2)
+    for ax in axes.flat:
+        ax.plot([1, 2], [1, 2])
+    fig.supxlabel("steps from the forecast origin")
+    assert figures.unlabelled_axes(fig) == ["panel 0: y", "panel 1: y", "panel 2: y", "panel 3: y"]
+    fig.supylabel("value_std")
+    assert figures.unlabelled_axes(fig) == []
+    assert figures.raw_key_labels(fig) == ["value_std"]
 
 
 def test_method_colors_are_fixed_by_the_full_list():
