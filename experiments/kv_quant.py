@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from algorithms.kv_budget import cache as budget_cache
 from algorithms.kv_budget import entrokv, quality
+from core import figures as style
 from core import report, timing
 from experiments import common, measured_model
 from experiments.configs import kv_quant as kv_quant_config
@@ -41,6 +42,9 @@ from models import kv_cache as kvc
 
 NAME = "kv_quant"
 METHODS = ("qvg", "qvg_pro", "kivi")
+LABELS = {"qvg": "QVG", "qvg_pro": "QVG-Pro", "kivi": "KIVI"}
+# One colour per cache in both panels; the full-precision cache in grey.
+COLORS = {**style.method_colors(("qvg", "qvg_pro", "kivi", "entrokv", "uniform")), "full": "0.55"}
 
 
 def _configs(config, head_dim):
@@ -145,25 +149,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
 
 
 def _figure(config, metrics, unit):
-    """Error vs true bits (LM and synthetic) and held-out bpb per cache."""
+    """Error vs true bits (LM and synthetic) and held-out bpb per cache (bars from 0, each with its
+    value, so a 0.01 difference looks as small as it is)."""
     syn = metrics["synthetic"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for m, mk in zip(METHODS, "os^", strict=True):
         axes[0].scatter(metrics[f"{m}_effective_bits"], metrics[f"{m}_rel_err"], marker=mk,
-                        label=f"{m} (LM)")
+                        color=COLORS[m], label=f"{LABELS[m]} (LM)")
         axes[0].scatter(syn[m]["effective_bits"], syn[m]["rel_err"], marker=mk,
-                        facecolors="none", edgecolors="k", label=f"{m} (synthetic)")
-    axes[0].set(xlabel="true bits per element", ylabel="attention rel. error",
+                        facecolors="none", edgecolors=COLORS[m], label=f"{LABELS[m]} (synthetic)")
+    axes[0].set(xlabel="true bits per element", ylabel="attention relative error",
                 title=f"Error vs true bits (INT{config.bits})")
-    axes[0].legend(fontsize=7)
+    style.legend_outside(axes[0])
     pct = round(100 * config.budget_fraction)
-    names = ["full", "qvg", "kivi", f"entrokv {pct}%", f"uniform {pct}%"]
+    keys = ("full", "qvg", "kivi", "entrokv", "uniform")
+    names = ["full", "QVG", "KIVI", f"EntroKV\n{pct}%", f"uniform\n{pct}%"]
     vals = [metrics[f"bpb_{m}"] for m in ("full", "qvg", "kivi", f"entrokv_{pct}pct",
                                            f"uniform_{pct}pct")]
-    axes[1].bar(names, vals, color=["C0", "C1", "C2", "C3", "C4"])
-    axes[1].set_ylim(min(vals) * 0.97, max(vals) * 1.02)
+    bars = axes[1].bar(names, vals, color=[COLORS[k] for k in keys])
+    axes[1].bar_label(bars, fmt="%.3f", fontsize=7)
+    style.include_baseline(axes[1], 0.0)
     axes[1].set(ylabel=f"held-out {unit}", title="Decoding through each cache")
-    axes[1].tick_params(axis="x", labelsize=7)
+    axes[1].tick_params(axis="x", labelsize=8)
     return fig
 
 
