@@ -34,6 +34,7 @@ from algorithms.rl_scaling import (
     trainer,
     warmstart,
 )
+from core import figures as style
 from core import report
 from core.timing import Stopwatch
 from experiments import common
@@ -68,35 +69,45 @@ def validate(config: ml_collections.ConfigDict) -> tuple[int, ...]:
 
 
 def plot_nstar(nstar: dict, fits: dict) -> plt.Figure:
+    """n*(C) per split with its 90% interval and the two fitted laws (leave-one-out MSE of each in
+    the panel's title)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for ax, split in zip(axes, ("easy", "hard")):
         rows, f = nstar[split], fits[split]
         c = np.asarray([r["budget"] for r in rows], float)
         y = np.asarray([r["n_star"] for r in rows])
         err = np.stack([y - [r["lo"] for r in rows], np.asarray([r["hi"] for r in rows]) - y])
-        ax.errorbar(c, y, yerr=np.maximum(err, 0), fmt="o", capsize=3, label="n*(C), 90% CI")
+        ax.errorbar(c, y, yerr=np.maximum(err, 0), fmt="o", capsize=3, label="$n^*(C)$, 90% CI")
         grid = np.linspace(np.log2(c.min()), np.log2(c.max()), 50)
-        ax.plot(2**grid, 2**fit.power_law(grid, **f["power"]), "--",
-                label=f"power law (LOO {f['loo_mse_power']:.2f})")
-        ax.plot(2**grid, 2**fit.sigmoid_law(grid, **f["sigmoid"]), "-",
-                label=f"sigmoid (LOO {f['loo_mse_sigmoid']:.2f})")
+        ax.plot(2**grid, 2**fit.power_law(grid, **f["power"]), "--", label="power law")
+        ax.plot(2**grid, 2**fit.sigmoid_law(grid, **f["sigmoid"]), "-", label="sigmoid")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
-        ax.set(xlabel="rollout budget C", ylabel="n*", title=f"{split} split")
-        ax.legend(fontsize=7)
+        ax.set(xlabel="rollout budget C", ylabel="best rollouts per problem $n^*$")
+        ax.set_title(f"{split} split (LOO MSE: power {f['loo_mse_power']:.2f}, "
+                     f"sigmoid {f['loo_mse_sigmoid']:.2f})", fontsize=9)
+    style.figure_legend(fig)
     return fig
 
 
+# Axis labels of the sweep's objectives (analysis.OBJECTIVES); {k} is the sweep's pass_k.
+OBJECTIVE_LABELS = {"easy_pass1": "held-out pass@1, easy sums", "hard_passk": "held-out pass@{k}, hard sums"}
+
+
 def plot_curves(records: list, cfg: sweep.SweepConfig) -> plt.Figure:
+    """The best-B_p iso-compute curves: per split, the objective against the budget for each n."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    colors = style.method_colors(cfg.ns)
     for ax, (split, obj) in zip(axes, analysis.OBJECTIVES.items()):
         for n in cfg.ns:
             pts = [(c, v.mean()) for c in cfg.budgets
                    for p, v, _ in [analysis.best_curve(records, c, [n], obj, cfg.num_seeds)] if p]
-            ax.plot(*zip(*pts), "o-", label=f"n={n}")
+            if pts:
+                ax.plot(*zip(*pts), "o-", color=colors[n], label=f"n = {n}")
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="rollout budget C", ylabel=f"{split} held-out {obj}")
-    axes[0].legend(fontsize=8)
+        ax.set(xlabel="rollout budget C", ylabel=style.readable(obj, OBJECTIVE_LABELS).format(k=cfg.pass_k),
+               title=f"{split} split")
+    style.figure_legend(fig, fontsize=8, title="rollouts per problem", title_fontsize=8)
     return fig
 
 
