@@ -65,7 +65,7 @@ def _bpb(graphdef, params, windows, backend, prompt_len, keep=None):
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     out = common.experiment_dir(workdir, NAME)
-    model = measured_model.load(config, workdir)
+    model = measured_model.load(config, workdir, NAME)
     d, seq = model.config.dim_per_head, min(config.context, model.config.max_len)
     if model.is_checkpoint:
         kv_quant_config.check_model_shapes(config, d, model.config.max_len,

@@ -8,27 +8,37 @@ field ``checkpoint=DIR`` it is a local Hugging Face Llama / Qwen2 / Mistral dire
 its own tokenizer. The text is the config field ``text`` (a UTF-8 file) or, when empty, the
 held-out Shakespeare plays of :mod:`core.data.text` (for the byte LM: its own held-out split).
 
-Nothing is downloaded: the numbers describe whatever weights the directory holds.
+When the lm's checkpoint is missing or unfinished, :func:`load` trains it first, saying so in
+one line and then showing the lm's usual progress (a stall watcher sees its output and its files in
+``<workdir>/lm``).
+
+Nothing is downloaded: the numbers describe whatever weights the directory holds, and the report's
+note says which kind they are (:func:`weights_note`: trained, or no better than chance on the text).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
+import sys
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from core import files
 from core.data.files import read_text
 from core.data.text import ByteTokenizer, load_corpus, sequential_windows
 from models import capture
 
-CHECKPOINT_NOTE = ("No pretrained weights can be downloaded on these machines: the checkpoint is "
-                   "whatever local directory was given, and a random tiny checkpoint only proves "
-                   "the plumbing (its numbers say nothing about the method).")
+# Tokens of the text on which :func:`weights_note` measures the checkpoint's loss.
+NOTE_TOKENS = 128
+# A loss at or above this fraction of log V (a uniform guess over the vocabulary) is untrained.
+CHANCE_FRACTION = 0.9
 DEFAULT_TEXT = "held-out Shakespeare plays (core.data.text)"
 
 
@@ -44,7 +54,8 @@ class MeasuredModel:
       prefix: special ids each window starts with (the tokenizer's BOS, if it adds one).
       info: what was measured, written to metrics.json under ``model``: ``kind``
         (``"byte_lm"`` or ``"checkpoint"``), ``checkpoint`` (its path), ``architecture``, sizes,
-        ``text``, ``text_tokens``, and for a checkpoint ``note`` (:data:`CHECKPOINT_NOTE`).
+        ``text``, ``text_tokens``, and for a checkpoint ``note`` (:func:`weights_note`),
+        ``note_nll`` and ``note_tokens``.
     """
 
     graphdef: Any
@@ -88,7 +99,7 @@ class MeasuredModel:
 
     def describe(self) -> str:
         """One paragraph for a report: which model and text were measured (and, for a checkpoint,
-        :data:`CHECKPOINT_NOTE`)."""
+        what its weights are, :func:`weights_note`)."""
         i = self.info
         sizes = (f"{i['layers']} layer{'s' if i['layers'] != 1 else ''}, {i['heads']} query / "
                  f"{i['kv_heads']} kv heads, head dim "
@@ -115,8 +126,61 @@ def _read_text(path: str) -> str:
     return read_text(path, "config field text =")
 
 
-def load(config: ml_collections.ConfigDict, workdir: str) -> MeasuredModel:
+def weights_note(nll: float, tokens: int, vocab_size: int) -> str:
+    """What a report says about a local checkpoint's weights, from its mean next-token loss.
+
+    Args:
+      nll: mean next-token negative log-likelihood, nats per token, on ``tokens`` text tokens.
+      tokens: how many tokens it was measured on.
+      vocab_size: V; a uniform guess scores ``log V``.
+
+    Returns:
+      A loss of at least :data:`CHANCE_FRACTION` x ``log V`` says the weights are untrained (a
+      random test checkpoint: the numbers only prove the plumbing); a lower one gives the loss
+      beside ``log V``. Both say the weights were read locally, nothing downloaded.
+    """
+    chance = math.log(vocab_size)
+    measured = (f"{nll:.2f} nats per token on the first {tokens} tokens of the text, against "
+                f"log V = {chance:.2f} for a uniform guess over its {vocab_size:,} tokens")
+    if nll >= CHANCE_FRACTION * chance:
+        return (f"Its weights, read from the local directory (nothing is downloaded), predict the "
+                f"text no better than chance ({measured}): they are untrained, e.g. a random test "
+                "checkpoint, so these numbers only prove the plumbing, not the method.")
+    return (f"Its weights were read from the local directory as given (nothing is downloaded) "
+            f"and predict the text: {measured}.")
+
+
+def _mean_nll(graphdef, params, ids: np.ndarray) -> float:
+    """Mean next-token loss (nats) of int32 [L] ``ids`` under the model."""
+    from flax import nnx
+
+    from models.losses import next_token_nll
+
+    tokens = jnp.asarray(ids, jnp.int32)[None]
+    return float(next_token_nll(nnx.merge(graphdef, params)(tokens), tokens).mean())
+
+
+def _lm_checkpoint_step(lm_dir: str) -> int | None:
+    """The newest checkpoint step in ``<lm_dir>/checkpoints``, or ``None`` when there is none."""
+    from core.checkpoint import Checkpointer
+
+    directory = files.join(lm_dir, "checkpoints")
+    if not files.exists(directory):
+        return None
+    ckpt = Checkpointer(directory)
+    try:
+        return ckpt.latest_step()
+    finally:
+        ckpt.close()
+
+
+def load(config: ml_collections.ConfigDict, workdir: str,
+         experiment: str = "this experiment") -> MeasuredModel:
     """The model ``config`` names (fields ``checkpoint``, ``text``, ``lm_config``).
+
+    Without ``checkpoint``, the lm experiment's model in ``<workdir>/lm`` is restored; when its
+    checkpoint is missing or short of the lm config's ``steps``, it is trained there first: one
+    line on stderr says so and why (naming ``experiment``), then the lm's progress bar runs.
 
     Raises:
       ValueError: an unreadable or unsupported checkpoint or tokenizer (naming the file, see
@@ -130,8 +194,16 @@ def load(config: ml_collections.ConfigDict, workdir: str) -> MeasuredModel:
     from experiments.configs import lm as lm_config
 
     # The lm experiment's model (trained now if absent or unfinished; a finished run is restored).
-    lm = training.train(lm_config.get_config(config.lm_config or "tiny"),
-                        common.experiment_dir(workdir, "lm"), progress=False)
+    lm_cfg = lm_config.get_config(config.lm_config or "tiny")
+    lm_dir = common.experiment_dir(workdir, "lm")
+    step = _lm_checkpoint_step(lm_dir)
+    if step is None or step < lm_cfg.steps:
+        why = (f"no lm checkpoint in {files.display(lm_dir)}" if step is None else
+               f"the lm checkpoint in {files.display(lm_dir)} stops at step {step}")
+        print(f"{experiment}: training the lm first ({lm_cfg.steps} steps of lm config "
+              f"{config.lm_config or 'tiny'!r}): {why}, and its model is the one "
+              f"{experiment} measures", file=sys.stderr, flush=True)
+    lm = training.train(lm_cfg, lm_dir, desc=f"lm (for {experiment})")
     graphdef, params, mcfg, corpus = lm.graphdef, lm.params, lm.model_config, lm.corpus
     if config.text:
         text = ByteTokenizer().encode(_read_text(config.text))
@@ -146,6 +218,7 @@ def load(config: ml_collections.ConfigDict, workdir: str) -> MeasuredModel:
 
 
 def _load_checkpoint(path: str, text_path: str) -> MeasuredModel:
+    """A Hugging Face checkpoint and its held-out text (see :func:`load`)."""
     from models import hf_checkpoint as hfc
 
     tokenizer = hfc.load_tokenizer(path)
@@ -169,9 +242,15 @@ def _load_checkpoint(path: str, text_path: str) -> MeasuredModel:
     if top >= ck.config.vocab_size:
         raise ValueError(f"{os.path.join(path, 'tokenizer.json')}: token id {top} is outside the "
                          f"model's vocabulary of {ck.config.vocab_size} (config.json)")
+    first = np.concatenate([np.asarray(prefix, np.int32),
+                            ids[:min(NOTE_TOKENS, ck.config.max_len) - k]])
+    nll = _mean_nll(ck.graphdef, ck.params, first) if first.size > 1 else None
     info = {"kind": "checkpoint", "checkpoint": os.path.abspath(path),
             "architecture": ck.config.model_type, **_sizes(ck.config),
             "params": int(sum(x.size for x in jax.tree.leaves(ck.params))),
             "text": text_path or DEFAULT_TEXT, "text_tokens": int(ids.size),
-            "prefix_tokens": list(prefix), "note": CHECKPOINT_NOTE}
+            "prefix_tokens": list(prefix), "note_nll": nll, "note_tokens": int(first.size),
+            "note": weights_note(nll, int(first.size), ck.config.vocab_size)
+            if first.size > 1 else "Its weights were read from the local directory as given "
+            "(nothing is downloaded); the text is too short to measure them."}
     return MeasuredModel(ck.graphdef, ck.params, ck.config, ids, prefix, info)

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
 
+from core import figures as style
 from core import report, timing
 from experiments import common, measured_model
 from kernels.sparse_decode import benchmark, workload
@@ -109,27 +110,34 @@ def greedy_match(config, model: measured_model.MeasuredModel) -> dict:
 
 
 def speed_figure(rows, real, label):
+    """Decode time per step against the context (smallest batch) and the softmax mass and share of
+    pages that FFD and Quest keep on the real model; one legend beside both panels."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
     b1 = [r for r in rows if r["batch"] == min(r["batch"] for r in rows)]
     ctx = [r["context"] for r in b1]
     for name, key in (("dense", "dense_ms"), ("FFD, top-delta", "ffd_ms"),
                       ("FFD, top-k budget", "ffd_budget_ms"), ("Quest", "quest_ms")):
         ax1.plot(ctx, [r[key] for r in b1], "o-", label=name)
-    ax1.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per decode step",
+    ax1.set_xscale("log", base=2)
+    ax1.set(yscale="log", xlabel="context (tokens)", ylabel="ms per decode step",
             title="Decode attention (concentrated workload)")
-    ax1.legend(fontsize=8)
-    ax2.bar(np.arange(2) - 0.2, [real["kept_mass"], real["quest_kept_mass"]], 0.4, label="kept mass")
-    ax2.bar(np.arange(2) + 0.2, [real["density"], real["quest_density"]], 0.4, label="density")
+    ax1.set_xticks(ctx, [f"{c // 1024}k" if c % 1024 == 0 else str(c) for c in ctx])
+    ax1.xaxis.set_minor_formatter(plt.NullFormatter())
+    style.log_ticks(ax1, "y")
+    ax2.bar(np.arange(2) - 0.2, [real["kept_mass"], real["quest_kept_mass"]], 0.4, color="C4",
+            label="kept softmax mass")
+    ax2.bar(np.arange(2) + 0.2, [real["density"], real["quest_density"]], 0.4, color="C5",
+            label="density (share of pages read)")
     ax2.set_xticks(range(2), ["FFD", "Quest"])
-    ax2.set(ylim=(0, 1.05), title=f"{label} captures, {real['context']} tokens")
-    ax2.legend()
+    ax2.set(ylim=(0, 1.05), ylabel="fraction", title=f"{label} captures, {real['context']} tokens")
+    style.figure_legend(fig)
     return fig
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     out = common.experiment_dir(workdir, NAME)
     with timing.Stopwatch() as sw:
-        model = measured_model.load(config, workdir)
+        model = measured_model.load(config, workdir, NAME)
         if model.config.dim_per_head % 16:
             raise ValueError(f"sparse_decode: the model's head dimension {model.config.dim_per_head}"
                              " is not a multiple of 16 (FFD packs 2-bit key codes 16 to a word)")

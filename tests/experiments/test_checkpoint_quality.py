@@ -43,7 +43,24 @@ def _check_model(info, checkpoint):
     assert info["checkpoint"] == os.path.abspath(checkpoint)
     assert (info["layers"], info["heads"], info["kv_heads"], info["head_dim"],
             info["max_len"]) == (1, 2, 1, 16, 128)
-    assert "No pretrained weights can be downloaded" in info["note"]
+    # a random tiny Llama: its loss on the text is about that of a uniform guess, and the note
+    # says the weights are untrained
+    assert info["note_tokens"] > 1
+    assert info["note_nll"] >= measured_model.CHANCE_FRACTION * math.log(info["vocab_size"])
+    assert info["note"] == measured_model.weights_note(info["note_nll"], info["note_tokens"],
+                                                       info["vocab_size"])
+    assert "predict the text no better than chance" in info["note"]
+    assert "nothing is downloaded" in info["note"]
+
+
+def test_the_weights_note_tells_trained_from_untrained_weights():
+    vocab = 32_000  # log V = 10.37
+    trained = measured_model.weights_note(2.5, 128, vocab)
+    assert "2.50 nats per token on the first 128 tokens" in trained and "log V = 10.37" in trained
+    assert "untrained" not in trained and "plumbing" not in trained
+    for nll in (0.9 * math.log(vocab), 12.0):  # at the threshold, and worse than uniform
+        untrained = measured_model.weights_note(nll, 128, vocab)
+        assert "no better than chance" in untrained and "only prove the plumbing" in untrained
 
 
 def test_tokenizer_prefix_and_windows(tiny_llama_checkpoint, tmp_path):
@@ -86,7 +103,7 @@ def test_sparse_decode_measures_the_checkpoint(tiny_llama_checkpoint, tmp_path):
     assert 0.0 <= metrics["greedy"]["greedy_token_match"] <= 1.0
     assert metrics["greedy"]["greedy_tokens"] == 2 * config.greedy_new
     assert os.path.abspath(tiny_llama_checkpoint) in section.body
-    assert "random tiny checkpoint only proves the plumbing" in section.body
+    assert "only prove the plumbing" in section.body
 
 
 def test_kv_quant_measures_the_checkpoint(tiny_llama_checkpoint, tmp_path):
@@ -109,7 +126,7 @@ def test_kv_quant_measures_the_checkpoint(tiny_llama_checkpoint, tmp_path):
     for m in ("qvg", "qvg_pro", "kivi"):
         assert metrics[f"{m}_rel_err"] >= 0.0 and metrics[f"{m}_compression"] > 1.0
     assert os.path.abspath(tiny_llama_checkpoint) in section.body
-    assert "bits per token" in section.body and "only proves the plumbing" in section.body
+    assert "bits per token" in section.body and "only prove the plumbing" in section.body
 
 
 def test_checkpoint_limits_are_refused_naming_the_fields(tiny_llama_checkpoint, tmp_path):
