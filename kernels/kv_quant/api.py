@@ -77,7 +77,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     checks.array(num_quantized, "num_quantized", where, kind="int", shape=(b,))
     checks.integer(num_new, "num_new", where, minimum=1)
     impl = resolve_implementation(implementation)
-    nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
+    nc, n = k_code.codes.shape[2], k_code.codes.shape[4]
     if impl == "pallas_gpu" and implementation in ("auto", None) and not _pow2(n, q.shape[-1]):
         impl = "xla"  # Triton tiles need power-of-two chunk and head dim
     if impl == "reference":

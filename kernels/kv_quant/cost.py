@@ -41,7 +41,7 @@ def _nbytes(shape, dtype) -> int:
 def chunk_bytes(code) -> int:
     """Bytes of one chunk of one (row, kv head) of a :class:`~kernels.kv_quant.reference.QVGCode`
     with fields [B, K, NC, ...]: codes ``N P``, scales ``N NB``, assignments ``S N`` and centroids
-    ``S C D``, in their dtypes (QVG paper Sec. 3; at N = 256, D = 128, INT2, block 64, S = 1,
+    ``S C D``, in their dtypes, tokens minor (QVG paper Sec. 3; at N = 256, D = 128, INT2, block 64, S = 1,
     C = 16: 8192 + 1024 + 256 + 4096 = 13568 bytes, 53 per token)."""
     per = lambda x: _nbytes(x.shape[3:], x.dtype)  # noqa: E731
     return per(code.codes) + per(code.scales) + per(code.assign) + per(code.centroids)
@@ -85,40 +85,45 @@ def rope_table_bytes(num_chunks: int, chunk: int, head_dim: int) -> tuple[int, i
 
 
 def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
-                 rope_terms: int = 1) -> pl.CostEstimate:
-    """Cost of :func:`kernels.kv_quant.pallas_tpu.qvg_chunk_attention` (grid B x K x NC), every
-    chunk quantized.
+                 rope_terms: int = 1, lanes: int | None = None) -> pl.CostEstimate:
+    """Cost of :func:`kernels.kv_quant.pallas_tpu.qvg_chunk_attention` (grid B x K x NC / CB, CB
+    chunks per step), every chunk quantized.
 
     Args:
       q: [B, K, R, D] queries; k_code, v_code: QVGCode fields [B, K, NC, ...] (only shapes and
         dtypes are read); cfg: the QVG config; w: the piece width W; rope: whether keys are
         rotated in the kernel (then the tables of :func:`rope_table_bytes` are read);
         rope_terms: the series terms m
-        (:func:`kernels.kv_quant.pallas_common.rope_series_terms`; 1 up to 128k positions).
+        (:func:`kernels.kv_quant.pallas_common.rope_series_terms`; 1 up to 128k positions);
+        lanes: L, the chunk-start columns per block (default: NC up to 128, else 128).
 
     Returns:
       ``pl.CostEstimate`` with, summed over the B K (row, kv head) pairs:
 
       * bytes: the queries ``R D`` once per pair; per chunk the key and value chunks
-        (:func:`chunk_bytes`) and, with RoPE, the chunk start's block ``3 D / 2`` float32; the
-        output ``R D`` and log-sum-exp ``R`` float32 once per pair; once per call the row
-        offsets ``R`` int32, the scalar-prefetched ``start`` and ``num_quantized``, ``2 B``
-        int32, and with RoPE the frequencies and offsets' tables (their block index never
-        changes, so they are fetched once).
+        (:func:`chunk_bytes`); with RoPE the chunk-start table's lane groups, ``ceil(NC / L)``
+        blocks of ``3 (D / 2) L`` float32 (its block index changes once per group); the output
+        ``R D`` and log-sum-exp ``R`` float32 once per pair; once per call the row offsets ``R``
+        int32, the scalar-prefetched ``start`` and ``num_quantized``, ``2 B`` int32, and with
+        RoPE the frequencies and offsets' tables (their block index never changes, so they are
+        fetched once).
       * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, one-hot matmul),
-        with RoPE the rotation of N keys (:func:`rope_flops`), and :func:`tile_flops` with R
-        rows; per pair the final ``acc / l`` and ``m + log l``, R (D + 1).
+        with RoPE the rotation of N keys (:func:`rope_flops`) and the masked lane sums that pick
+        the chunk start's column, ``3 (D / 2) L``, and :func:`tile_flops` with R rows; per pair
+        the final ``acc / l`` and ``m + log l``, R (D + 1).
       * transcendentals: per chunk R N + R exps; per pair R logs.
     """
     b, kh, r, d = q.shape
-    nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
+    nc, n = k_code.codes.shape[2], k_code.codes.shape[4]
     s, c = cfg.stages, cfg.num_centroids
+    lanes = (nc if nc <= 128 else 128) if lanes is None else lanes
     pairs = b * kh
-    rope_once, rope_chunk = rope_table_bytes(nc, n, d) if rope else (0, 0)
-    per_chunk = chunk_bytes(k_code) + chunk_bytes(v_code) + rope_chunk
-    per_pair = _nbytes((r, d), q.dtype) + nc * per_chunk + _F32 * r * (d + 1)
+    rope_once = rope_table_bytes(nc, n, d)[0] if rope else 0
+    starts = -(-nc // lanes) * _F32 * 3 * (d // 2) * lanes if rope else 0
+    per_pair = (_nbytes((r, d), q.dtype) + nc * (chunk_bytes(k_code) + chunk_bytes(v_code))
+                + starts + _F32 * r * (d + 1))
     once = _nbytes((r,), jnp.int32) + _nbytes((2, b), jnp.int32) + rope_once
-    rot = rope_flops(n, d, rope_terms) if rope else 0
+    rot = rope_flops(n, d, rope_terms) + 3 * (d // 2) * lanes if rope else 0
     flops = nc * (2 * dequant_flops(n, d, s, c, onehot=True) + rot + tile_flops(r, n, d, w))
     flops += r * (d + 1)
     return pl.CostEstimate(flops=int(pairs * flops),
@@ -143,16 +148,15 @@ def qvg_gpu_cost(qp, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool, num_
         ``ceil(NC / ceil(NC / NS))`` programs that hold a chunk, the queries ``Rp D`` and, with
         RoPE, the frequencies' and offsets' tables (:func:`rope_table_bytes`; later tiles reload
         them from cache); per chunk the key and value chunks (:func:`chunk_bytes`: the centroid
-        table once per chunk; the pointer gather of the tokens' rows re-reads it from cache) and,
-        with RoPE, the chunk start's row ``3 D / 2`` float32; the partials ``NS Rp (D + 2)``
-        float32.
-      * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, gathered centroids:
-        no matmul), with RoPE the rotation of N keys (:func:`rope_flops`), and :func:`tile_flops`
-        with Rp rows per tile of BN tokens.
+        table once per chunk; the chunk's later tiles re-read it from cache) and, with RoPE, the
+        chunk start's column ``3 D / 2`` float32; the partials ``NS Rp (D + 2)`` float32.
+      * flops: per chunk, keys and values dequantized (:func:`dequant_flops` with the one-hot
+        matmul ``C_s^T @ onehot``), with RoPE the rotation of N keys (:func:`rope_flops`), and
+        :func:`tile_flops` with Rp rows per tile of BN tokens.
       * transcendentals: per tile Rp BN + Rp exps.
     """
     b, kh, rows, d = qp.shape
-    nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
+    nc, n = k_code.codes.shape[2], k_code.codes.shape[4]
     s, c = cfg.stages, cfg.num_centroids
     pairs = b * kh
     tiles = n // block_n  # per chunk
@@ -163,7 +167,7 @@ def qvg_gpu_cost(qp, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool, num_
                 + nc * (chunk_bytes(k_code) + chunk_bytes(v_code) + rope_chunk)
                 + num_splits * _F32 * rows * (d + 2))
     rot = rope_flops(n, d, rope_terms) if rope else 0
-    flops = nc * (2 * dequant_flops(n, d, s, c, onehot=False) + rot
+    flops = nc * (2 * dequant_flops(n, d, s, c, onehot=True) + rot
                   + tiles * tile_flops(rows, block_n, d, w))
     trans = nc * tiles * (rows * block_n + rows)
     return pl.CostEstimate(flops=int(pairs * flops), transcendentals=int(pairs * trans),

@@ -1,17 +1,19 @@
 """In-kernel QVG dequantization and the online-softmax step shared by the Pallas kernels.
 
-Dimensions as in :mod:`kernels.kv_quant.reference`; W is the piece width (below), Rp query rows.
+Dimensions as in :mod:`kernels.kv_quant.reference`; W is the piece width (below), T the tokens
+dequantized at once (a chunk on TPU, a tile on GPU), Rp query rows.
 
-A chunk is dequantized in column pieces of W channels, W = gcd(P, block, D / 2 with RoPE else D),
-so each piece lies inside one bit plane of the planar packing, one scale block and one RoPE half.
-A piece is then a static slice of every operand: bytes ``[b0, b0 + W)`` of plane ``j`` shifted
-right by ``j * bits`` and masked, times its block's scale column, plus the stage centroids
-gathered by a one-hot matmul. No concatenation, reshape or gather is needed inside the kernel, which
-keeps the same code valid for Mosaic TPU and Triton.
+The cache stores a chunk tokens minor (:class:`~kernels.kv_quant.reference.QVGCode`: codes
+[P, N], scales [NB, N], assignments [S, N]), and the kernels dequantize it in that orientation:
+channels on sublanes, tokens on lanes. A chunk is dequantized in row pieces of W channels,
+W = gcd(P, block, D / 2 with RoPE else D), so each piece lies inside one bit plane of the planar
+packing, one scale block and one RoPE half: bytes ``[b0, b0 + W)`` of plane ``j`` (rows of the
+codes) shifted right by ``j * bits`` and masked, times its block's scale row, plus the stage
+centroids' rows of the tokens' assignments. No concatenation or reshape is needed inside the kernel.
 
 Keys stored before RoPE are rotated in the kernel by angle addition (:func:`rope_cos_sin`) from
-:class:`RopeTables`: the chunk start's cos, sin and angle ([3, D/2] per chunk) and the in-chunk
-offsets' ([3, N, D/2], the same for every chunk), at exactly the reference's float32 angles.
+:class:`RopeTables`: the chunk starts' cos, sin and angle ([3, D/2, NC]) and the in-chunk
+offsets' ([3, D/2, N], the same for every chunk), at exactly the reference's float32 angles.
 """
 
 from __future__ import annotations
@@ -36,31 +38,19 @@ def piece_width(d: int, bits: int, block: int, rope: bool) -> int:
     return math.gcd(math.gcd(p, block), d // 2 if rope else d)
 
 
-def dequant_pieces(load_codes: Loader, load_scale: Loader, load_assign: Loader | None,
-                   load_cent: Loader | None, mm: Callable | None, *, d: int, bits: int, block: int,
-                   stages: int, num_centroids: int, w: int,
-                   gather_cent: Loader | None = None) -> list[jax.Array]:
-    """Dequantized chunk as D / W float32 pieces [N, W] (``x_hat = sum_s C_s[a_s] + scale * q``).
+def dequant_pieces(load_codes: Loader, load_scale: Loader, centroid_rows: Loader | None, *,
+                   d: int, bits: int, block: int, stages: int, w: int) -> list[jax.Array]:
+    """Dequantized tokens as D / W float32 pieces [W, T], channels by tokens
+    (``x_hat = sum_s C_s[a_s] + scale * q``).
 
-    Loaders read the current chunk: ``load_codes(b0, w)`` -> uint8 [N, w] bytes;
-    ``load_scale(bi)`` -> [N, 1] scales; ``load_assign(s)`` -> uint8 [N, 1];
-    ``load_cent(s, c0, w)`` -> bfloat16 [C, w]. ``mm(a, b)`` is the [M, K] x [K, N] matmul with a
-    float32 result; the centroids are gathered with it as a bfloat16 one-hot [N, C] product
-    (exact). A backend that can gather from memory passes ``gather_cent(s, c0, w)`` -> [N, w]
-    (the stage-s centroid rows of the chunk's tokens) instead, and then ``load_assign``,
-    ``load_cent`` and ``mm`` are not used.
+    Loaders read the current tokens: ``load_codes(b0, w)`` -> integer [w, T] (packed byte rows
+    ``b0 .. b0 + w - 1``); ``load_scale(bi)`` -> [1, T] (block ``bi``'s scales);
+    ``centroid_rows(s, c0, w)`` -> float [w, T]: channels ``c0 .. c0 + w - 1`` of the stage-s
+    centroids of the tokens' assignments (a one-hot matmul on TPU, a gather on GPU; exact).
     """
     p = d * bits // 8
     mask = jnp.int32((1 << bits) - 1)
     offset = float(2 ** (bits - 1))
-    onehots = []
-    for s in range(stages if gather_cent is None else 0):
-        a = load_assign(s).astype(jnp.int32)  # [N, 1]
-        n = a.shape[0]
-        cid = lax.broadcasted_iota(jnp.int32, (n, num_centroids), 1)
-        # bf16 0/1 times the bf16 centroids, accumulated in f32: an exact gather at half the
-        # operand bytes of an f32 product
-        onehots.append((a == cid).astype(jnp.bfloat16))  # [N, C]
     pieces = []
     for i in range(d // w):
         c0 = i * w
@@ -69,20 +59,17 @@ def dequant_pieces(load_codes: Loader, load_scale: Loader, load_assign: Loader |
         code = lax.shift_right_logical(raw, jnp.int32(bits * j)) & mask
         x = (code.astype(jnp.float32) - offset) * load_scale(c0 // block).astype(jnp.float32)
         for s in range(stages):
-            if gather_cent is None:
-                x = x + mm(onehots[s], load_cent(s, c0, w).astype(jnp.bfloat16))
-            else:
-                x = x + gather_cent(s, c0, w).astype(jnp.float32)
+            x = x + centroid_rows(s, c0, w).astype(jnp.float32)
         pieces.append(x)
     return pieces
 
 
 def rope_pieces(pieces: list[jax.Array], rotation: Callable[[int, int], tuple[jax.Array, jax.Array]]
                 ) -> list[jax.Array]:
-    """Half-split RoPE on pieces (piece i pairs with piece i + D / 2W); ``rotation(c0, w)`` gives
-    the cos and sin [T, w] of frequencies ``c0 .. c0 + w - 1`` (:func:`rope_cos_sin`)."""
+    """Half-split RoPE on pieces [W, T] (piece i pairs with piece i + D / 2W); ``rotation(c0, w)``
+    gives the cos and sin [w, T] of frequencies ``c0 .. c0 + w - 1`` (:func:`rope_cos_sin`)."""
     h = len(pieces) // 2
-    w = pieces[0].shape[1]
+    w = pieces[0].shape[0]
     first, second = [], []
     for i in range(h):
         cos, sin = rotation(i * w, w)
@@ -115,7 +102,8 @@ def finalize(acc: jax.Array, m: jax.Array, l: jax.Array):
 
 
 class RopeTables(NamedTuple):
-    """Float32 tables from which the kernels rotate a chunk's keys by angle addition.
+    """Float32 tables from which the kernels rotate a chunk's keys by angle addition, frequencies
+    on sublanes (as the dequantized pieces' channels).
 
     A slot at position ``p = c N + j`` (chunk c, offset j < N) has the angle ``fl(p f)`` (the
     float32 product of :func:`kernels.common.rope_angles`, as the reference rotates it). With
@@ -125,25 +113,28 @@ class RopeTables(NamedTuple):
     (:func:`rope_cos_sin`). No table grows with both the chunk count and the chunk length.
     """
 
-    freq: jax.Array  # [1, D/2]: the frequencies f (radians per position)
-    offsets: jax.Array  # [3, N, D/2]: cos, sin and angle fl(j f) of the in-chunk offsets j
-    starts: jax.Array  # [NC, 3, D/2]: cos, sin and angle fl(c N f) of the chunk starts
+    freq: jax.Array  # [D/2, 1]: the frequencies f (radians per position)
+    offsets: jax.Array  # [3, D/2, N]: cos, sin and angle fl(j f) of the in-chunk offsets j
+    starts: jax.Array  # [3, D/2, NCp]: cos, sin and angle fl(c N f) of the chunk starts (NCp >= NC)
 
 
-def rope_tables(num_chunks: int, chunk: int, d: int, base: Any) -> RopeTables:
+def rope_tables(num_chunks: int, chunk: int, d: int, base: Any, pad_to: int = 1) -> RopeTables:
     """:class:`RopeTables` for NC = ``num_chunks`` chunks of N = ``chunk`` slots, head dim D and
-    RoPE ``base`` (a float or an object with ``inv_freq``, :func:`kernels.common.rope_angles`).
+    RoPE ``base`` (a float or an object with ``inv_freq``, :func:`kernels.common.rope_angles`);
+    the chunk axis of ``starts`` is padded to NCp, a multiple of ``pad_to`` (pad columns: chunks
+    past NC, never read for a slot).
 
     Every angle comes from :func:`kernels.common.rope_angles`, so the frequencies and the angle
-    roundings are the reference's. Bytes: ``4 (D/2 + 3 N D/2 + 3 NC D/2)``.
+    roundings are the reference's. Bytes: ``4 (D/2 + 3 N D/2 + 3 NCp D/2)``.
     """
-    def planes(pos):  # [M] int32 -> [M, 3, D/2]
+    def planes(pos):  # [M] int32 -> [3, D/2, M]
         ang = common.rope_angles(pos, d, base)
-        return jnp.stack([jnp.cos(ang), jnp.sin(ang), ang], axis=1)
+        return jnp.stack([jnp.cos(ang), jnp.sin(ang), ang], axis=0).transpose(0, 2, 1)
 
-    freq = common.rope_angles(jnp.ones((1,), jnp.int32), d, base)  # 1 * f: f exactly
-    offsets = planes(jnp.arange(chunk, dtype=jnp.int32)).transpose(1, 0, 2)
-    starts = planes(jnp.arange(num_chunks, dtype=jnp.int32) * chunk)
+    ncp = -(-num_chunks // pad_to) * pad_to
+    freq = common.rope_angles(jnp.ones((1,), jnp.int32), d, base).T  # 1 * f: f exactly
+    offsets = planes(jnp.arange(chunk, dtype=jnp.int32))
+    starts = planes(jnp.arange(ncp, dtype=jnp.int32) * chunk)
     return RopeTables(freq, offsets, starts)
 
 
@@ -184,13 +175,13 @@ def rope_cos_sin(pos: jax.Array, freq: jax.Array,
                  offset: tuple[jax.Array, jax.Array, jax.Array],
                  start: tuple[jax.Array, jax.Array, jax.Array], terms: int, zero: jax.Array
                  ) -> tuple[jax.Array, jax.Array]:
-    """cos and sin float32 [T, w] of the reference's angles ``fl(p f)`` of T slots of one chunk.
+    """cos and sin float32 [w, T] of the reference's angles ``fl(p f)`` of T slots of one chunk.
 
     Args:
-      pos: float32 [T, w] (or [T, 1]) slot positions p = c N + j (exact integers below 2^24).
-      freq: float32 [1, w] frequencies f (:attr:`RopeTables.freq`).
-      offset: cos, sin, angle [T, w] of the slots' offsets j (:attr:`RopeTables.offsets`).
-      start: cos, sin, angle [1, w] of the chunk start c N (:attr:`RopeTables.starts`).
+      pos: float32 [1, T] slot positions p = c N + j (exact integers below 2^24).
+      freq: float32 [w, 1] frequencies f (:attr:`RopeTables.freq`).
+      offset: cos, sin, angle [w, T] of the slots' offsets j (:attr:`RopeTables.offsets`).
+      start: cos, sin, angle [w, 1] of the chunk start c N (:attr:`RopeTables.starts`).
       terms: m of :func:`rope_series_terms`.
       zero: int32 scalar that is 0 at run time but unknown to the compiler (the kernels pass
         ``min(num_quantized, 0)``; see below).
@@ -223,14 +214,19 @@ def rope_cos_sin(pos: jax.Array, freq: jax.Array,
 
 
 def check_inputs(q, k_code, v_code, cfg, num_new: int) -> None:
-    """Raises ValueError on inconsistent shapes."""
+    """Raises ValueError on inconsistent shapes (codes [B, K, NC, P, N], tokens minor)."""
     b, kh, r, d = q.shape
     cfg.check_head_dim(d)
     if num_new < 1 or r % num_new:
         raise ValueError(f"num_new={num_new} must be >= 1 and divide the {r} query rows")
+    p, nb = d * cfg.bits // 8, d // cfg.block
     for name, code in (("k_code", k_code), ("v_code", v_code)):
-        if code.codes.shape[:2] != (b, kh) or code.codes.shape[-1] != d * cfg.bits // 8:
+        if code.codes.ndim != 5 or code.codes.shape[:2] != (b, kh) or code.codes.shape[3] != p:
             raise ValueError(f"{name}.codes has shape {code.codes.shape}; expected "
-                             f"[{b}, {kh}, NC, N, {d * cfg.bits // 8}]")
+                             f"[{b}, {kh}, NC, {p}, N] (tokens minor)")
+        nc, n = code.codes.shape[2], code.codes.shape[4]
+        if code.scales.shape != (b, kh, nc, nb, n):
+            raise ValueError(f"{name}.scales has shape {code.scales.shape}; expected "
+                             f"[{b}, {kh}, {nc}, {nb}, {n}] (tokens minor)")
         if code.assign.shape[3] != cfg.stages:
             raise ValueError(f"{name} has {code.assign.shape[3]} stages; cfg.stages={cfg.stages}")

@@ -7,13 +7,17 @@ smallest tensor-core tile), NS splits of the NC chunks, BN tokens per tile.
 Program (b, k, s) walks the token tiles of its split that hold quantized slots of row b (a
 ``fori_loop`` whose upper bound is ``ceil(num_quantized[b] / BN)``, so empty tiles are never
 read), BN tokens at a time, so registers and shared memory are set by BN and not by the chunk
-length N. Each tile is dequantized piece by piece (:mod:`kernels.kv_quant.pallas_common`: shifted
-masks of the packed bytes times the block scale, plus the stage centroids read with a pointer
-gather at the tile's assignments), keys are rotated to their slot positions when stored before
-RoPE (by angle addition from the chunk start's and the in-chunk offsets' cos and sin,
+length N. The cache stores each chunk tokens minor (codes [P, N], scales [NB, N], assignments
+[S, N]), so a tile's loads are rows of BN consecutive bytes; it is dequantized channels by tokens
+(pieces [W, BN], :mod:`kernels.kv_quant.pallas_common`: shifted masks of the packed bytes times
+the block scale row, plus the stage centroids as the bfloat16 product ``C_s^T @ onehot`` of the
+chunk's centroid table and the tile's assignments, both staged in shared memory by ``tl.dot``);
+keys are rotated to their slot positions when stored before RoPE (by angle addition from the
+chunk start's and the in-chunk offsets' cos and sin,
 :func:`kernels.kv_quant.pallas_common.rope_cos_sin`), and an online softmax (acc, m, l) is
 updated. Each program writes its partial; the splits are merged with a log-sum-exp outside
-the kernel.
+the kernel. By default the chunks are split so that the grid has at least 264 programs (two per
+SM of an H100) when there are that many chunks (:func:`default_splits`).
 
 Triton needs power-of-two tiles: N, D and BN must be powers of two (checked); query rows are padded
 (padding rows see no slot).
@@ -38,20 +42,33 @@ from kernels.kv_quant.reference import QVGConfig
 MIN_ROWS = 16  # smallest tensor-core tile (tl.dot needs every dim >= 16)
 
 
+MIN_PROGRAMS = 264  # two programs per SM of an H100 SXM (132 SMs)
+
+
+def default_splits(pairs: int, num_chunks: int) -> int:
+    """NS: splits per (batch, kv head) so that ``pairs`` x NS programs reach
+    :data:`MIN_PROGRAMS` (split-K over chunks, a whole number of chunks per split; at most NC)."""
+    want = -(-MIN_PROGRAMS // pairs)
+    cps = max(1, num_chunks // want)
+    return -(-num_chunks // cps)
+
+
 def _pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
 
-def _mm(a, b, trans_b=False, exact=True):
-    """[M, K] x [K, N] (or [N, K] with ``trans_b``): ``tl.dot`` when every dim is >= 16, else a
-    broadcast multiply-sum (tiny tiles)."""
-    m, k = a.shape
+def _mm(a, b, trans_a=False, trans_b=False, exact=True):
+    """[M, K] x [K, N] (``a`` given as [K, M] with ``trans_a``, ``b`` as [N, K] with ``trans_b``):
+    ``tl.dot`` (operands staged through shared memory) when every dim is >= 16, else a broadcast
+    multiply-sum (tiny tiles)."""
+    m = a.shape[1] if trans_a else a.shape[0]
+    k = a.shape[0] if trans_a else a.shape[1]
     n = b.shape[0] if trans_b else b.shape[1]
     if min(m, k, n) >= MIN_ROWS:
-        return plgpu.dot(a, b, trans_b=trans_b, allow_tf32=not exact)
+        return plgpu.dot(a, b, trans_a=trans_a, trans_b=trans_b, allow_tf32=not exact)
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    if trans_b:
-        return jnp.sum(a[:, None, :] * b[None, :, :], axis=2)
+    a = a.T if trans_a else a
+    b = b.T if trans_b else b
     return jnp.sum(a[:, :, None] * b[None, :, :], axis=1)
 
 
@@ -65,7 +82,7 @@ def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
         freq_ref, off_ref, st_ref, *rest = rest
     acc_ref, m_ref, l_ref = rest
     split = pl.program_id(2)
-    n = k_refs[0].shape[1]
+    n = k_refs[0].shape[-1]
     blocks_per_chunk = n // block_n
     rows, d = q_ref.shape
     pos = pos_ref[...]  # [Rp]; -1 for padding rows
@@ -73,18 +90,22 @@ def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
     lo = split * blocks_per_split
     hi = jnp.minimum(lo + blocks_per_split, lax.div(nq + block_n - 1, jnp.int32(block_n)))
 
-    def pieces(code_refs, c, toks):
+    def pieces(code_refs, c, toks):  # channels x tokens [W, BN]
         codes_ref, scale_ref = code_refs[0], code_refs[1]
-        assign_ref, cent_ref = (code_refs[2], code_refs[3]) if stages else (None, None)
-        def gather(s, c0, ww):  # rows a_s of the stage-s centroids: a pointer gather, no matmul
-            a = assign_ref[c, s, toks].astype(jnp.int32)  # [BN]
-            return cent_ref[c, s, a, pl.ds(c0, ww)]  # [BN, ww]
+        cent_rows = None
+        if stages:
+            assign_ref, cent_ref = code_refs[2], code_refs[3]
+            cid = jnp.arange(num_centroids, dtype=jnp.int32)[:, None]
+            onehot = [(assign_ref[c, s, toks].astype(jnp.int32)[None, :] == cid
+                       ).astype(jnp.bfloat16) for s in range(stages)]  # [C, BN]
+
+            def cent_rows(s, c0, ww):  # C_s^T [W, C] @ onehot [C, BN] (bf16: exact)
+                return _mm(cent_ref[c, s, :, pl.ds(c0, ww)], onehot[s], trans_a=True)
 
         return pc.dequant_pieces(
-            lambda b0, ww: codes_ref[c, toks, pl.ds(b0, ww)],
-            lambda bi: scale_ref[c, toks, pl.ds(bi, 1)],
-            None, None, None, d=d, bits=cfg.bits, block=cfg.block, stages=stages,
-            num_centroids=num_centroids, w=w, gather_cent=gather if stages else None)
+            lambda b0, ww: codes_ref[c, pl.ds(b0, ww), toks],
+            lambda bi: scale_ref[c, pl.ds(bi, 1), toks], cent_rows,
+            d=d, bits=cfg.bits, block=cfg.block, stages=stages, w=w)
 
     def body(g, carry):  # token block g: chunk g // blocks_per_chunk, tokens t0 .. t0 + block_n
         accs, m, l = carry
@@ -93,27 +114,27 @@ def _kernel(pos_ref, nq_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
         toks = pl.ds(pl.multiple_of(t0, block_n), block_n)
         kp = pieces(k_refs, c, toks)
         if rope:
-            kpos = (g * block_n + jnp.arange(block_n, dtype=jnp.int32))[:, None]  # [BN, 1]
+            kpos = (g * block_n + jnp.arange(block_n, dtype=jnp.int32))[None, :]  # [1, BN]
             kpos = kpos.astype(jnp.float32)
             zero = jnp.minimum(nq, 0)  # 0 at run time (num_quantized >= 0)
 
             def rotation(c0, ww):
                 cols = pl.ds(c0, ww)
                 return pc.rope_cos_sin(
-                    kpos, freq_ref[:, cols],
-                    tuple(off_ref[i, toks, cols] for i in range(3)),
-                    tuple(st_ref[c, pl.ds(i, 1), cols] for i in range(3)), rope_terms, zero)
+                    kpos, freq_ref[cols, :],
+                    tuple(off_ref[i, cols, toks] for i in range(3)),
+                    tuple(st_ref[i, cols, pl.ds(c, 1)] for i in range(3)), rope_terms, zero)
 
             kp = pc.rope_pieces(kp, rotation)
         logits = None
         for i, kx in enumerate(kp):
-            part = _mm(q_ref[:, pl.ds(i * w, w)].astype(jnp.float32), kx, trans_b=True)
+            part = _mm(q_ref[:, pl.ds(i * w, w)].astype(jnp.float32), kx)
             logits = part if logits is None else logits + part
         logits = logits * (1.0 / math.sqrt(d))
         slot = g * block_n + jnp.arange(block_n, dtype=jnp.int32)
         valid = (slot[None, :] < nq) & (slot[None, :] <= pos[:, None])
         prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m, l)
-        accs = [corr * a + _mm(prob, vx)
+        accs = [corr * a + _mm(prob, vx, trans_b=True)
                 for a, vx in zip(accs, pieces(v_refs, c, toks), strict=True)]
         return accs, m_new, l_new
 
@@ -136,7 +157,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     """Attention of q [B, K, R, D] over the QVG chunks, dequantized inside the kernel.
 
     Same contract as :func:`kernels.kv_quant.api.qvg_chunk_attention`. ``num_splits`` (default
-    min(NC, 4)) programs per (batch, kv head) each take ceil(NC / NS) consecutive chunks, walked
+    :func:`default_splits`: B K NS >= 264 programs, two per H100 SM, when there are enough chunks)
+    programs per (batch, kv head) each take ceil(NC / NS) consecutive chunks, walked
     ``block_n`` tokens at a time (default min(N, 64)): no tile is larger than
     [max(block_n, Rp), W], so shared memory does not grow with N or C. For H100 at N = 1024,
     C = 256, D = 128, S = 1, INT2, block 64, with RoPE, the kernel takes 131904 B of the 232448 B of
@@ -153,13 +175,16 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     """
     pc.check_inputs(q, k_code, v_code, cfg, num_new)
     b, kh, r, d = q.shape
-    nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
+    nc, n = k_code.codes.shape[2], k_code.codes.shape[4]
     if _pow2(n) != n or _pow2(d) != d:
-        raise ValueError(f"pallas_gpu needs power-of-two chunk ({n}) and head dim ({d})")
-    ns = min(nc, 4) if num_splits is None else num_splits
+        raise ValueError(f"pallas_gpu.qvg_chunk_attention: chunk={n} and head dim {d} must be "
+                         f"powers of two (Triton tiles); e.g. chunk 128, 256, ..., head dim 64, "
+                         f"128 or 256 (or implementation='xla')")
+    ns = default_splits(b * kh, nc) if num_splits is None else num_splits
     if ns < 1:
         raise ValueError(f"num_splits={ns} must be >= 1")
     cps = -(-nc // ns)
+    ns = -(-nc // cps)  # programs that hold a chunk
     bn = min(n, 64) if block_n is None else block_n
     if bn < 1 or _pow2(bn) != bn or n % bn:
         raise ValueError(f"block_n={bn} must be a power of two that divides the chunk N={n}")
@@ -173,7 +198,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
         return pl.BlockSpec((None, None) + shape, lambda bi, ki, si: (bi, ki) + zeros)
 
     def code_in(code):
-        specs = [full((nc, n, code.codes.shape[-1])), full((nc, n, code.scales.shape[-1]))]
+        specs = [full((nc, code.codes.shape[3], n)), full((nc, code.scales.shape[3], n))]
         args = [code.codes, code.scales]
         if s:
             specs += [full((nc, s, n)), full((nc, s, c, d))]
@@ -192,7 +217,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
         in_specs += sp
         args += ar
     terms = pc.rope_series_terms(nc * n, d, rope_base) if rope else 0
-    if rope:  # frequencies [1, D/2], offsets [3, N, D/2], chunk starts [NC, 3, D/2]
+    if rope:  # frequencies [D/2, 1], offsets [3, D/2, N], chunk starts [3, D/2, NC]
         tables = pc.rope_tables(nc, n, d, rope_base)
         in_specs += [pl.BlockSpec(t.shape, lambda bi, ki, si, nd=t.ndim: (0,) * nd)
                      for t in tables]

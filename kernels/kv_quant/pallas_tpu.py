@@ -1,16 +1,30 @@
-"""QVG decode attention on TPU: a Pallas kernel that dequantizes each chunk in VMEM.
+"""QVG decode attention on TPU: a Pallas kernel that dequantizes several chunks per grid step
+in VMEM.
 
-Dimensions as in :mod:`kernels.kv_quant.reference` (B, K, R = G * T rows, D, N, NC, P, NB, S, C).
+Dimensions as in :mod:`kernels.kv_quant.reference` (B, K, R = G * T rows, D, N, NC, P, NB, S, C);
+CB chunks per grid step, L lanes of the chunk-start table per block.
 
-Grid (B, K, NC), chunks innermost ("arbitrary"). ``start`` and ``num_quantized`` are prefetched
-into SMEM (``PrefetchScalarGridSpec``); the block index maps clamp the chunk index to the last
-quantized chunk of the row, so chunks past ``num_quantized`` issue no new DMA and are skipped by
-``pl.when``. Each visited chunk's packed codes, bfloat16 scales, uint8 assignments and bf16 centroids
-are dequantized piece by piece (:mod:`kernels.kv_quant.pallas_common`), keys are rotated to their
-slot positions when they were stored before RoPE (by angle addition from small tables: the
-chunk's start angle, one [3, D/2] block per chunk, and the in-chunk offsets', one [3, N, D/2] block
-for the whole grid, :func:`kernels.kv_quant.pallas_common.rope_cos_sin`), and the online softmax
-(m, l, acc in VMEM scratch) is updated. The last chunk step writes (acc / l, m + log l).
+Layout. The cache stores each chunk tokens minor (codes [P, N], scales [NB, N], assignments
+[S, N]; :class:`~kernels.kv_quant.reference.QVGCode`), so with N a multiple of 128 every per-token
+array fills the 128 lanes and the kernel reads the cache as stored (no relayout copy per decode
+step); centroids [S, C, D] keep D on the lanes. A chunk is dequantized channels by tokens
+(pieces [W, N], :mod:`kernels.kv_quant.pallas_common`): the logits are ``q [R, W] @ piece``, the
+values enter as ``p [R, N] @ piece^T``, and the centroid rows come from the bfloat16 one-hot
+product ``C_s^T [W, C] @ onehot [C, N]`` (exact).
+
+Grid (B, K, NC / CB), chunk blocks innermost ("arbitrary"). ``start`` and ``num_quantized`` are
+prefetched into SMEM (``PrefetchScalarGridSpec``); the block index maps clamp the block index to
+the last block holding a quantized slot of the row, so later blocks issue no new DMA and are
+skipped by ``pl.when``; inside a block a loop over its CB chunks skips chunks past
+``num_quantized``. Keys stored before RoPE are rotated to their slot positions by angle addition
+from small tables (:func:`kernels.kv_quant.pallas_common.rope_cos_sin`): the in-chunk offsets'
+[3, D/2, N], one block for the whole grid, and the chunk starts' [3, D/2, L], the lane group of
+the block's chunks, from which a chunk's column is selected exactly by a masked lane sum. The
+online softmax (m, l, acc in VMEM scratch) runs over the chunks; the last block step writes
+(acc / l, m + log l).
+
+Constraints (checked before compiling, :func:`check_layout`): N a multiple of 128 (lane-dense
+chunks) and W a multiple of 8 (piece rows on whole sublane tiles).
 """
 
 from __future__ import annotations
@@ -33,14 +47,52 @@ _NT = (((1,), (1,)), ((), ()))  # [M, X] x [N, X] -> [M, N]
 _HI = lax.Precision.HIGHEST
 
 
+LANES = 128  # TPU vector lanes: the token axis of a chunk fills whole lane tiles
+SUBLANES = 8  # float32 / int32 sublanes: a piece's W rows fill whole tiles
+TARGET_TOKENS = 2048  # tokens per grid step aimed at (CB = the largest divisor of NC in reach)
+
+
 def _mm(a, b):
     # f32 operands at full precision; bf16 operands (the one-hot centroid gather) are exact as is
     precision = _HI if a.dtype == jnp.float32 or b.dtype == jnp.float32 else None
     return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=precision)
 
 
+def check_layout(chunk: int, d: int, cfg: QVGConfig, rope: bool) -> int:
+    """The piece width W, after checking that the kernel can tile this layout.
+
+    Raises:
+      ValueError: a chunk N that is not a multiple of 128 (its tokens are the lanes of codes,
+        scales and assignments), or a piece width W = gcd(P, block, D/2 or D) that is not a
+        multiple of 8 (the rows of a piece), naming the value and sizes that work.
+    """
+    if chunk % LANES:
+        raise ValueError(
+            f"pallas_tpu.qvg_chunk_attention: chunk={chunk} is not a multiple of {LANES}: a "
+            f"chunk's tokens are the TPU lanes of its codes, scales and assignments; use a chunk "
+            f"of 128, 256, 512, ... (or implementation='xla')")
+    w = pc.piece_width(d, cfg.bits, cfg.block, rope)
+    if w % SUBLANES:
+        raise ValueError(
+            f"pallas_tpu.qvg_chunk_attention: head dim {d} with {cfg.bits}-bit codes, block "
+            f"{cfg.block}{' and RoPE halves' if rope else ''} gives dequantization pieces of "
+            f"W = gcd(P={d * cfg.bits // 8}, block={cfg.block}, "
+            f"{'D/2' if rope else 'D'}={d // 2 if rope else d}) = {w} rows; the kernel needs W a "
+            f"multiple of {SUBLANES}: a block that is a multiple of 8 and a head dim with "
+            f"D * bits / 8 and D / 2 multiples of 8 (e.g. D = 64, 128, 256 with block 16 .. 64)")
+    return w
+
+
+def chunks_per_block(num_chunks: int, chunk: int) -> int:
+    """CB: the largest divisor of NC with CB N <= max(N, 2048) tokens and CB a divisor of 128
+    (a block's chunks then share one 128-lane group of the chunk-start table)."""
+    cap = max(1, TARGET_TOKENS // chunk)
+    return max(c for c in range(1, min(cap, num_chunks) + 1)
+               if num_chunks % c == 0 and LANES % c == 0)
+
+
 def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
-            num_chunks: int, rope_terms: int):
+            num_blocks: int, cb: int, lanes: int, rope_terms: int):
     stages = cfg.stages
     per_code = 4 if stages else 2
     k_refs, v_refs = refs[:per_code], refs[per_code:2 * per_code]
@@ -48,47 +100,63 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
     if rope:
         freq_ref, off_ref, st_ref, *rest = rest
     out_ref, lse_ref, acc_ref, m_ref, l_ref = rest
-    b, c = pl.program_id(0), pl.program_id(2)
-    n = k_refs[0].shape[0]
+    b, blk = pl.program_id(0), pl.program_id(2)
+    n = k_refs[0].shape[-1]
     d = q_ref.shape[-1]
+    h = d // 2
     nq = nq_ref[b]
+    # chunks of this block that hold a quantized slot (lax.div: non-negative ints)
+    count = jnp.clip(lax.div(nq + n - 1, n) - blk * cb, 0, cb)
 
-    @pl.when(c == 0)
+    @pl.when(blk == 0)
     def _init():
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
         m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
         l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
 
-    def pieces(code_refs):
+    def pieces(code_refs, j):
         codes_ref, scale_ref = code_refs[0], code_refs[1]
-        assign_ref, cent_ref = (code_refs[2], code_refs[3]) if stages else (None, None)
-        return pc.dequant_pieces(
-            lambda b0, ww: codes_ref[:, pl.ds(b0, ww)],
-            lambda bi: scale_ref[:, pl.ds(bi, 1)],
-            (lambda s: assign_ref[s]) if stages else None,
-            (lambda s, c0, ww: cent_ref[s, :, pl.ds(c0, ww)]) if stages else None,
-            _mm, d=d, bits=cfg.bits, block=cfg.block, stages=stages,
-            num_centroids=cfg.num_centroids, w=w)
+        codes = codes_ref[j].astype(jnp.int32)  # [P, N]
+        scales = scale_ref[j].astype(jnp.float32)  # [NB, N]
+        cent_rows = None
+        if stages:
+            assign_ref, cent_ref = code_refs[2], code_refs[3]
+            assign = assign_ref[j].astype(jnp.int32)  # [S, N]
+            cid = lax.broadcasted_iota(jnp.int32, (cfg.num_centroids, n), 0)
+            onehot = [(assign[s:s + 1] == cid).astype(jnp.bfloat16) for s in range(stages)]
+            # C_s^T [D, C]: transposed once per chunk (float32, then back to bf16: exact)
+            cent_t = [cent_ref[j, s].astype(jnp.float32).T.astype(jnp.bfloat16)
+                      for s in range(stages)]
 
-    @pl.when(c * n < nq)
-    def _attend():
-        kp = pieces(k_refs)
+            def cent_rows(s, c0, ww):
+                return _mm(cent_t[s][c0:c0 + ww], onehot[s])  # [W, N]
+        return pc.dequant_pieces(
+            lambda b0, ww: codes[b0:b0 + ww], lambda bi: scales[bi:bi + 1], cent_rows,
+            d=d, bits=cfg.bits, block=cfg.block, stages=stages, w=w)
+
+    def chunk_step(j):
+        c = blk * cb + j  # global chunk index
+        kp = pieces(k_refs, j)
         if rope:
-            kpos = (c * n + lax.broadcasted_iota(jnp.int32, (n, w), 0)).astype(jnp.float32)
+            kpos = (c * n + lax.broadcasted_iota(jnp.int32, (1, n), 1)).astype(jnp.float32)
             zero = jnp.minimum(nq, 0)  # 0 at run time (num_quantized >= 0)
+            lane = lax.broadcasted_iota(jnp.int32, (h, lanes), 1)
+            here = lane == c % lanes
+            # the chunk start's cos, sin, angle [D/2, 1]: a masked lane sum (exact)
+            start = [jnp.sum(jnp.where(here, st_ref[i], 0.0), axis=1, keepdims=True)
+                     for i in range(3)]
 
             def rotation(c0, ww):
-                cols = pl.ds(c0, ww)
                 return pc.rope_cos_sin(
-                    kpos, freq_ref[:, cols],
-                    tuple(off_ref[i, :, cols] for i in range(3)),
-                    tuple(st_ref[pl.ds(i, 1), cols] for i in range(3)), rope_terms, zero)
+                    kpos, freq_ref[c0:c0 + ww, :],
+                    tuple(off_ref[i, c0:c0 + ww, :] for i in range(3)),
+                    tuple(x[c0:c0 + ww] for x in start), rope_terms, zero)
 
             kp = pc.rope_pieces(kp, rotation)
         logits = None
         for i, kx in enumerate(kp):
             qx = q_ref[:, pl.ds(i * w, w)].astype(jnp.float32)
-            part = lax.dot_general(qx, kx, _NT, preferred_element_type=jnp.float32, precision=_HI)
+            part = jnp.dot(qx, kx, preferred_element_type=jnp.float32, precision=_HI)  # [R, N]
             logits = part if logits is None else logits + part
         logits = logits * (1.0 / math.sqrt(d))
         rows = logits.shape[0]
@@ -96,13 +164,21 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
         pos = start_ref[b] + rowoff_ref[...]  # [R, 1]
         valid = (slot < nq) & (slot <= pos)
         prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m_ref[...], l_ref[...])
-        for i, vx in enumerate(pieces(v_refs)):
+        for i, vx in enumerate(pieces(v_refs, j)):
             cols = pl.ds(i * w, w)
-            acc_ref[:, cols] = corr * acc_ref[:, cols] + _mm(prob, vx)
+            acc_ref[:, cols] = corr * acc_ref[:, cols] + lax.dot_general(
+                prob, vx, _NT, preferred_element_type=jnp.float32, precision=_HI)
         m_ref[...] = m_new
         l_ref[...] = l_new
 
-    @pl.when(c == num_chunks - 1)
+    @pl.when(count > 0)
+    def _attend():
+        def body(j, carry):
+            pl.when(j < count)(lambda: chunk_step(j))
+            return carry
+        lax.fori_loop(0, cb, body, 0)
+
+    @pl.when(blk == num_blocks - 1)
     def _done():
         out, lse = pc.finalize(acc_ref[...], m_ref[...], l_ref[...])
         out_ref[...] = out
@@ -127,65 +203,67 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
 
     Raises:
-      ValueError: inconsistent shapes, or a head dim the config cannot pack.
+      ValueError: inconsistent shapes, a head dim the config cannot pack, or a layout the kernel
+        cannot tile (:func:`check_layout`: N not a multiple of 128, W not a multiple of 8).
     """
     pc.check_inputs(q, k_code, v_code, cfg, num_new)
     b, kh, r, d = q.shape
-    nc, n = k_code.codes.shape[2], k_code.codes.shape[3]
-    p, nb = k_code.codes.shape[4], k_code.scales.shape[4]
+    nc, p, n = k_code.codes.shape[2:]
+    nb = k_code.scales.shape[3]
     rope = rope_base is not None
-    w = pc.piece_width(d, cfg.bits, cfg.block, rope)
+    w = check_layout(n, d, cfg, rope)
     s, c = cfg.stages, cfg.num_centroids
+    cb = chunks_per_block(nc, n)
+    nblk = nc // cb
+    lanes = LANES if nc > LANES else nc  # lanes of a chunk-start block
 
-    def chunk(bi, ki, ci, start_ref, nq_ref):
+    def block(bi, ki, gi, start_ref, nq_ref):
         # lax.div: truncating division of non-negative ints (jnp's floor division needs sign)
-        last = jnp.maximum(lax.div(nq_ref[bi] + n - 1, n) - 1, 0)
-        return jnp.minimum(ci, last)
+        last = jnp.maximum(lax.div(nq_ref[bi] + n * cb - 1, n * cb) - 1, 0)
+        return jnp.minimum(gi, last)
+
+    def spec(shape):
+        zeros = (0,) * len(shape)
+        return pl.BlockSpec((None, None, cb) + shape,
+                            lambda bi, ki, gi, *sr: (bi, ki, block(bi, ki, gi, *sr)) + zeros)
 
     def code_specs():
-        specs = [pl.BlockSpec((None, None, None, n, p),
-                              lambda bi, ki, ci, *sr: (bi, ki, chunk(bi, ki, ci, *sr), 0, 0)),
-                 pl.BlockSpec((None, None, None, n, nb),
-                              lambda bi, ki, ci, *sr: (bi, ki, chunk(bi, ki, ci, *sr), 0, 0))]
+        specs = [spec((p, n)), spec((nb, n))]
         if s:
-            specs += [pl.BlockSpec((None, None, None, s, n, 1),
-                                   lambda bi, ki, ci, *sr: (bi, ki, chunk(bi, ki, ci, *sr), 0, 0, 0)),
-                      pl.BlockSpec((None, None, None, s, c, d),
-                                   lambda bi, ki, ci, *sr: (bi, ki, chunk(bi, ki, ci, *sr), 0, 0, 0))]
+            specs += [spec((s, n)), spec((s, c, d))]
         return specs
 
     def code_args(code):
-        args = [code.codes, code.scales]
-        if s:
-            args += [code.assign.reshape(*code.assign.shape, 1), code.centroids]
-        return args
+        return [code.codes, code.scales] + ([code.assign, code.centroids] if s else [])
 
-    in_specs = [pl.BlockSpec((r, 1), lambda bi, ki, ci, *_: (0, 0)),
-                pl.BlockSpec((None, None, r, d), lambda bi, ki, ci, *_: (bi, ki, 0, 0))]
+    in_specs = [pl.BlockSpec((r, 1), lambda bi, ki, gi, *_: (0, 0)),
+                pl.BlockSpec((None, None, r, d), lambda bi, ki, gi, *_: (bi, ki, 0, 0))]
     in_specs += code_specs() + code_specs()
     args = [(jnp.arange(r, dtype=jnp.int32) % num_new)[:, None], q]
     args += code_args(k_code) + code_args(v_code)
     terms = pc.rope_series_terms(nc * n, d, rope_base) if rope else 0
     if rope:
-        # frequencies and offsets: one block for the whole grid, fetched once; chunk starts:
-        # one [3, D/2] block per chunk
-        in_specs += [pl.BlockSpec((1, d // 2), lambda *_: (0, 0)),
-                     pl.BlockSpec((3, n, d // 2), lambda *_: (0, 0, 0)),
-                     pl.BlockSpec((None, 3, d // 2),
-                                  lambda bi, ki, ci, *sr: (chunk(bi, ki, ci, *sr), 0, 0))]
-        args += list(pc.rope_tables(nc, n, d, rope_base))
+        # frequencies and offsets: one block for the whole grid, fetched once; chunk starts: the
+        # 128-lane group of the block's chunks (CB divides 128, so a block lies in one group)
+        h = d // 2
+        in_specs += [pl.BlockSpec((h, 1), lambda *_: (0, 0)),
+                     pl.BlockSpec((3, h, n), lambda *_: (0, 0, 0)),
+                     pl.BlockSpec((3, h, lanes), lambda bi, ki, gi, *sr: (
+                         0, 0, lax.div(block(bi, ki, gi, *sr) * cb, lanes)))]
+        args += list(pc.rope_tables(nc, n, d, rope_base, pad_to=lanes))
 
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2,
-        grid=(b, kh, nc),
+        grid=(b, kh, nblk),
         in_specs=in_specs,
-        out_specs=[pl.BlockSpec((None, None, r, d), lambda bi, ki, ci, *_: (bi, ki, 0, 0)),
-                   pl.BlockSpec((None, None, r, 1), lambda bi, ki, ci, *_: (bi, ki, 0, 0))],
+        out_specs=[pl.BlockSpec((None, None, r, d), lambda bi, ki, gi, *_: (bi, ki, 0, 0)),
+                   pl.BlockSpec((None, None, r, 1), lambda bi, ki, gi, *_: (bi, ki, 0, 0))],
         scratch_shapes=[pltpu.VMEM((r, d), jnp.float32), pltpu.VMEM((r, 1), jnp.float32),
                         pltpu.VMEM((r, 1), jnp.float32)],
     )
     out, lse = pl.pallas_call(
-        functools.partial(_kernel, cfg=cfg, rope=rope, w=w, num_chunks=nc, rope_terms=terms),
+        functools.partial(_kernel, cfg=cfg, rope=rope, w=w, num_blocks=nblk, cb=cb, lanes=lanes,
+                          rope_terms=terms),
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct((b, kh, r, d), jnp.float32),
                    jax.ShapeDtypeStruct((b, kh, r, 1), jnp.float32)],
@@ -193,7 +271,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost.qvg_tpu_cost(q, k_code, v_code, cfg, w=w, rope=rope,
-                                        rope_terms=terms),
+                                        rope_terms=terms, lanes=lanes),
         name="qvg_chunk_attention",
     )(start.astype(jnp.int32), num_quantized.astype(jnp.int32), *args)
     return out, lse[..., 0]

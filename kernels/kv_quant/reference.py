@@ -326,10 +326,15 @@ def kmeans(x: jax.Array, k: int, iters: int, key: jax.Array
 
 
 class QVGCode(NamedTuple):
-    """A QVG-quantized chunk (leading batch dims ``...`` are free).
+    """A QVG-quantized chunk (leading batch dims ``...`` are free), tokens minor.
 
-    codes: uint8 [..., N, P]; scales: bfloat16 [..., N, NB]; assign: uint8 [..., S, N];
-    centroids: bfloat16 [..., S, C, D].
+    codes: uint8 [..., P, N] (packed byte i of every token: row i); scales: bfloat16 [..., NB, N];
+    assign: uint8 [..., S, N]; centroids: bfloat16 [..., S, C, D].
+
+    The token axis N is the minor one of codes, scales and assignments, so a chunk's per-token
+    data is lane-dense on TPU (N a multiple of 128 fills the 128 lanes; P = 32 bytes or NB = 2
+    scales as the minor dimension would pad a tile 4x or 64x) and is the layout the kernels read,
+    with no relayout per decode step.
     """
 
     codes: jax.Array
@@ -358,6 +363,7 @@ def qvg_quantize_chunk(x: jax.Array, cfg: QVGConfig, key: jax.Array) -> QVGCode:
         assigns.append(a.astype(jnp.uint8))
         cents.append(c)
     codes, scales = quantize_symmetric(resid, cfg.bits, cfg.block)
+    codes, scales = codes.T, scales.T  # tokens minor ([P, N], [NB, N]), see QVGCode
     if cfg.stages:
         assign, centroids = jnp.stack(assigns), jnp.stack(cents)
     else:
@@ -390,7 +396,7 @@ def qvg_quantize(x: jax.Array, cfg: QVGConfig, key: jax.Array | None = None) -> 
 
 def qvg_dequantize_chunk(code: QVGCode, bits: int) -> jax.Array:
     """``x_hat = sum_s C_s[a_s] + scale * q`` for one chunk: float32 [N, D]."""
-    x = dequantize_symmetric(code.codes, code.scales, bits)
+    x = dequantize_symmetric(code.codes.T, code.scales.T, bits)
     for s in range(code.assign.shape[0]):
         x = x + code.centroids[s].astype(jnp.float32)[code.assign[s].astype(jnp.int32)]
     return x

@@ -77,8 +77,12 @@ def _block_scale(scales: jax.Array, c0: int, w: int, block: int) -> jax.Array:
 def _qvg_pieces(code: QVGCode, cfg: QVGConfig, w: int) -> list[jax.Array]:
     """float32 pieces [B, K, N, W] of one chunk: ``sum_s C_s[a_s] + scale * (code - 2^(n-1))``.
 
-    ``code`` fields: codes [B, K, N, P], scales [B, K, N, NB], assign [B, K, S, N], centroids
-    [B, K, S, C, D]."""
+    ``code`` fields: codes [B, K, P, N], scales [B, K, NB, N], assign [B, K, S, N], centroids
+    [B, K, S, C, D] (tokens minor, :class:`~kernels.kv_quant.reference.QVGCode`); one chunk's
+    codes and scales are brought to tokens-major here (on the CPU path a transpose of one chunk
+    costs what reading it does)."""
+    code = code._replace(codes=jnp.swapaxes(code.codes, -1, -2),
+                         scales=jnp.swapaxes(code.scales, -1, -2))
     offset = float(2 ** (cfg.bits - 1))
     cents = []
     for s in range(cfg.stages):
@@ -210,7 +214,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: QVGCode, v_code: QVGCode, cfg: QVG
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
     """
     b, kh, r, d = q.shape
-    n = k_code.codes.shape[3]
+    n = k_code.codes.shape[4]
     rope = rope_base is not None
     w = _piece_width(d, cfg.bits, rope)
     pos = _positions(start.astype(jnp.int32), r, num_new)  # [B, R]

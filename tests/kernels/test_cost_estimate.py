@@ -65,16 +65,33 @@ def _one(fn, *args):
 
 
 def _ffd_structs(b, kh, g, d, p, n, m):
+    """(qg, codes, scale, resid, v, idx, count) of the GPU kernel's signature."""
     sds = jax.ShapeDtypeStruct
     cache = jax.eval_shape(lambda: sd_ref.init_ffd_cache(b, n * p, kh, d, jnp.bfloat16, p))
     return (sds((b, kh, g, d), jnp.float32), cache["codes"], cache["scale"], cache["resid"],
             cache["v"], sds((b, kh, m), S32), sds((b, kh), S32))
 
 
+def _tpu_args(structs):
+    """The TPU attention kernel's operands: the GPU's plus the tail keys and the lengths."""
+    qg, codes, scale, resid, v, idx, count = structs
+    b, kh, _, d = qg.shape
+    tail = jax.ShapeDtypeStruct((b, kh, codes.shape[-1], d), jnp.bfloat16)
+    return (qg, codes, scale, resid, v, tail, idx, count, jax.ShapeDtypeStruct((b,), S32))
+
+
 def _ffd_kernel_estimate(impl, structs, ns, f):
-    mod = sd_tpu if impl == "tpu" else sd_gpu
-    return _one(functools.partial(mod.ffd_pages_attention, num_splits=ns,
+    if impl == "tpu":
+        return _one(functools.partial(sd_tpu.ffd_pages_attention, assumed_kept_fraction=f),
+                    *_tpu_args(structs))
+    return _one(functools.partial(sd_gpu.ffd_pages_attention, num_splits=ns,
                                   assumed_kept_fraction=f), *structs)
+
+
+def _scan_estimate(structs):
+    qg, codes, scale = structs[:3]
+    lengths = jax.ShapeDtypeStruct((qg.shape[0],), S32)
+    return _one(functools.partial(sd_tpu.ffd_scan_select, delta=3.0), qg, codes, scale, lengths)
 
 
 def _ffd_bytes_from_blocks(impl, structs, ns, kept):
@@ -84,12 +101,13 @@ def _ffd_bytes_from_blocks(impl, structs, ns, kept):
     b, kh, g, d = qg.shape
     rows = g if impl == "tpu" else sd_gpu.ROWS
     partial = np.zeros((rows, d + 2), np.float32).nbytes  # acc [R, D], m and l [R]
-    total = idx.nbytes + count.nbytes if impl == "tpu" else 0  # scalar prefetch, once
+    # TPU: the page list, counts and lengths by scalar prefetch, once
+    total = idx.nbytes + count.nbytes + 4 * b if impl == "tpu" else 0
     for bi in range(b):
         for ki in range(kh):
             pages = sum(x[bi, ki, :kept].nbytes for x in (codes, scale, resid, v))
-            if impl == "tpu":
-                total += qg[bi, ki].nbytes + pages + ns * partial
+            if impl == "tpu":  # q in, the tail's bf16 keys and its value page, the output out
+                total += 2 * qg[bi, ki].nbytes + pages + 2 * v[bi, ki, 0].nbytes
             else:  # every program loads the padded queries and the count; kept indices
                 qp = np.zeros((rows, d), np.float32)
                 total += ns * (qp.nbytes + count[bi, ki].nbytes) + idx[bi, ki, :kept].nbytes
@@ -116,50 +134,64 @@ def test_ffd_declared_estimate_is_the_analytic_count(impl, shape):
     est = _ffd_kernel_estimate(impl, structs, ns, f)
     assert isinstance(est, pl.CostEstimate)
     assert sd_cost.kept_pages(n, m, f) == kept
+    pairs = b * kh
     if impl == "tpu":
-        want = sd_cost.ffd_tpu_cost(*structs[:6], num_splits=ns, kept_fraction=f)
-        rows, parts = g, 1
+        args = _tpu_args(structs)
+        want = sd_cost.ffd_tpu_attend_cost(*args[:7], kept_fraction=f)
+        rows, calls = g, kept + 1  # the tail page is attended too (exactly)
+        matmul = pairs * (kept * 6 + 4) * rows * p * d
     else:
         qp = jax.ShapeDtypeStruct((b, kh, sd_gpu.ROWS, d), jnp.float32)
         parts = len(sd_gpu.pow2_parts(d // 16))
         want = sd_cost.ffd_gpu_cost(qp, *structs[1:6], num_splits=ns, parts=parts, kept_fraction=f)
-        rows = sd_gpu.ROWS
+        rows, calls = sd_gpu.ROWS, kept
+        # the matmuls alone (refined logits from codes and residual, then P V) are 6 R p D per page
+        matmul = pairs * kept * 6 * rows * p * d
     assert est == want
     assert est.bytes_accessed == _ffd_bytes_from_blocks(impl, structs, ns, kept)
-    pairs = b * kh
-    assert est.transcendentals == pairs * kept * (rows * p + rows)
-    # the matmuls alone (refined logits from codes and residual, then P V) are 6 R p D per page
-    matmul = pairs * kept * 6 * rows * p * d
+    assert est.transcendentals == pairs * calls * (rows * p + rows)
     assert matmul < est.flops < 1.2 * matmul
 
 
 def test_ffd_tpu_count_by_hand():
-    """B = K = 1, G = 4, D = 32, p = 16, P = M = 8, NS = 1, f = 1/4: 2 pages."""
+    """B = K = 1, G = 4, D = 32 (W = 2), p = 16, P = M = 8, f = 1/4: 2 kept pages."""
     structs = _ffd_structs(1, 1, 4, 32, 16, 8, 8)
     est = _ffd_kernel_estimate("tpu", structs, 1, 0.25)
-    # bytes: q 4*32*4 = 512; per page codes 16*2*4 = 128, scale 32*4 = 128, resid 16*32 = 512,
-    # v 16*32*2 = 1024 (1792, twice: 3584); partials 4*(32+2)*4 = 544; page list (8+1)*4 = 36
-    assert est.bytes_accessed == 512 + 3584 + 544 + 36
-    # flops per page: 6*4*16*32 = 12288 (matmuls) + 5*4*32 = 640 + 20*4*16 = 1280 + 5*4 = 20
-    assert est.flops == 2 * (12288 + 640 + 1280 + 20)
-    assert est.transcendentals == 2 * (4 * 16 + 4)
+    # bytes: q 4*32*4 = 512 in and the output 512 out; per page codes 2*16*4 = 128, scale 32*4 =
+    # 128, resid 16*32 = 512, v 16*32*2 = 1024 (1792, twice: 3584); tail keys (bf16) and values
+    # 16*32*2 = 1024 each; page list (8+1)*4 = 36 and lengths 4
+    assert est.bytes_accessed == 512 + 512 + 3584 + 2048 + 36 + 4
+    # flops per page: 6*4*16*32 = 12288 (matmuls) + 4*4*32 = 512 + 5*4*16 = 320 + 5*4 = 20;
+    # tail: 4*4*16*32 = 8192 + 3*4*32 = 384 + 3*4*16 = 192 + 4*4 = 16
+    assert est.flops == 2 * (12288 + 512 + 320 + 20) + 8192 + 384 + 192 + 16
+    assert est.transcendentals == 3 * (4 * 16 + 4)
+    # the scan kernel over all 8 pages (one grid step, one selection sub-block of 8 pages):
+    # bytes: q 512; codes 8*2*16*4 = 1024; scales 8*32*4 = 1024; page list 8 and count row 128
+    # int32 written, 544; lengths 4
+    scan = _scan_estimate(structs)
+    assert scan.bytes_accessed == 512 + 1024 + 1024 + 544 + 4
+    # per page 2*4*32*16 = 4096 + 2*4*32 = 256 + 4*16 = 64 + 2*4 = 8; selection: the threshold
+    # 8*4 + 2*4, the block 8*4 + 2*8*8*128 + 8 + 2*8*8 + 8 + 8 + 1
+    assert scan.flops == 8 * (4096 + 256 + 64 + 8) + 40 + (32 + 16384 + 8 + 128 + 8 + 8 + 1)
+    assert scan.transcendentals == 0
 
 
 def test_ffd_decode_threads_the_kept_fraction_to_the_kernel():
     b, kh, g, d, p, n = 2, 2, 2, 32, 16, 8
-    cache = jax.eval_shape(lambda: sd_ref.init_ffd_cache(b, n * p, kh, d, jnp.float32, p))
+    cache = jax.eval_shape(lambda: sd_ref.init_ffd_cache(b, n * p, kh, d, jnp.bfloat16, p))
     q = jax.ShapeDtypeStruct((b, kh * g, d), jnp.float32)
     lengths = jax.ShapeDtypeStruct((b,), S32)
     structs = _ffd_structs(b, kh, g, d, p, n, n)
     for f in (None, 0.5, 1.0):
         kw = {} if f is None else {"assumed_kept_fraction": f}
-        for impl in ("pallas_tpu", "pallas_gpu"):
-            est = _one(functools.partial(sd_api.ffd_decode, implementation=impl, interpret=True,
-                                         **kw), q, cache, lengths)
-            ns = 1 if impl == "pallas_tpu" else 8
-            want = _ffd_kernel_estimate(impl[-3:], structs, ns,
-                                        sd_cost.DEFAULT_KEPT_FRACTION if f is None else f)
-            assert est == want
+        want_f = sd_cost.DEFAULT_KEPT_FRACTION if f is None else f
+        gpu = _one(functools.partial(sd_api.ffd_decode, implementation="pallas_gpu",
+                                     interpret=True, **kw), q, cache, lengths)
+        assert gpu == _ffd_kernel_estimate("gpu", structs, 8, want_f)
+        # TPU: the scan-and-select kernel, then the attention kernel
+        tpu = pallas_estimates(functools.partial(sd_api.ffd_decode, implementation="pallas_tpu",
+                                                 interpret=True, **kw), q, cache, lengths)
+        assert tpu == [_scan_estimate(structs), _ffd_kernel_estimate("tpu", structs, 1, want_f)]
 
 
 @pytest.mark.parametrize("impl", ["tpu", "gpu"])
@@ -174,9 +206,13 @@ def test_ffd_count_is_affine_in_context_and_kept_pages(impl):
     step = b * kh * (2 * page + (8 * 4 if impl == "tpu" else 2 * 4))
     assert est[1].bytes_accessed - est[0].bytes_accessed == step
     assert est[2].bytes_accessed - est[1].bytes_accessed == step
+    # TPU: less the tail page, attended once whatever the kept pages
+    fixed = ({"flops": b * kh * sd_cost.tail_flops(g, p, d),
+              "transcendentals": b * kh * sd_cost.page_transcendentals(g, p)} if impl == "tpu"
+             else {"flops": 0, "transcendentals": 0})
     for x in ("flops", "transcendentals"):  # exactly proportional to the kept pages
-        assert getattr(est[1], x) == 2 * getattr(est[0], x)
-        assert getattr(est[2], x) == 3 * getattr(est[0], x)
+        e0, e1, e2 = (getattr(e, x) - fixed[x] for e in est)
+        assert e1 == 2 * e0 and e2 == 3 * e0
     # in f at fixed P = M = 40: the bytes change by whole kept pages
     structs = _ffd_structs(b, kh, g, d, p, 40, 40)
     fs = (0.1, 0.25, 0.5, 1.0)
@@ -185,7 +221,8 @@ def test_ffd_count_is_affine_in_context_and_kept_pages(impl):
         extra = round(40 * f1) - round(40 * f0)
         assert e1.bytes_accessed - e0.bytes_accessed == b * kh * extra * (
             page + (4 if impl == "gpu" else 0))
-        assert e1.flops * round(40 * f0) == e0.flops * round(40 * f1)
+        assert (e1.flops - fixed["flops"]) * round(40 * f0) == (
+            e0.flops - fixed["flops"]) * round(40 * f1)
 
 
 LLAMA = dict(num_kv_heads=8, num_heads=32, head_dim=128, page_size=128)
@@ -208,14 +245,29 @@ def test_ffd_floor_closed_form_llama_128k():
     assert tail.tail == 8 * 100 * 128 * 4 and tail.scan == floor.scan
 
 
-@pytest.mark.parametrize("impl", ["tpu", "gpu"])
 @pytest.mark.parametrize("shape", FFD_SHAPES)
-def test_ffd_count_is_at_least_the_floor(impl, shape):
-    """The kernel attends; the page scan (codes and scales of every page) runs before it, in XLA.
-    The kernel's bytes cover the floor's attend and io terms; with the scan's floor added, the
-    whole floor."""
+def test_ffd_tpu_count_is_at_least_the_floor(shape):
+    """TPU: the scan kernel reads the codes and scales of every page, the attention kernel the
+    kept pages, the tail page, the queries and writes the outputs: together at least the floor
+    (codes + kept pages + tail + queries and outputs)."""
     b, kh, g, d, p, n, m, ns, f, kept = shape
-    est = _ffd_kernel_estimate(impl, _ffd_structs(b, kh, g, d, p, n, m), ns, f)
+    structs = _ffd_structs(b, kh, g, d, p, n, m)
+    scan, attend = _scan_estimate(structs), _ffd_kernel_estimate("tpu", structs, ns, f)
+    # a context one token short of the capacity: P - 1 full pages and a tail of p - 1 tokens
+    floor = sd_cost.ffd_floor_bytes(n * p - 1, kh, kh * g, d, p, kept * 1.0 / n, io_itemsize=4)
+    assert floor.tail > 0
+    assert scan.bytes_accessed >= b * floor.scan
+    assert attend.bytes_accessed >= b * (floor.attend + floor.tail + floor.io)
+    assert scan.bytes_accessed + attend.bytes_accessed >= b * floor.total
+
+
+@pytest.mark.parametrize("shape", FFD_SHAPES)
+def test_ffd_gpu_count_is_at_least_the_floor(shape):
+    """GPU: the kernel attends; the page scan (codes and scales of every page) runs before it, in
+    XLA. The kernel's bytes cover the floor's attend and io terms; with the scan's floor added,
+    the whole floor."""
+    b, kh, g, d, p, n, m, ns, f, kept = shape
+    est = _ffd_kernel_estimate("gpu", _ffd_structs(b, kh, g, d, p, n, m), ns, f)
     floor = sd_cost.ffd_floor_bytes(n * p, kh, kh * g, d, p, kept * 1.0 / n, io_itemsize=4)
     assert floor.tail == 0
     assert est.bytes_accessed >= b * (floor.attend + floor.io)
@@ -235,23 +287,29 @@ def _qvg_structs(b, kh, r, d, nc, cfg):
 
 def _qvg_bytes_from_blocks(impl, q, code, rope, rows=None, ns=1):
     """Bytes summed over the blocks the kernel touches (every chunk), from zero arrays. With RoPE
-    the tables are those the kernel is passed (:func:`pc.rope_tables`): the chunk start's block
-    [3, D/2] per chunk and pair; the frequencies [1, D/2] and offsets [3, N, D/2], whose block
+    the tables are those the kernel is passed (:func:`pc.rope_tables`): on TPU the chunk starts'
+    block [3, D/2, L] once per group of L chunk columns and pair, on GPU the chunk start's column
+    [3, D/2] per chunk and pair; the frequencies [D/2, 1] and offsets [3, D/2, N], whose block
     index never changes, once per call (TPU) or once per program that holds a chunk (GPU)."""
     fields = [np.zeros(x.shape, x.dtype) for x in code]
     b, kh, r, d = q.shape
-    nc, n = code.codes.shape[2], code.codes.shape[3]
-    tables = jax.eval_shape(lambda: pc.rope_tables(nc, n, d, 10_000.0))
+    nc, n = code.codes.shape[2], code.codes.shape[4]
+    lanes = nc if nc <= 128 else 128
+    tables = jax.eval_shape(lambda: pc.rope_tables(nc, n, d, 10_000.0, pad_to=lanes))
     freq, offsets, starts = (np.zeros(t.shape, t.dtype) for t in tables)
-    assert starts.shape == (nc, 3, d // 2) and offsets.shape == (3, n, d // 2)
+    assert offsets.shape == (3, d // 2, n) and freq.shape == (d // 2, 1)
     total = 0
     for bi in range(b):
         for ki in range(kh):
             for c in range(nc):
                 total += 2 * sum(x[bi, ki, c].nbytes for x in fields)  # keys and values
-                total += starts[c].nbytes if rope else 0
+                if rope and impl == "gpu":
+                    total += starts[:, :, c].nbytes
             if impl == "tpu":
                 total += np.zeros((r, d), q.dtype).nbytes + np.zeros((r, d + 1), np.float32).nbytes
+                if rope:
+                    for g0 in range(0, nc, lanes):  # one block per lane group
+                        total += starts[:, :, g0:g0 + lanes].nbytes
             else:
                 active = -(-nc // -(-nc // ns))
                 total += active * np.zeros((rows, d), q.dtype).nbytes
@@ -266,11 +324,11 @@ def _qvg_bytes_from_blocks(impl, q, code, rope, rows=None, ns=1):
 
 # (B, K, G, T, D, NC, cfg, rope_base)
 QVG_SHAPES = [
-    (1, 2, 4, 1, 32, 3, kq_ref.QVGConfig(bits=2, stages=1, block=16, num_centroids=4, chunk=16),
+    (1, 2, 4, 1, 32, 3, kq_ref.QVGConfig(bits=2, stages=1, block=16, num_centroids=4, chunk=128),
      10_000.0),
-    (2, 1, 2, 2, 64, 5, kq_ref.QVGConfig(bits=4, stages=2, block=32, num_centroids=8, chunk=32),
+    (2, 1, 2, 2, 64, 5, kq_ref.QVGConfig(bits=4, stages=2, block=32, num_centroids=8, chunk=128),
      None),
-    (1, 1, 1, 1, 32, 2, kq_ref.QVGConfig(bits=2, stages=0, block=32, num_centroids=4, chunk=16),
+    (1, 1, 1, 1, 32, 2, kq_ref.QVGConfig(bits=2, stages=0, block=32, num_centroids=4, chunk=128),
      500.0),
 ]
 
@@ -291,14 +349,15 @@ def test_qvg_declared_estimate_is_the_analytic_count(impl, case):
         assert est.transcendentals == b * kh * (nc * (r * n + r) + r)
         rows, onehot = r, 2 * 2 * n * cfg.num_centroids * d * cfg.stages
     else:
-        rows, ns, bn = max(16, 1 << (r - 1).bit_length()), min(nc, 4), min(n, 64)
+        rows, bn = max(16, 1 << (r - 1).bit_length()), min(n, 64)
+        ns = kq_gpu.default_splits(b * kh, nc)
         qp = jax.ShapeDtypeStruct((b, kh, rows, d), q.dtype)
         assert est == kq_cost.qvg_gpu_cost(qp, code, code, cfg, w=w, rope=rope, num_splits=ns,
                                            block_n=bn)
         assert est.bytes_accessed == _qvg_bytes_from_blocks("gpu", q, code, rope, rows, ns)
         assert est.transcendentals == b * kh * nc * (n // bn) * (rows * bn + rows)
-        onehot = 0
-    # matmuls: q K^T and P V (4 R N D per chunk) plus the TPU's one-hot centroid gathers; the
+        onehot = 2 * 2 * n * cfg.num_centroids * d * cfg.stages
+    # matmuls: q K^T and P V (4 R N D per chunk) plus the one-hot centroid gathers; the
     # in-kernel RoPE of the keys: 17 + 4 m + 6 = 27 per token and frequency at m = 1 (below 128k)
     matmul = b * kh * nc * (4 * rows * n * d + onehot)
     rot = b * kh * nc * n * (d // 2) * 27 if rope else 0
@@ -306,37 +365,42 @@ def test_qvg_declared_estimate_is_the_analytic_count(impl, case):
 
 
 def test_qvg_tpu_count_by_hand():
-    """B = K = R = NC = 1, D = 32, N = 16, INT2, block 16, S = 1, C = 4, no RoPE: W = 8."""
-    cfg = kq_ref.QVGConfig(bits=2, stages=1, block=16, num_centroids=4, chunk=16)
+    """B = K = R = NC = 1, D = 32, N = 128, INT2, block 16, S = 1, C = 4, no RoPE: W = 8."""
+    cfg = kq_ref.QVGConfig(bits=2, stages=1, block=16, num_centroids=4, chunk=128)
     q, code, start, nq = _qvg_structs(1, 1, 1, 32, 1, cfg)
     est = _one(lambda *a: kq_tpu.qvg_chunk_attention(*a[:3], cfg, *a[3:], 1, None),
                q, code, code, start, nq)
-    # bytes: q 32*4 = 128; per tensor codes 16*8 = 128, scales 16*2*2 = 64, assignments 16,
-    # centroids 4*32*2 = 256 (464, keys and values: 928); out and lse (32+1)*4 = 132; row offset 4
-    # and the prefetched start, num_quantized 8
-    assert est.bytes_accessed == 128 + 928 + 132 + 4 + 8
-    # dequantize, per tensor: 2*16*32 = 1024 + centroid add 16*32 = 512 + one-hot matmul
-    # 2*16*4*32 = 4096; attend: matmuls 4*16*32 = 2048, logit piece adds and 1/sqrt(D) 16*4 = 64,
-    # softmax 3*16 = 48 and 4 per row, accumulator rescale 2*32 = 64; final acc / l, m + log l: 33
-    assert est.flops == 2 * (1024 + 512 + 4096) + (2048 + 64 + 48 + 4 + 64) + 33
-    assert est.transcendentals == 16 + 1 + 1
+    # bytes: q 32*4 = 128; per tensor codes 128*8 = 1024, scales 128*2*2 = 512, assignments 128,
+    # centroids 4*32*2 = 256 (1920, keys and values: 3840); out and lse (32+1)*4 = 132; row
+    # offset 4 and the prefetched start, num_quantized 8
+    assert est.bytes_accessed == 128 + 3840 + 132 + 4 + 8
+    # dequantize, per tensor: 2*128*32 = 8192 + centroid add 128*32 = 4096 + one-hot matmul
+    # 2*128*4*32 = 32768; attend: matmuls 4*128*32 = 16384, logit piece adds and 1/sqrt(D)
+    # 128*4 = 512, softmax 3*128 = 384 and 4 per row, accumulator rescale 2*32 = 64; final
+    # acc / l, m + log l: 33
+    assert est.flops == 2 * (8192 + 4096 + 32768) + (16384 + 512 + 384 + 4 + 64) + 33
+    assert est.transcendentals == 128 + 1 + 1
 
 
 @pytest.mark.parametrize("impl", ["tpu", "gpu"])
 def test_qvg_count_is_affine_in_context(impl):
-    cfg = kq_ref.QVGConfig(bits=2, stages=1, block=16, num_centroids=4, chunk=16)
+    cfg = kq_ref.QVGConfig(bits=2, stages=1, block=16, num_centroids=4, chunk=128)
     b, kh, r, d = 2, 2, 4, 32
     est = []
-    for nc in (4, 8, 12):  # the GPU kernel runs 4 programs per pair at each
+    for nc in (128, 256, 384):  # 128-lane groups of chunk starts (TPU); 4 programs a pair (GPU)
         q, code, start, nq = _qvg_structs(b, kh, r, d, nc, cfg)
-        fn = kq_tpu.qvg_chunk_attention if impl == "tpu" else kq_gpu.qvg_chunk_attention
+        if impl == "tpu":
+            fn = kq_tpu.qvg_chunk_attention
+        else:
+            fn = functools.partial(kq_gpu.qvg_chunk_attention, num_splits=4)
         est.append(_one(lambda *a, fn=fn: fn(*a[:3], cfg, *a[3:], 1, 10_000.0),
                         q, code, code, start, nq))
     chunk = kq_cost.chunk_bytes(code)
-    # per chunk: codes 16*8 + scales 16*2*2 + assignments 16 + centroids 4*32*2 = 464 bytes, keys
-    # and values, plus the chunk start's RoPE block (cos, sin, angle) 3 * 16 * 4
-    assert chunk == 16 * 8 + 16 * 2 * 2 + 16 + 4 * 32 * 2
-    step = b * kh * 4 * (2 * chunk + 3 * 16 * 4)
+    # per chunk: codes 128*8 + scales 128*2*2 + assignments 128 + centroids 4*32*2 = 1920 bytes,
+    # keys and values, plus the chunk start's RoPE cos, sin, angle 3 * 16 * 4 (a column per
+    # chunk; on TPU in blocks of 128 columns)
+    assert chunk == 128 * 8 + 128 * 2 * 2 + 128 + 4 * 32 * 2
+    step = b * kh * 128 * (2 * chunk + 3 * 16 * 4)
     for field in ("bytes_accessed", "flops", "transcendentals"):
         d1 = getattr(est[1], field) - getattr(est[0], field)
         d2 = getattr(est[2], field) - getattr(est[1], field)

@@ -24,8 +24,8 @@ def _specs(cfg: QVGConfig, b: int, kh: int, nc: int, d: int, rows: int):
     """ShapeDtypeStructs of (q, k_code, v_code, start, num_quantized)."""
     n, s = cfg.chunk, cfg.stages
     S = jax.ShapeDtypeStruct
-    code = ref.QVGCode(S((b, kh, nc, n, d * cfg.bits // 8), jnp.uint8),
-                       S((b, kh, nc, n, d // cfg.block), ref.SCALE_DTYPE),
+    code = ref.QVGCode(S((b, kh, nc, d * cfg.bits // 8, n), jnp.uint8),  # tokens minor
+                       S((b, kh, nc, d // cfg.block, n), ref.SCALE_DTYPE),
                        S((b, kh, nc, s, n), jnp.uint8),
                        S((b, kh, nc, s, cfg.num_centroids, d), ref.CENTROID_DTYPE))
     return (S((b, kh, rows, d), jnp.float32), code, code, S((b,), jnp.int32), S((b,), jnp.int32))
@@ -39,8 +39,9 @@ def _compile(kernel, cfg, target, rope_base, num_new=2, nc=2, d=128, rows=8, **k
 
 
 # A small shape of each code path: INT2 with one k-means stage and RoPE'd keys; INT4 plain.
-SMALL = [(QVGConfig(bits=2, stages=1, block=64, num_centroids=16, chunk=64), 10_000.0),
-         (QVGConfig(bits=4, stages=0, block=32, chunk=64), None)]
+# Chunks of 128 tokens (the TPU lanes); NC = 2 chunks, both in one TPU grid step.
+SMALL = [(QVGConfig(bits=2, stages=1, block=64, num_centroids=16, chunk=128), 10_000.0),
+         (QVGConfig(bits=4, stages=0, block=32, chunk=128), None)]
 
 
 @pytest.mark.parametrize("target", ["tpu-v5e", "tpu-v6e"])
@@ -68,3 +69,22 @@ def test_gpu_kernel_compiles_at_the_paper_chunk():
                    shared_memory=True)
     smem = res.shared_memory["qvg_chunk_attention"]
     assert 0 < smem <= H100_SHARED_MEMORY
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_tpu_kernel_compiles_at_other_head_dims(d):
+    """Head dims 64 and 256 (pieces of W = 16 and 64 rows), keys rotated in the kernel."""
+    cfg = QVGConfig(bits=2, stages=1, block=min(64, d), num_centroids=16, chunk=256)
+    res = _compile(pallas_tpu.qvg_chunk_attention, cfg, "tpu-v5e", 10_000.0, d=d, nc=4)
+    assert res.memory["generated_code"] > 0
+
+
+def test_gpu_kernel_compiles_with_many_splits():
+    """512 chunks (128k slots of N = 256): the default split-K gives every (row, kv head) pair
+    enough programs for >= 264 in all (two per SM of an H100's 132), and the kernel compiles."""
+    for pairs, splits in ((1, 512), (2, 171), (8, 35), (16, 18)):
+        assert pallas_gpu.default_splits(pairs, 512) == splits and pairs * splits >= 264
+    cfg = QVGConfig(bits=2, stages=1, block=64, num_centroids=16, chunk=256)
+    res = _compile(pallas_gpu.qvg_chunk_attention, cfg, "h100", 500_000.0, nc=512, rows=4,
+                   num_new=1, shared_memory=True)
+    assert 0 < res.shared_memory["qvg_chunk_attention"] <= H100_SHARED_MEMORY

@@ -18,15 +18,15 @@ def _random_code(rng, b, kh, nc, n, d, cfg):
     """Fresh random codes: every byte pattern, positive bf16 scales, random ids and centroids
     (drawn with numpy: no XLA compilation for test inputs)."""
     p = d * cfg.bits // 8
-    codes = rng.integers(0, 256, (b, kh, nc, n, p), dtype=np.uint8)
-    scales = rng.uniform(0.05, 0.6, (b, kh, nc, n, d // cfg.block))
+    codes = rng.integers(0, 256, (b, kh, nc, p, n), dtype=np.uint8)  # tokens minor
+    scales = rng.uniform(0.05, 0.6, (b, kh, nc, d // cfg.block, n))
     assign = rng.integers(0, cfg.num_centroids, (b, kh, nc, cfg.stages, n), dtype=np.uint8)
     cents = rng.standard_normal((b, kh, nc, cfg.stages, cfg.num_centroids, d))
     return ref.QVGCode(jnp.asarray(codes), jnp.asarray(scales, ref.SCALE_DTYPE),
                        jnp.asarray(assign), jnp.asarray(cents, ref.CENTROID_DTYPE))
 
 
-def _case(seed, g, t, bits, stages, block, b, start, nq, kh=2, nc=3, n=16, d=32, c=4):
+def _case(seed, g, t, bits, stages, block, b, start, nq, kh=2, nc=3, n=128, d=32, c=4):
     cfg = QVGConfig(bits=bits, stages=stages, block=block, num_centroids=c, chunk=n)
     rng = np.random.default_rng(seed)
     q = jnp.asarray(2.0 * rng.standard_normal((b, kh, g * t, d)), jnp.float32)
@@ -36,12 +36,13 @@ def _case(seed, g, t, bits, stages, block, b, start, nq, kh=2, nc=3, n=16, d=32,
 
 
 # (G, T, bits, stages, block, B, NC, start, num_quantized, rope): GQA 1, 2 and 4; ragged rows (one
-# with nothing quantized yet, ones whose window has just started, a full cache); INT2 / INT4;
-# S = 0, 1, 2 stages; with and without RoPE; NC = 5 gives the GPU kernel uneven splits (2, 2, 1).
+# with nothing quantized yet, ones whose window has just started, one ending mid-block, a full
+# cache); INT2 / INT4; S = 0, 1, 2 stages; with and without RoPE; chunks of N = 128 (the TPU
+# kernel's lanes); NC = 5 gives the GPU kernel uneven splits and the TPU kernel one chunk per step.
 CASES = [
-    (1, 1, 2, 0, 16, 2, 3, [37, 16], [32, 16], None),
-    (4, 2, 4, 1, 8, 3, 5, [30, 5, 79], [16, 0, 80], 10_000.0),
-    (2, 1, 2, 2, 8, 2, 3, [47, 20], [48, 16], 500.0),
+    (1, 1, 2, 0, 16, 2, 3, [300, 128], [256, 128], None),
+    (4, 2, 4, 1, 8, 3, 5, [240, 40, 632], [128, 0, 640], 10_000.0),
+    (2, 1, 2, 2, 8, 2, 4, [376, 160], [384, 128], 500.0),
 ]
 
 
@@ -91,7 +92,7 @@ def test_gpu_kernel_token_tiles_match_reference(block_n, num_splits):
 @pytest.mark.parametrize("bits,stages,rope", [(2, 1, 10_000.0), (4, 0, None)])
 def test_kernels_lower_for_accelerators(platform, impl, bits, stages, rope):
     q, kc, vc, cfg, start, nq = _case(3, 4, 2, bits, stages, 16, 2, [40, 20], [32, 16],
-                                      d=64, n=32, c=16)
+                                      d=64, n=128, c=16)
     f = jax.jit(lambda q, k, v, s, m: KERNELS[impl](q, k, v, cfg, s, m, 2, rope))
     # a Triton call carries no serialization-compatibility guarantee; we only check that it lowers
     checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
@@ -110,5 +111,13 @@ def test_bad_input_raises():
                                                             num_centroids=4, chunk=16),
                                        start, nq, 1, None, interpret=True)
     q6, kc6, vc6, cfg6, _, _ = _case(0, 1, 1, 2, 0, 8, 2, [5, 5], [0, 0], d=24, c=4)
-    with pytest.raises(ValueError, match="power-of-two"):
+    with pytest.raises(ValueError, match="powers of two"):
         pallas_gpu.qvg_chunk_attention(q6, kc6, vc6, cfg6, start, nq, 1, None, interpret=True)
+    # the TPU layout: a chunk's tokens are the 128 lanes, a piece's W rows whole sublane tiles;
+    # refused before compiling, naming the value and what works
+    qa, kca, vca, cfga, _, _ = _case(0, 1, 1, 2, 0, 16, 2, [5, 5], [0, 0], n=64)
+    with pytest.raises(ValueError, match=r"chunk=64 is not a multiple of 128.*128, 256"):
+        pallas_tpu.qvg_chunk_attention(qa, kca, vca, cfga, start, nq, 1, None, interpret=True)
+    qb, kcb, vcb, cfgb, _, _ = _case(0, 1, 1, 2, 0, 16, 2, [5, 5], [0, 0], d=16)
+    with pytest.raises(ValueError, match=r"head dim 16 .* = 4 rows.*multiple of 8"):
+        pallas_tpu.qvg_chunk_attention(qb, kcb, vcb, cfgb, start, nq, 1, None, interpret=True)

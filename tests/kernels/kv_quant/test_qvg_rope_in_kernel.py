@@ -26,12 +26,13 @@ ULP1 = 2.0 ** -24  # half the float32 spacing at 1
 
 
 def _tables_at(pos, n, nc, d, base):
-    """The kernels' operands for slots ``pos`` (materialized, as a kernel loads them)."""
+    """The kernels' operands for slots ``pos`` (materialized, as a kernel loads them), slots by
+    frequencies [T, D/2] (the tables hold frequencies by slots; rope_cos_sin is elementwise)."""
     tab = jax.jit(lambda: pc.rope_tables(nc, n, d, base))()
     c, j = pos // n, pos % n
-    off = tuple(jnp.asarray(np.asarray(tab.offsets[i])[j]) for i in range(3))
-    st = tuple(jnp.asarray(np.asarray(tab.starts)[c, i]) for i in range(3))
-    return tab.freq, off, st
+    off = tuple(jnp.asarray(np.asarray(tab.offsets[i]).T[j]) for i in range(3))
+    st = tuple(jnp.asarray(np.asarray(tab.starts[i]).T[c]) for i in range(3))
+    return tab.freq.T, off, st
 
 
 @functools.partial(jax.jit, static_argnames="terms")
@@ -95,8 +96,8 @@ NQ = [NC * N, 23 * N + 1000]  # a full cache; one that ends inside chunk 23 (chu
 def _random_code(rng, d, cfg):
     """Fresh random QVG codes [B = 2, K = 1, NC, ...] (numpy: no compilation for inputs)."""
     shape = (2, 1, NC)
-    codes = rng.integers(0, 256, shape + (N, d * cfg.bits // 8), dtype=np.uint8)
-    scales = rng.uniform(0.05, 0.6, shape + (N, d // cfg.block))
+    codes = rng.integers(0, 256, shape + (d * cfg.bits // 8, N), dtype=np.uint8)  # tokens minor
+    scales = rng.uniform(0.05, 0.6, shape + (d // cfg.block, N))
     assign = rng.integers(0, cfg.num_centroids, shape + (cfg.stages, N), dtype=np.uint8)
     cents = rng.standard_normal(shape + (cfg.stages, cfg.num_centroids, d))
     return ref.QVGCode(jnp.asarray(codes), jnp.asarray(scales, ref.SCALE_DTYPE),
