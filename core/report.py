@@ -290,13 +290,16 @@ def parse_check(text: str) -> tuple[str, str, float | None, float, str | None, f
 
 
 def metric_value(metrics: Mapping[str, Any], key: str) -> Any:
-    """``metrics[a][b]...`` for ``key = "a.b..."``.
+    """``metrics[a][b]...`` for ``key = "a.b..."``; ``None`` when a group on the way is ``None``
+    (a part of the experiment that did not run: its metrics are not measured).
 
     Raises:
       KeyError: a missing key (the message names the full key and the keys present there).
     """
     node: Any = metrics
     for i, part in enumerate(key.split(".")):
+        if node is None:
+            return None
         if not isinstance(node, Mapping) or part not in node:
             where = ".".join(key.split(".")[:i]) or "metrics"
             present = sorted(node) if isinstance(node, Mapping) else type(node).__name__
@@ -349,8 +352,8 @@ class Claim:
 
     1. A check whose metric is ``None`` (the run did not measure it) is left out and shown as
        "not measured here". If every check is left out: **"not measured here"**.
-    2. Else, if any ``resolved`` check does not hold (fails, or its metric is ``None`` or NaN):
-       **"not resolved at this size"** — the measurement is too noisy or too small to decide
+    2. Else, if any ``resolved`` check fails (a NaN fails; one on a ``None`` metric is left out
+       like a check): **"not resolved at this size"** — the measurement is too noisy or too small to decide
        the claim either way, whatever the checks say.
     3. Else, over the measured checks: all hold **"yes"**, some **"partly"**, none **"no"**.
 
@@ -403,7 +406,7 @@ class Claim:
         held = [o for o in self.outcomes(metrics) if o is not None]
         if not held:
             return NOT_MEASURED
-        if not all(o is True for o in self.resolved_outcomes(metrics)):
+        if any(o is False for o in self.resolved_outcomes(metrics)):
             return NOT_RESOLVED
         return "yes" if all(held) else ("partly" if any(held) else "no")
 
@@ -417,10 +420,9 @@ class Claim:
             needs = " and ".join(f"`{c}`" for c in self.resolved)
             parts.append(f"else {NOT_RESOLVED!r} unless {needs}")
         n = len(self.checks)
-        parts.append(f"else 'yes' if all {n} checks hold, 'partly' if some, 'no' if none "
-                     "(a check on an unmeasured metric is left out)" if n > 1
-                     else "else 'yes' if the check holds, 'no' if not")
-        return "; ".join(parts) + "."
+        parts.append(f"else 'yes' if all {n} checks hold, 'partly' if some, 'no' if none"
+                     if n > 1 else "else 'yes' if the check holds, 'no' if not")
+        return "; ".join(parts) + " (a check on an unmeasured metric is left out)."
 
     def reason(self, metrics: Mapping[str, Any]) -> str:
         """Why :meth:`verdict` gave what it gave on ``metrics``, in one markdown line."""
@@ -433,7 +435,7 @@ class Claim:
                 if unmeasured else "")
         if verdict == NOT_RESOLVED:
             failed = [c for c, o in zip(self.resolved, self.resolved_outcomes(metrics))
-                      if o is not True]
+                      if o is False]
             return f"{NOT_RESOLVED}: {', '.join(f'`{c}`' for c in failed)} does not hold" + tail
         held = sum(1 for o in outcomes if o is True)
         measured = sum(1 for o in outcomes if o is not None)

@@ -35,6 +35,7 @@ from algorithms.rl_scaling import (
     warmstart,
 )
 from core import figures as style
+from core import figures as style
 from core import report
 from core.timing import Stopwatch
 from experiments import common
@@ -200,10 +201,11 @@ def n_star_slope(fit_result: dict) -> dict:
     seeds (:func:`analysis.fit_n_star`): {"slope", "lo", "hi", "excludes_zero"}; ``excludes_zero``
     is 1 when the interval lies wholly above or below 0 (the sweep is large enough to tell
     whether n* grows), else 0. Without a bootstrap (fewer than 3 budgets where every n ran, or
-    ``fit_boot = 0``) ``lo``, ``hi`` and ``excludes_zero`` are None: not measured."""
+    ``fit_boot = 0``) ``lo`` and ``hi`` are None and ``excludes_zero`` is 0: nothing shows that
+    the sweep can tell."""
     slope = fit_result["power"]["b"]
     if "slope_ci" not in fit_result:
-        return {"slope": slope, "lo": None, "hi": None, "excludes_zero": None}
+        return {"slope": slope, "lo": None, "hi": None, "excludes_zero": 0}
     lo, hi = fit_result["slope_ci"]
     return {"slope": slope, "lo": lo, "hi": hi, "excludes_zero": int(lo > 0 or hi < 0)}
 

@@ -212,7 +212,10 @@ def coverage_study(truth: btl.Params, per_cell: int, num_datasets: int, level: f
       information), ``se_ratio_observed_to_expected`` (median over the data sets used of the mean
       ratio of the score standard errors), ``num_datasets`` (R), ``num_used`` (R'),
       ``num_dropped`` (R - R'), ``dropped_fraction``, ``converged`` (R' / R, kept for older
-      readers), ``comparisons_per_dataset``.
+      readers), ``comparisons_per_dataset``, and ``scores_mc_se``: the Monte Carlo standard error
+      of ``scores``, from the spread over data sets of each one's share of covered models
+      (``std(ddof=1) / sqrt(R')``, so the models of one data set are not taken as independent;
+      ``None`` with R' = 1).
 
     Raises:
       ValueError: ``num_datasets`` or ``per_cell`` < 1, or no data set with a finite MLE.
@@ -257,7 +260,9 @@ def coverage_study(truth: btl.Params, per_cell: int, num_datasets: int, level: f
         return {k: float(np.mean(np.asarray(v)[ok]))
                 for k, v in zip(("scores", "differences", "log_discrimination"), c)}
 
-    return dict(**fractions(exp_c), observed=fractions(obs_c),
+    per_dataset = np.asarray(exp_c[0], np.float64)[ok].mean(axis=1)  # [R'] share covered
+    mc_se = float(per_dataset.std(ddof=1) / np.sqrt(used)) if used > 1 else None
+    return dict(**fractions(exp_c), observed=fractions(obs_c), scores_mc_se=mc_se,
                 se_ratio_observed_to_expected=float(np.median(np.asarray(ratio)[ok])),
                 num_datasets=int(num_datasets), num_used=used, num_dropped=int(num_datasets - used),
                 dropped_fraction=float(1.0 - used / num_datasets), converged=float(used / num_datasets),

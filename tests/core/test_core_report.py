@@ -126,7 +126,7 @@ def test_claim_config_fields_are_validated_with_the_config(tmp_path):
         "statement": "under bigram", "verdict": "yes", "checks": {"bpb < bigram": True},
         "resolved": {}, "reason": "yes: 1 of 1 measured checks hold",
         "rule": "Rule: 'not measured here' if no check's metric was measured; else 'yes' if the "
-                "check holds, 'no' if not."}
+                "check holds, 'no' if not (a check on an unmeasured metric is left out)."}
     assert section.body.startswith("b\n\n**Verdict — yes: 1 of 1 measured checks hold.** Rule: ")
 
 
@@ -146,9 +146,12 @@ _SLOPE_CLAIM = dict(method="m", statement="n* grows", checks=("slope > 0", "easy
     ({"slope": 0.3, "easy_slope": 0.2, "slope_ci": {"lo": -0.02, "width": 0.70}},
      "not resolved at this size", [True, True], [False],
      "not resolved at this size: `slope_ci.width <= 0.5` does not hold"),
-    # an interval that could not be computed does not resolve the claim either
-    ({"slope": 0.3, "easy_slope": 0.2, "slope_ci": {"lo": None, "width": None}},
-     "not resolved at this size", [True, True], ["not measured here"],
+    # an interval this run did not measure (a part that did not run) is left out, like a check;
+    # an experiment that must show its size records a failing value instead (NaN fails)
+    ({"slope": 0.3, "easy_slope": 0.2, "slope_ci": None}, "yes", [True, True],
+     ["not measured here"], "yes: 2 of 2 measured checks hold"),
+    ({"slope": 0.3, "easy_slope": 0.2, "slope_ci": {"lo": 0.1, "width": float("nan")}},
+     "not resolved at this size", [True, True], [False],
      "not resolved at this size: `slope_ci.width <= 0.5` does not hold"),
     # one check unmeasured: left out of the verdict, named in the reason
     ({"slope": 0.3, "easy_slope": None, "slope_ci": {"lo": 0.1, "width": 0.4}}, "yes",

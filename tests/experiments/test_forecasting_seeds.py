@@ -58,3 +58,7 @@ def test_claim_wins_and_loses_by_seed_majority_and_etth1_absent_is_not_measured(
     _, s_mixed = _case([0.04, -0.05, 0.01, -0.02, 0.03])
     m = forecasting._claim_metrics(results, {"series": {"24": s24, "96": s_mixed}})
     assert m["crps_undecided"] == 1 and claim.verdict(m) == "not resolved at this size"
+    # one seed has no interval: nothing is decided
+    m = forecasting._claim_metrics(results, {"series": {
+        "24": forecasting.seed_summary([r24]), "96": forecasting.seed_summary([r96])}})
+    assert m["crps_undecided"] == 2 and claim.verdict(m) == "not resolved at this size"

@@ -100,7 +100,8 @@ def _stub_parts(monkeypatch, tmp_path):
     monkeypatch.setattr(judge_btl.studies, "recovery_replicates", lambda *a, **k: dict(
         rmse_judge_aware=0.01, rmse_btl=0.02, judge_aware_better=1.0, num_used=2, num_dropped=0))
     monkeypatch.setattr(judge_btl.studies, "coverage_study", lambda *a, **k: dict(
-        scores=0.95, differences=0.95, log_discrimination=0.95, converged=0.75, num_datasets=8,
+        scores=0.95, scores_mc_se=0.005, differences=0.95, log_discrimination=0.95,
+        converged=0.75, num_datasets=8,
         num_used=6, num_dropped=2, dropped_fraction=0.25, se_ratio_observed_to_expected=0.97,
         observed=dict(scores=0.94, differences=0.93, log_discrimination=0.92),
         comparisons_per_dataset=10.0))
@@ -119,7 +120,9 @@ def test_without_data_the_headline_comes_from_the_simulation(tmp_path, monkeypat
     assert m["headline"]["heldout_loglik_judge_aware"] == -0.1 and m["headline"]["speedup_vs_choix"] == 2.0
     assert "No comparisons file" in section.body
     # The coverage says how many simulated data sets it left out and over how many it is taken.
-    assert "| 2 of 8 (25.0%) |" in section.body and "(over the 6 data sets kept)" in section.body
+    assert "| 2 of 8 (25.0%) |" in section.body and "(over the 6 data sets kept;" in section.body
+    assert "| [0.93, 0.97] | 0.95 +- 0.0050 |" in section.body  # with its Monte Carlo error
+    assert m["claim"]["resolved"] == {"coverage.scores_mc_se <= 0.01": True}
     assert "(over the 6 of 8 simulated data sets" in section.headline["ours"]
     # The common-scale recovery numbers are top-level keys and part of the claim.
     assert (m["sim_rmse_judge_aware"], m["sim_rmse_btl"]) == (0.05, 0.06)

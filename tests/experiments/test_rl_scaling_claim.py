@@ -21,9 +21,9 @@ def test_n_star_slope_excludes_zero_only_when_the_interval_lies_on_one_side(ci, 
     assert s == {"slope": 0.33, "lo": ci[0], "hi": ci[1], "excludes_zero": expected}
 
 
-def test_n_star_slope_without_a_bootstrap_is_not_measured():
+def test_n_star_slope_without_a_bootstrap_does_not_resolve():
     assert rl_scaling.n_star_slope(_fit(0.33)) == {"slope": 0.33, "lo": None, "hi": None,
-                                                   "excludes_zero": None}
+                                                   "excludes_zero": 0}
 
 
 def test_objective_spread_is_max_minus_min_over_n():

@@ -121,3 +121,7 @@ def test_coverage_study_counts_the_data_sets_it_leaves_out():
     np.testing.assert_allclose(cov["dropped_fraction"], (r - used) / r, rtol=1e-12)
     np.testing.assert_allclose(cov["scores"], np.mean(hits["expected"]), rtol=1e-12)
     np.testing.assert_allclose(cov["observed"]["scores"], np.mean(hits["observed"]), rtol=1e-12)
+    # Monte Carlo error of the coverage: spread over data sets of each one's covered share
+    shares = np.mean(hits["expected"], axis=1)
+    np.testing.assert_allclose(cov["scores_mc_se"], np.std(shares, ddof=1) / np.sqrt(used),
+                               rtol=1e-12)
