@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import ml_collections
@@ -179,9 +179,11 @@ def _help_text(argv: Sequence[str], extra_help: Callable[[Sequence[str]], str] |
 
 
 def config_help(config: ml_collections.ConfigDict, variants: Sequence[str], selected: str,
-                how_variant: str, how_field: str) -> str:
+                how_variant: str, how_field: str,
+                descriptions: Mapping[str, str] | None = None) -> str:
     """Lines listing the variants and every leaf field of ``config`` with its value (the
-    defaults of variant ``selected``), for ``--helpshort``."""
+    defaults of variant ``selected``), for ``--helpshort``; a field in ``descriptions`` (a config
+    module's ``FIELD_HELP``: dotted path -> one line) has its description after a ``#``."""
     lines = [f"variants ({how_variant}): {', '.join(variants)}",
              f"config fields ({how_field}), defaults of `{selected}`:"]
     for path in cfg_lib.field_paths(config):
@@ -189,7 +191,8 @@ def config_help(config: ml_collections.ConfigDict, variants: Sequence[str], sele
         for part in path.split("."):
             node = node[part]
         if path != "variant" and not isinstance(node, ml_collections.ConfigDict):
-            lines.append(f"  {path} = {node!r}")
+            about = (descriptions or {}).get(path)
+            lines.append(f"  {path} = {node!r}" + (f"  # {about}" if about else ""))
     return "\n".join(lines)
 
 
@@ -455,7 +458,7 @@ def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.
         path = spec.split(":", 1)[0]
         return config_help(config, variants_of(module), config.get("variant", "tiny"),
                            f"--config={path}:VARIANT[,field=value,...]",
-                           "--config.FIELD=VALUE")
+                           "--config.FIELD=VALUE", getattr(module, "FIELD_HELP", None))
 
     def main(argv):
         if len(argv) > 1:

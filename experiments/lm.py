@@ -1,11 +1,15 @@
-"""Experiment ``lm``: a causal byte-level transformer on the Shakespeare plays.
+"""Experiment ``lm``: a causal byte-level transformer on the Shakespeare plays or your own text.
 
-Trains on the training plays (:mod:`algorithms.lm.training`), reports bits per byte on held-out
-plays next to unigram and bigram baselines fitted on the same split
+Trains on the training split (:mod:`algorithms.lm.training`), reports bits per byte on the held-out
+split next to unigram and bigram baselines fitted on the same split
 (:mod:`algorithms.lm.evaluation`), samples text, and leaves its checkpoint in
-``<workdir>/lm/checkpoints`` for the KV-cache experiments.
+``<workdir>/lm/checkpoints`` for the KV-cache experiments. The text is the config field
+``data_path`` (empty: the Shakespeare plays, held out by whole play; a single file: its tail is
+held out, see :func:`core.data.text.load_corpus`); the sample's prompt is ``ROMEO.`` on the plays
+and the first line of the held-out text otherwise.
 
     python -m experiments.lm --config=experiments/configs/lm.py:tiny --workdir=workdir
+    python -m experiments.lm --workdir=workdir --config.data_path=my_text.txt
 """
 
 from __future__ import annotations
@@ -29,17 +33,41 @@ from models.sampling import generate
 from models.transformer import forward_flops_per_token, param_count
 
 NAME = "lm"
+# Bytes of held-out text a prompt takes at most (cut after its first line break).
+PROMPT_BYTES = 32
 
 
-def loss_figure(hist: list[dict], val_bpb: float, bigram_bpb: float) -> plt.Figure:
+def sample_prompt(config: ml_collections.ConfigDict, val: np.ndarray,
+                  tokenizer: ByteTokenizer) -> np.ndarray:
+    """int32 [P] prompt ids: ``"ROMEO.\n"`` on the Shakespeare plays; on the text of
+    ``data_path`` the held-out text's first line, at most ``PROMPT_BYTES`` bytes and half the
+    model's ``max_len``."""
+    if not config.data_path:
+        return tokenizer.encode("ROMEO.\n")
+    head = np.asarray(val[:max(1, min(PROMPT_BYTES, config.model.max_len // 2))], np.int32)
+    newline = np.flatnonzero(head == tokenizer.encode("\n")[0])
+    return head[:newline[0] + 1] if newline.size and newline[0] > 0 else head
+
+
+def data_name(data_path: str) -> str:
+    """How a figure names the text of ``data_path``: ``"Shakespeare"`` for the default, else the
+    first path's name (``"..."`` after it when there are several)."""
+    if not data_path:
+        return "Shakespeare"
+    first = data_path.split(",")[0].rstrip("/")
+    return os.path.basename(first) + ("..." if "," in data_path else "")
+
+
+def loss_figure(hist: list[dict], val_bpb: float, bigram_bpb: float,
+                text_name: str = "Shakespeare") -> plt.Figure:
     """The training loss in bits per byte against the step (``hist``: the records of
     ``train_metrics.jsonl``, keys ``step`` and ``loss`` in nats per byte), with the held-out and
-    bigram bits per byte as horizontal lines."""
+    bigram bits per byte as horizontal lines; ``text_name`` names the text in the title."""
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     ax.plot([h["step"] for h in hist], [h["loss"] / math.log(2) for h in hist], label="train (batch)")
     ax.axhline(val_bpb, color="C1", ls="--", label=f"held-out {val_bpb:.3f}")
     ax.axhline(bigram_bpb, color="C2", ls=":", label=f"bigram {bigram_bpb:.3f}")
-    ax.set(xlabel="step", ylabel="bits per byte", title="Byte-level LM on Shakespeare")
+    ax.set(xlabel="step", ylabel="bits per byte", title=f"Byte-level LM on {text_name}")
     style.integer_ticks(ax, "x")
     style.legend_outside(ax)
     return fig
@@ -57,7 +85,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     # run restored from its final checkpoint trained nothing here and has no throughput.
     tokens = result.steps_run * config.batch_size * config.seq_len
     tokens_per_s = tokens / result.seconds if result.steps_run > 0 and result.seconds > 0 else None
-    prompt = tokenizer.encode("ROMEO.\n")[None, :]
+    prompt = sample_prompt(config, corpus.val, tokenizer)[None, :]
     sample_ids, _ = generate(lm.graphdef, lm.params, jnp.asarray(prompt), jax.random.key(1),
                              max_new_tokens=min(config.sample_len,
                                                 config.model.max_len - prompt.shape[1]),
@@ -73,7 +101,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "val_bytes": int(corpus.val.size), "resumed_from": result.resumed_from,
     }
     hist = report.read_json_lines(os.path.join(out, "train_metrics.jsonl"))
-    fig = loss_figure(hist, val_bpb, bigram)
+    fig = loss_figure(hist, val_bpb, bigram, data_name(config.data_path))
 
     body = "\n".join([
         report.markdown_table(
@@ -81,7 +109,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
             [["unigram (add-one)", unigram], ["bigram (add-one)", bigram],
              [f"transformer ({metrics['params']:,} params, {config.steps} steps)", val_bpb]]),
         "",
-        f"Held-out plays: {', '.join(corpus.val_docs)}. "
+        f"Held-out {'text' if config.data_path else 'plays'}: {', '.join(corpus.val_docs)}. "
         + (f"Training throughput {tokens_per_s:,.0f} tokens/s (including compilation)."
            if tokens_per_s is not None else
            f"Restored from the finished run's checkpoint at step {result.resumed_from}: nothing was "

@@ -62,7 +62,7 @@ def lm_loss(model: Transformer, tokens: jax.Array, key: jax.Array):
 
 def fingerprint(config: ml_collections.ConfigDict) -> str:
     """The settings that shape a run (not ``steps``: a finished run can be extended)."""
-    return config_fingerprint(config.model, config.corpus, config.seed, config.val_fraction,
+    return config_fingerprint(config.model, config.data_path, config.seed, config.val_fraction,
                               config.seq_len, config.batch_size, config.learning_rate,
                               config.warmup_steps, config.weight_decay, config.grad_clip)
 
@@ -87,14 +87,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     Raises:
       ValueError: ``seq_len`` above ``model.max_len``, a checkpoint of another run in
         ``workdir`` (settings fingerprint), a ``model_parallelism`` that does not divide the heads
-        or MLP width, an attention implementation the platform lacks, or an unreadable corpus
-        (naming the file).
+        or MLP width, an attention implementation the platform lacks, or unreadable or unsplittable
+        text at ``data_path`` (naming the file, :func:`core.data.text.load_corpus`).
+      FileNotFoundError: a ``data_path`` entry does not exist.
     """
     if config.seq_len > config.model.max_len:
         raise ValueError(f"lm config: seq_len={config.seq_len} exceeds model.max_len="
                          f"{config.model.max_len}")
     tokenizer = ByteTokenizer()
-    corpus = load_corpus(config.corpus or None, val_fraction=config.val_fraction,
+    corpus = load_corpus(config.data_path or None, val_fraction=config.val_fraction,
                          tokenizer=tokenizer)
     mcfg = model_config(config, tokenizer.vocab_size)
     mcfg.check_model_parallelism(config.model_parallelism)

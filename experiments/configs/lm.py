@@ -1,7 +1,14 @@
-"""Causal byte-level LM on the Shakespeare plays.
+"""Causal byte-level LM on the Shakespeare plays, or on your own text.
 
     python -m experiments.lm --config=experiments/configs/lm.py:tiny --workdir=workdir
     python -m experiments.lm --config=experiments/configs/lm.py:paper --workdir=gs://...  # accelerator
+    python -m experiments.lm --workdir=workdir --config.data_path=my_text.txt
+
+``data_path``: the text to train and evaluate on: a text file, or comma-separated files / folders
+(each ``*.txt`` file in a folder is one document); empty = the bundled Shakespeare plays. Several
+documents are split by whole document (every ``round(1 / val_fraction)``-th held out); a single file
+is split into its first ``1 - val_fraction`` for training and the rest, from the next line break,
+held out (:func:`core.data.text.load_corpus`).
 """
 
 import ml_collections
@@ -13,7 +20,9 @@ from core import report
 def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.corpus = ""  # comma-separated text files or folders; empty = the Shakespeare plays
+    # The text to train and evaluate on: a text file, or comma-separated files / folders of them;
+    # empty = the bundled Shakespeare plays (see the module docstring for the held-out split).
+    c.data_path = ""
     c.val_fraction = 0.1
     # TransformerConfig fields (models/transformer.py); dtype is the compute dtype (parameters and
     # optimizer state stay float32), attention / remat select the training-length kernels,
@@ -65,7 +74,7 @@ VARIANTS = {
 # What each field accepts (checked once every override is in, before any work).
 RULES = {
     "seed": cfg_lib.integer(lo=0),
-    "corpus": cfg_lib.path_or_empty(several=True),
+    "data_path": cfg_lib.path_or_empty(several=True),
     "val_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
     "model.d_model": cfg_lib.integer(lo=1),
     "model.num_layers": cfg_lib.integer(lo=1),
@@ -91,6 +100,13 @@ RULES = {
     "sample_len": cfg_lib.integer(lo=1),
     "model_parallelism": cfg_lib.integer(lo=1),
     "param_sharding": cfg_lib.one_of("fsdp", "replicated"),
+}
+
+
+# One line for each field that --helpshort describes beside its default.
+FIELD_HELP = {
+    "data_path": "the text to train on: a text file, or comma-separated files / folders of *.txt; "
+                 "'' = the bundled Shakespeare plays",
 }
 
 

@@ -9,8 +9,8 @@ def test_variants_and_overrides():
     paper = lm_config.get_config("paper")
     assert tiny.variant == "tiny" and paper.variant == "paper"
     assert paper.model.d_model == 768 and tiny.model.d_model == 128
-    c = lm_config.get_config("tiny,steps=7,model.d_model=64,corpus=a.txt")
-    assert c.steps == 7 and c.model.d_model == 64 and c.corpus == "a.txt"
+    c = lm_config.get_config("tiny,steps=7,model.d_model=64,data_path=a.txt")
+    assert c.steps == 7 and c.model.d_model == 64 and c.data_path == "a.txt"
 
 
 def test_default_is_tiny():

@@ -42,6 +42,35 @@ def test_corpus_from_files_and_errors(tmp_path):
         load_corpus(str(tmp_path / "empty"))
 
 
+def test_a_single_file_holds_out_its_tail_from_a_line_break(tmp_path):
+    # 20 lines of 10 bytes: 90% is byte 180, the start of a line, so the cut is right there;
+    # 88% is byte 176, inside a line, so the cut moves past its line break (to byte 180 too)
+    lines = [f"line {i:04d}\n" for i in range(20)]
+    path = tmp_path / "notes.txt"
+    path.write_text("".join(lines))
+    whole = ByteTokenizer().encode(path.read_bytes())
+    for val_fraction, cut in ((0.1, 180), (0.12, 180), (0.5, 100)):
+        corpus = load_corpus(str(path), val_fraction=val_fraction)
+        np.testing.assert_array_equal(np.concatenate([corpus.train, corpus.val]), whole)
+        assert corpus.train.size == cut, val_fraction
+        assert corpus.train_docs == (f"notes: first {cut / 200:.0%}",)
+        assert corpus.val_docs == (f"notes: last {1 - cut / 200:.0%}",)
+    # no line break after the cut: the cut is at the token itself
+    (tmp_path / "one_line.txt").write_text("x" * 100)
+    corpus = load_corpus(str(tmp_path / "one_line.txt"), val_fraction=0.1)
+    assert (corpus.train.size, corpus.val.size) == (90, 10)
+
+
+def test_too_little_text_or_no_document_is_one_error_naming_it(tmp_path):
+    (tmp_path / "short.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"short.txt' has 1 token\(s\), too few to hold out 0.1"):
+        load_corpus(str(tmp_path / "short.txt"))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.md").write_text("not a .txt file")
+    with pytest.raises(ValueError, match=r"no documents \(a folder is read for \*.txt files\)"):
+        load_corpus(str(tmp_path / "folder"))
+
+
 def test_batcher_is_a_pure_function_of_position():
     tokens = np.arange(1000, dtype=np.int32)
     a = TextBatcher(tokens, batch_size=4, seq_len=16, seed=3)

@@ -162,7 +162,8 @@ def test_interrupt_during_start_up_is_one_line_and_130(fast):
 
 @pytest.mark.parametrize("which, expected", [
     ("lm", ["variants (--config=experiments/configs/lm.py:VARIANT", "tiny, smoke, paper",
-            "defaults of `smoke`", "  steps = 4", "  model.d_model = 32", "  seed = 0"]),
+            "defaults of `smoke`", "  steps = 4", "  model.d_model = 32", "  seed = 0",
+            "  data_path = ''  # the text to train on: a text file, or comma-separated files"]),
     ("main", ["  tiny: every selected experiment", "config fields common to lm, spf",
               "  seed = 0", "--stall_minutes", "--timeout_minutes"]),
 ])

@@ -58,8 +58,8 @@ def test_lm_run_end_to_end(tmp_path):
     assert "Restored from the finished run's checkpoint at step 6" in again.body
 
 
-def test_lm_missing_corpus_names_the_path(tmp_path):
-    config = lm_config.get_config(f"tiny,corpus={tmp_path}/missing.txt")
+def test_lm_missing_data_path_names_the_path(tmp_path):
+    config = lm_config.get_config(f"tiny,data_path={tmp_path}/missing.txt")
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         lm.run(config, str(tmp_path))
 
@@ -81,3 +81,22 @@ def test_main_runs_experiments_in_isolated_processes(tmp_path):
     for name in ("lm", "benchmark_game"):
         assert (tmp_path / name / "metrics.json").exists()
         assert json.loads((tmp_path / name / "section.json").read_text())["title"]
+
+
+def test_lm_on_one_text_file_reports_its_own_held_out_split_and_prompt(tmp_path):
+    path = tmp_path / "diary.txt"
+    path.write_text("".join(f"Day {i}: the weather was {'fair' if i % 3 else 'wet'}.\n"
+                            for i in range(60)))
+    config = lm_config.get_config(f"smoke,data_path={path}")
+    section = lm.run(config, str(tmp_path / "wd"))
+    metrics = json.loads((tmp_path / "wd" / "lm" / "metrics.json").read_text())
+    cut = metrics["train_bytes"]
+    text = path.read_bytes()
+    assert cut + metrics["val_bytes"] == len(text) and text[cut - 1:cut] == b"\n"
+    held_out = text[cut:].decode()
+    assert metrics["val_docs"] == [f"diary: last {metrics['val_bytes'] / len(text):.0%}"]
+    assert f"Held-out text: {metrics['val_docs'][0]}." in section.body
+    # the sample starts from the held-out text's first line, not from the plays
+    prompt = held_out.split("\n")[0] + "\n"
+    assert f"```\n{prompt}" in section.body
+    assert "ROMEO" not in section.body and "plays" not in section.body
