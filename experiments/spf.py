@@ -149,6 +149,20 @@ def _figures(results, scale) -> dict:
     return figs
 
 
+def ties_matter(wins: int, ties: int, num_problems: int) -> int:
+    """1 when deciding the ties (paired gaps within 2 standard errors) could change a check of
+    the claim: "SPF wins on a problem" while no problem is a win, or "on every problem" while
+    none is a loss; else 0.
+
+    Raises:
+      ValueError: counts that do not fit ``0 <= wins + ties <= num_problems``.
+    """
+    losses = num_problems - wins - ties
+    if min(wins, ties, losses) < 0:
+        raise ValueError(f"ties_matter: wins={wins}, ties={ties} of {num_problems} problems")
+    return int(ties > 0 and (wins == 0 or losses == 0))
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     out = common.experiment_dir(workdir, NAME)
     key = jax.random.key(config.seed)
@@ -166,6 +180,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         scale["spf_params"] = S.param_count(params)
     wins = sum(r["vs_best_baseline"]["outcome"] == "wins" for r in results.values())
     ties = sum(r["vs_best_baseline"]["outcome"] == "ties" for r in results.values())
+    matter = ties_matter(wins, ties, len(results))
     ratio = max((s / g for s, g in zip(scale["relative_error"]["spf"],
                                        scale["relative_error"]["sgd"], strict=True)),
                 default=None) if scale else None
@@ -175,7 +190,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                         f"({r['vs_best_baseline']['outcome']})" for n, r in results.items())
     metrics = {"problems": {n: {k: v for k, v in r.items() if k not in ("model", "curves")}
                             for n, r in results.items()},
-               "scaling": scale, "spf_wins": wins, "spf_ties": ties, "num_problems": len(results),
+               "scaling": scale, "spf_wins": wins, "spf_ties": ties,
+               "spf_ties_matter": matter, "num_problems": len(results),
                "scaling_error_vs_sgd": ratio, "summary": summary}
     return report.finish(out, title="Stochastic Path Follower (spf)", metrics=metrics,
                          body=_body(config, results, scale), claim=config.claim,
