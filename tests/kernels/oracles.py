@@ -148,7 +148,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, *,
     e_bar = (w * e).sum(-1, keepdims=True)
     big_u = (w * np.exp(e)).sum(-1, keepdims=True)
     big_u = np.where(seen, big_u, 1.0)
-    r = np.maximum(np.expm1(e + e_bar), -np.expm1(-e - np.log(big_u)))
+    # e + e_bar is capped below float64's exp overflow (709): past it the bound is vacuous
+    # anyway (dw is capped by max(w, 1 - w) below), and an inf r times a zero weight was NaN
+    r = np.maximum(np.expm1(np.minimum(e + e_bar, 700.0)), -np.expm1(-e - np.log(big_u)))
     wr = np.where(mask, w * r, 0.0)
     # |w_i' - w_i| <= w_i r_i; also <= sum_{j != i} w_j r_j (the weights sum to one) and
     # <= max(w_i, 1 - w_i) (they lie in [0, 1]): the dominant slot of a peaked row moves by the
@@ -218,8 +220,9 @@ def assert_close(got, want: Attention, *, bf16_output: bool = False, lse=None,
 def ffd_quantized_keys(cache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(estimated keys ``(c - 1.5) scale``, refined keys ``(c - 1.5 + resid) scale``, the refined
     keys' absolute terms ``scale (1.5 + c + |resid|)``) float64 [B, K, P, p, D] from the FFD cache
-    fields (2-bit planar codes in int32 words, float32 scale, float8 residual)."""
-    c = unpack_planar(cache["codes"], 2).astype(np.float64)
+    fields (2-bit planar codes in token-minor int32 words [B, K, P, W, p], float32 scale, float8
+    residual)."""
+    c = unpack_planar(np.swapaxes(np.asarray(cache["codes"]), -1, -2), 2).astype(np.float64)
     scale = f64(cache["scale"])[..., None, :]
     resid = f64(cache["resid"])
     return (c - 1.5) * scale, (c - 1.5 + resid) * scale, (1.5 + c + np.abs(resid)) * scale
@@ -345,9 +348,10 @@ def ffd_attention(q, cache, lengths, keep: np.ndarray) -> Attention:
 
 def qvg_dequantize(codes, scales, assign, centroids, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """QVG dequantization (Quant VideoGen Sec. 3): ``x = sum_s C_s[a_s] + scale * (code - 2^(n-1))``
-    per token, ``scale`` per block of ``D / NB`` channels. Fields [B, K, NC, ...] as in the cache:
-    codes uint8 [.., N, P] (planar), scales [.., N, NB], assign [.., S, N], centroids
+    per token, ``scale`` per block of ``D / NB`` channels. Fields [B, K, NC, ...] as in the cache,
+    tokens minor: codes uint8 [.., P, N] (planar), scales [.., NB, N], assign [.., S, N], centroids
     [.., S, C, D]. Returns (x, the absolute sum of its terms) float64 [B, K, NC * N, D]."""
+    codes, scales = np.swapaxes(np.asarray(codes), -1, -2), np.swapaxes(f64(scales), -1, -2)
     q = unpack_planar(codes, bits).astype(np.float64) - 2 ** (bits - 1)
     b, kh, nc, n, d = q.shape
     s = f64(scales)
