@@ -44,6 +44,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import algorithms.benchmark_game as bg
+from core import figures as style
 
 LEVELS = nbu.size(smoke=11, colab=41)  # effort levels per provider
 
@@ -97,10 +98,10 @@ taus, _ = bg.fidelity(score, contest, deltas, sweep)
 closed = bg.delta_star_closed_form(score, cost, theta, rewards)
 fig, ax = plt.subplots(figsize=(6.4, 3.6))
 ax.step(deltas, np.asarray(sweep.count), where="mid", label="pure equilibria")
-ax.plot(deltas, taus, "o-", ms=3, label="ranking fidelity (Kendall tau)")
-ax.axvline(closed, color="gray", ls=":", label=f"closed-form Delta* = {closed:.2f}")
-ax.set_xlabel("tune-before-test training Delta")
-ax.legend(fontsize=8)
+ax.plot(deltas, taus, "o-", ms=3, label="ranking fidelity (Kendall $\\tau$)")
+ax.axvline(closed, color="gray", ls=":", label=f"closed-form $\\Delta^*$ = {closed:.2f}")
+ax.set(xlabel="tune-before-test training $\\Delta$", ylabel="equilibria / Kendall $\\tau$")
+style.legend_outside(ax, fontsize=8)
 plt.show()
 print("numeric Delta* on the grid:", bg.delta_star_numeric(deltas, np.asarray(sweep.zero_effort_unique)))
 

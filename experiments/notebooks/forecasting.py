@@ -104,6 +104,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 
 from algorithms.forecasting import baselines, benchmark
+from core import figures as style
 
 S = 100
 x, y = data.gather_windows(series, test[len(test) // 2:len(test) // 2 + 1], L, H)
@@ -117,7 +118,7 @@ ax.fill_between(np.arange(H), q[0], q[4], alpha=0.2, label="90%")
 ax.fill_between(np.arange(H), q[1], q[3], alpha=0.4, label="50%")
 ax.plot(np.arange(H), q[2], label="median")
 ax.set(xlabel="hours from the forecast origin", ylabel="demand (standardised)")
-ax.legend(fontsize=8)
+style.legend_outside(ax, fontsize=8)
 plt.show()
 
 x_tr, y_tr = data.gather_windows(series, train, L, H)

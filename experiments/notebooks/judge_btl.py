@@ -49,6 +49,7 @@ import numpy as np
 
 import experiments
 from algorithms.ranking import btl, data, inference, studies
+from core import figures as style
 from core.data import judgments
 
 # %% [markdown]
@@ -109,9 +110,9 @@ ax.hlines(np.arange(len(top)), lo[top], hi[top], lw=3, label="95% rank interval"
 ax.plot(rank[top], np.arange(len(top)), "k|", ms=10, label="estimated rank")
 ax.set_yticks(np.arange(len(top)), [models[m] for m in top], fontsize=7)
 ax.invert_yaxis()
-ax.set_xlabel("rank (1 = best)")
+ax.set(xlabel="rank (1 = best)", ylabel="model")
 ax.set_title("judge-aware BTL: the top 20 with rank intervals")
-ax.legend(fontsize=8)
+style.legend_outside(ax, fontsize=8)
 plt.show()
 plain_rank = np.asarray(inference.ranks(plain.params.scores))
 print("top 5, judge-aware:", [models[m] for m in top[:5]])

@@ -87,6 +87,8 @@ print(f"key relative error {quality.relative_error(k_hat, k):.4f}")
 # %%
 import matplotlib.pyplot as plt
 
+from core import figures as style
+
 points = {"QVG": [], "QVG-Pro": [], "KIVI": []}
 for bits in (2, 4, 8):
     cfgs = {"QVG": ref.qvg_preset("qvg", bits=bits, num_centroids=C, chunk=N, kmeans_iters=4),
@@ -102,9 +104,9 @@ for bits in (2, 4, 8):
 fig, ax = plt.subplots(figsize=(5.5, 3.2))
 for name, pts in points.items():
     ax.plot(*zip(*pts, strict=True), marker="o", label=name)
-ax.set(xlabel="true bits per element", ylabel="attention rel. error", yscale="log",
+ax.set(xlabel="true bits per element", ylabel="attention relative error", yscale="log",
        title="Error vs storage on clustered keys with outlier channels")
-ax.legend()
+style.legend_outside(ax)
 plt.show()
 
 # %% [markdown]

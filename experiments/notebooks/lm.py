@@ -81,6 +81,7 @@ import math
 
 import matplotlib.pyplot as plt
 
+from core import figures as style
 from core.data.text import sequential_windows
 
 windows = sequential_windows(corpus.val, config.seq_len, nbu.size(smoke=4, colab=64))
@@ -94,7 +95,7 @@ ax.plot([h["step"] for h in history], [h["loss"] / math.log(2) for h in history]
 ax.axhline(bpb, color="C1", ls="--", label=f"held-out {bpb:.2f}")
 ax.axhline(bigram, color="C2", ls=":", label=f"bigram {bigram:.2f}")
 ax.set(xlabel="step", ylabel="bits per byte")
-ax.legend()
+style.legend_outside(ax)
 plt.show()
 
 # %% [markdown]

@@ -87,6 +87,7 @@ for name, x in cache.items():
 # %%
 import matplotlib.pyplot as plt
 
+from core import figures as style
 from kernels.sparse_decode import api
 
 deltas = [0.0, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
@@ -101,8 +102,8 @@ print(f"paper's delta (8.7 base-2 = {8.7 * math.log(2):.2f} nats): keeps {float(
 fig, ax = plt.subplots(figsize=(5, 3.2))
 ax.plot(deltas, kept, "o-", label="pages kept")
 ax.plot(deltas, mass, "s-", label="softmax mass kept (min over heads)")
-ax.set(xlabel="delta (nats)", ylim=(0, 1.05), title=f"top-delta rule at {S} tokens")
-ax.legend()
+ax.set(xlabel="$\\delta$ (nats)", ylabel="fraction", ylim=(0, 1.05), title=f"top-delta rule at {S} tokens")
+style.legend_outside(ax)
 plt.show()
 
 # %% [markdown]

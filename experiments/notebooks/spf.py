@@ -110,6 +110,8 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 
 from algorithms.spf import evaluation as EV
+from core import figures as style
+from experiments.spf import COLORS, LABELS
 
 x0 = jnp.zeros(problem.dim)
 runners = EV.lsq_runners(t.graphdef, params, cfg, chosen)
@@ -125,10 +127,11 @@ print(f"SPF minus {best}: {paired['difference']:+.4f} ± {paired['se']:.4f}: SPF
 
 fig, ax = plt.subplots(figsize=(6, 3.2))
 for name, c in curves.items():
-    ax.plot(np.arange(c.size) * problem.dt, c, label=name, lw=2 if name == "spf" else 1)
-ax.axvline(start * problem.dt, color="grey", ls=":")
-ax.set(yscale="log", xlabel="time t", ylabel="||x_t - x*(t)||^2")
-ax.legend(fontsize=8)
+    ax.plot(np.arange(c.size) * problem.dt, c, label=LABELS[name], color=COLORS[name],
+            lw=2 if name == "spf" else 1)
+ax.axvline(start * problem.dt, color="grey", ls=":", label="scoring starts")
+ax.set(yscale="log", xlabel="time t", ylabel="tracking error $\\|x_t - x^*(t)\\|^2$")
+style.legend_outside(ax, fontsize=8)
 plt.show()
 
 # %% [markdown]
