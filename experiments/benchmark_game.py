@@ -37,7 +37,7 @@ def game_labels(config: ml_collections.ConfigDict) -> dict[str, str]:
 
 
 def _plot_counts(results):
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(figsize=(9.0, 3.8))  # wide: the game labels in the legend are long
     for label, r, line in results:
         ax.step(r["deltas"], r["n_pure_ne"], where="mid", label=label, **line)
         ax.axvline(r["delta_star_closed_form"], color=line["color"], ls=":", lw=1)
