@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import matplotlib
 
@@ -34,9 +34,10 @@ from matplotlib.transforms import Bbox  # noqa: E402
 PALETTE = tuple(plt.rcParams["axes.prop_cycle"].by_key()["color"])
 
 
-def method_colors(methods: Iterable[str]) -> dict[str, str]:
-    """One colour per method, in the order given: pass the experiment's full, fixed method list
-    (not the methods of one panel) so that a method keeps its colour in every panel and figure.
+def method_colors(methods: Iterable[Hashable]) -> dict[Hashable, str]:
+    """One colour per method (any hashable name: a string, a rollout count), in the order given:
+    pass the experiment's full, fixed method list (not the methods of one panel) so that a method
+    keeps its colour in every panel and figure.
 
     Returns ``{method: colour}`` (hex strings of :data:`PALETTE`).
 
