@@ -47,6 +47,28 @@ LABELS = {"ar": "AR", "mdlm": "MDLM (NELBO)", "mdlm_ce": "MDLM (CE)", "duo": "Du
           "esolm": "Eso-LM", "esolm_nelbo": "Eso-LM, NELBO at α0 (ablation)", "gidd": "GIDD"}
 COLORS = style.method_colors(LABELS)  # one colour per family in every figure
 
+# Paired differences reported (first minus second, bits/byte): the claims' comparisons and the
+# other families against MDLM.
+PAIRS = (("mdlm", "ar"), ("duo", "mdlm"), ("mdlm", "mdlm_ce"), ("gidd", "mdlm"),
+         ("esolm", "mdlm"), ("esolm_nelbo", "esolm"))
+
+
+def _steps_effect(gen_ci, steps) -> dict:
+    """Per diffusion family, the change of log generative perplexity from the fewest to the most
+    sampling steps, its s.e. (independent samples) and whether its 95% interval excludes 0."""
+    out = {}
+    if len(steps) < 2:
+        return out
+    lo, hi = str(min(steps)), str(max(steps))
+    for fam, by in gen_ci.items():
+        if lo in by and hi in by:
+            d = math.log(by[hi]["ppl"]) - math.log(by[lo]["ppl"])
+            se = math.hypot(by[hi]["log_se"], by[lo]["log_se"])
+            out[fam] = {"from": int(lo), "to": int(hi), "log_ratio": d, "se": se,
+                        "resolved": abs(d) > 1.96 * se}
+    return out
+
+
 class _JsonCache(dict):
     """A dict kept in a JSON file, rewritten on every assignment."""
 
@@ -73,45 +95,63 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                           _JsonCache(os.path.join(runs, "evals.json")))
     ref = g.reference
 
-    # Held-out NELBO per family; Eso-LM's also under its sampling process (alpha_0 < 1).
+    # Held-out NELBO per family on the same windows with the same draws (paired); Eso-LM's
+    # also under its sampling process (alpha_0 = sampling.alpha0 < 1).
     final = windows[config.final_eval_windows]
     key = jax.random.key(config.seed + 11)
     val = {f: runner.evaluate(m, final, config.final_eval_reps, key) for f, m in ref.items()}
     if "esolm" in ref:
-        at = dataclasses.replace(ref["esolm"].spec, name="esolm_nelbo")
+        at = dataclasses.replace(ref["esolm"].spec, name="esolm_nelbo",
+                                 alpha0=config.sampling.alpha0)
         val_at = runner.evaluate(ref["esolm"], final, config.final_eval_reps, key, spec=at)
+    bits = 1.0 / math.log(2.0)
+    paired = {f"{a}_minus_{b}": {k: v * bits for k, v in grid_lib.paired_difference(
+        val[a]["windows"], val[b]["windows"]).items()} for a, b in PAIRS if a in val and b in val}
+    for d in paired.values():  # the 95% interval excludes 0: the sign is decided
+        d["resolved"] = bool(d["lo"] > 0 or d["hi"] < 0)
 
-    # Samples scored by the evaluator (trained once, then restored).
+    # Samples scored by the evaluator (trained once, then restored), sampling.batches batches
+    # per setting: the perplexity's interval is over the samples.
     with Stopwatch() as sw:
         ev = evaluator_lib.train_evaluator(config, os.path.join(out, "evaluator"))
     ev_bpb = heldout_bpb(ev.graphdef, ev.params, final)
-    gen, ent, tps, text = {}, {}, {}, {}
+    gen, gen_ci, ent, tps, text = {}, {}, {}, {}, {}
     for fam, m in ref.items():
-        gen[fam], ent[fam], tps[fam] = {}, {}, {}
+        gen[fam], gen_ci[fam], ent[fam], tps[fam] = {}, {}, {}, {}
         for n in [config.seq_len] if fam == "ar" else config.sampling.steps:
             smp, tps[fam][str(n)] = runner.samples(m, n)
-            gen[fam][str(n)] = evaluator_lib.generative_perplexity(ev, smp)
+            gen_ci[fam][str(n)] = evaluator_lib.perplexity_interval(
+                evaluator_lib.sample_nll(ev, smp))
+            gen[fam][str(n)] = gen_ci[fam][str(n)]["ppl"]
             ent[fam][str(n)] = grid_lib.unigram_entropy(smp, tok.vocab_size)
             text[f"{fam}@{n}"] = tok.decode(smp[0])
+    steps_effect = _steps_effect(gen_ci, config.sampling.steps)
 
     budgets = sorted(float(b) for b in config.budgets)
     fits = {f: scaling.fit_isoflop(budgets, g.sizes[f], g.losses[f]) for f in g.losses}
     nan = float("nan")
-    ce_ratio = {"ratio": nan, "lo": nan, "hi": nan}
+    ce_ratio = {"ratio": nan, "lo": nan, "hi": nan, "lo95": nan, "hi95": nan}
     if "mdlm" in fits and "mdlm_ce" in fits:
-        ce_ratio = scaling.bootstrap_ratio(budgets, g.sizes["mdlm"], g.losses["mdlm_ce"],
-                                           g.se["mdlm_ce"], g.losses["mdlm"], g.se["mdlm"],
-                                           num_samples=config.bootstrap_samples, seed=config.seed)
+        ce_ratio = scaling.paired_bootstrap_ratio(
+            budgets, g.sizes["mdlm"], g.windows["mdlm_ce"], g.windows["mdlm"],
+            num_samples=config.bootstrap_samples, seed=config.seed)
+    # the 95% interval excludes 1: whether CE needs fewer FLOPs than NELBO is decided
+    ce_ratio["resolved"] = bool(ce_ratio["hi95"] < 1 or ce_ratio["lo95"] > 1)
     metrics = {
-        "val_bpb": {f: nats_to_bpb(v[0]) for f, v in val.items()},
-        "val_bpb_se": {f: nats_to_bpb(v[1]) for f, v in val.items()},
-        "val_ppl_bound": {f: math.exp(v[0]) for f, v in val.items()},
-        "gen_ppl": gen, "entropy": ent, "tokens_per_s": tps,
+        "val_bpb": {f: nats_to_bpb(v["mean"]) for f, v in val.items()},
+        "val_bpb_se": {f: nats_to_bpb(v["se"]) for f, v in val.items()},
+        "val_ppl_bound": {f: math.exp(v["mean"]) for f, v in val.items()},
+        "paired_diff_bpb": paired,
+        "eval_draws": {"windows": config.final_eval_windows, "reps": config.final_eval_reps,
+                       "isoflop_reps": config.eval_reps},
+        "gen_ppl": gen, "gen_ppl_interval": gen_ci, "gen_ppl_steps_effect": steps_effect,
+        "entropy": ent, "tokens_per_s": tps,
         "evaluator": {"val_bpb": ev_bpb, "params": param_count(ev.params),
                       "steps": config.evaluator.steps, "seconds": sw.seconds,
                       "trained_here": ev.result.steps_run > 0},
         "isoflop": {f: grid_lib.isoflop_summary(fit, g.sizes[f], g.steps[f], g.losses[f],
                                                 g.se[f]) for f, fit in fits.items()},
+        "isoflop_schedule": config.optim.schedule,
         "ce_vs_nelbo_flops_ratio": ce_ratio,
         "params": {f: m.params_count for f, m in ref.items()},
         "flops_per_token": {f: m.flops_per_token for f, m in ref.items()},
@@ -120,9 +160,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "t_range": [config.process.t_min, 1.0], "samples": text,
     }
     if "esolm" in ref:
-        metrics["esolm_bpb_at_sampling_alpha0"] = nats_to_bpb(val_at[0])
-    hist = {f: report.read_json_lines(os.path.join(runs, m.name, "train_metrics.jsonl"))
-            for f, m in ref.items()}
+        metrics["esolm_bpb_at_sampling_alpha0"] = nats_to_bpb(val_at["mean"])
+    hist = {f: report.read_json_lines(os.path.join(g.reference_runs[f], "train_metrics.jsonl"))
+            for f in ref}
     return report.finish(out, title="Scaling beyond masked diffusion LMs (diffusion_lm)",
                          metrics=metrics, body=_body(config, metrics), claim=config.claim,
                          figures={"isoflop": _plot_isoflop(g, fits, budgets),
@@ -178,39 +218,68 @@ def _plot_losses(hist) -> plt.Figure:
 def _body(config, m) -> str:
     fams = sorted(m["val_bpb"], key=lambda f: m["val_bpb"][f])
     table = report.markdown_table(
-        ["family", "val bits/byte (NELBO)", "s.e.", "perplexity bound"],
+        ["family", "val bits/byte (NELBO)", "s.e. (windows)", "perplexity bound"],
         [[LABELS[f], m["val_bpb"][f], m["val_bpb_se"][f], m["val_ppl_bound"][f]] for f in fams])
+    ptable = report.markdown_table(
+        ["difference (bits/byte)", "mean", "s.e.", "95% interval", "resolved"],
+        [[f"{LABELS[a]} - {LABELS[b]}", d["mean"], d["se"], f"[{d['lo']:+.3f}, {d['hi']:+.3f}]",
+          "yes" if d["resolved"] else "no"]
+         for a, b in PAIRS if (d := m["paired_diff_bpb"].get(f"{a}_minus_{b}"))])
+    gci = m["gen_ppl_interval"]
     stable = report.markdown_table(
-        ["family", "steps", "gen. perplexity (evaluator)", "entropy (nats)", "tokens/s"],
-        [[LABELS[f], k, m["gen_ppl"][f][k], m["entropy"][f][k], m["tokens_per_s"][f][k]]
-         for f in m["gen_ppl"] for k in m["gen_ppl"][f]])
+        ["family", "steps", "gen. perplexity (evaluator)", "95% interval", "entropy (nats)",
+         "tokens/s"],
+        [[LABELS[f], k, gci[f][k]["ppl"], f"{gci[f][k]['lo']:.1f}-{gci[f][k]['hi']:.1f}",
+          m["entropy"][f][k], m["tokens_per_s"][f][k]] for f in gci for k in gci[f]])
+    eff = m["gen_ppl_steps_effect"]
+    moved = [f"{LABELS[f]} ({100 * math.expm1(e['log_ratio']):+.0f}%)" for f, e in eff.items()
+             if e["resolved"]]
+    steps_line = ""
+    if eff:
+        e0 = next(iter(eff.values()))
+        n = next(iter(next(iter(gci.values())).values()))["n"]
+        steps_line = (f"From {e0['from']} to {e0['to']} sampling steps the generative perplexity "
+                      "changes beyond its 95% interval for "
+                      + (", ".join(moved) if moved else "no family")
+                      + f"; every other change lies within it (not resolved with {n} samples "
+                      "per setting).")
     itable = report.markdown_table(
         ["family", "N* exponent a", "L* exponent b", "N*(C) per budget"],
         [[LABELS[f], v["exponent"], v["loss_exponent"],
           ", ".join(f"{n:,.0f}" + ("†" if e else "") for n, e in zip(v["n_opt"], v["at_edge"]))]
          for f, v in m["isoflop"].items()], fmt=".3f")
-    r, ev = m["ce_vs_nelbo_flops_ratio"], m["evaluator"]
+    r, ev, dr = m["ce_vs_nelbo_flops_ratio"], m["evaluator"], m["eval_draws"]
     eso = (f" Eso-LM (trained at α0 = 1 with the cross-entropy objective, as the authors' scaling "
            f"runs) reads {m['esolm_bpb_at_sampling_alpha0']:.3f} bits/byte under its sampling "
-           f"process (α0 = {config.process.alpha0}: diffusion then AR)."
+           f"process (α0 = {config.sampling.alpha0}: diffusion then AR)."
            if "esolm_bpb_at_sampling_alpha0" in m else "")
+    sched = ("one run per (size, budget), its cosine learning rate decayed to that budget"
+             if m["isoflop_schedule"] == "cosine" else
+             "one constant-rate run per size, read where each budget is spent")
     return "\n".join([
         f"Byte-level models at the reference size {m['reference_size']} (d_model, layers, heads), "
         f"{m['reference_steps']} steps of {config.batch_size}x{config.seq_len} tokens. Validation "
-        f"is the true NELBO (exact NLL for AR) on held-out plays, with diffusion times drawn from "
-        f"U[t_min, 1], t_min = {config.process.t_min}: the estimate is (1/(1-t_min)) times the "
-        f"integral over [t_min, 1], so it omits the slice nearest clean data.{eso}", "", table, "",
+        f"is the true NELBO (exact NLL for AR) on {dr['windows']} held-out windows x "
+        f"{dr['reps']} time / mask draws, the same windows and draws for every family (paired), "
+        f"with diffusion times drawn from U[t_min, 1], t_min = {config.process.t_min}: the "
+        "estimate is (1/(1-t_min)) times the integral over [t_min, 1], so it omits the slice "
+        f"nearest clean data.{eso}", "", table, "",
         f"Ordering by held-out bits/byte: {' < '.join(LABELS[f] for f in fams)}. Paper: AR < "
-        "masked < uniform-state (test perplexity at equal compute).", "",
-        "IsoFLOP fits (parabola in log N per budget, then power laws; † = the optimum sits at an "
-        "edge of the size grid, so that exponent is not identified at this scale):", "", itable,
-        "", f"MDLM-CE reaches MDLM-NELBO's frontier loss with {r['ratio']:.3f}x the FLOPs (68% "
-        f"bootstrap interval {r['lo']:.3f}-{r['hi']:.3f}; paper: ~0.89, i.e. 12% more "
+        "masked < uniform-state (test perplexity at equal compute). Paired differences (per "
+        "window, same draws; s.e. over windows):", "", ptable, "",
+        f"IsoFLOP grid: {sched}; each cell evaluated on {config.eval_windows} windows x "
+        f"{dr['isoflop_reps']} draws. Fits (parabola in log N per budget, then power laws; † = "
+        "the optimum sits at an edge of the size grid, so that exponent is not identified at "
+        "this scale):", "", itable,
+        "", f"MDLM-CE reaches MDLM-NELBO's frontier loss with {r['ratio']:.3f}x the FLOPs (paired "
+        f"bootstrap over windows, both grids resampled jointly: 68% interval {r['lo']:.3f}-"
+        f"{r['hi']:.3f}, 95% {r['lo95']:.3f}-{r['hi95']:.3f}; paper: ~0.89, i.e. 12% more "
         "efficient).", "",
         f"Sampling: every family's samples are scored by one evaluator, a causal LM of "
         f"{ev['params']:,} parameters trained for {ev['steps']} steps on the same training split "
         f"(held-out {ev['val_bpb']:.3f} bits/byte on the same windows), not by a model of the "
-        "grid:", "", stable, "",
+        f"grid; {config.sampling.batches} batches of {config.batch_size} samples per setting, "
+        "95% interval over the samples:", "", stable, "", steps_line, "",
         "    python -m experiments.diffusion_lm --config=experiments/configs/diffusion_lm.py:tiny",
     ])
 

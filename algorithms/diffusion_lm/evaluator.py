@@ -14,13 +14,18 @@ are ``config.evaluator`` (``model`` fields of :class:`models.transformer.Transfo
 
 from __future__ import annotations
 
+import functools
 import math
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import nnx
 
 from algorithms.lm import evaluation, training
 from algorithms.lm.training import TrainedLM
+from models.losses import next_token_nll
 
 
 def evaluator_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -44,6 +49,48 @@ def train_evaluator(config: ml_collections.ConfigDict, workdir: str,
     """
     return training.train(evaluator_config(config), workdir, progress=progress,
                           desc="evaluator")
+
+
+@functools.partial(jax.jit, static_argnames="graphdef")
+def _sample_nll(graphdef, params, samples):
+    return next_token_nll(nnx.merge(graphdef, params)(samples), samples).mean(axis=1)
+
+
+def sample_nll(evaluator: TrainedLM, samples: np.ndarray, batch_size: int = 32) -> np.ndarray:
+    """Each sample's mean next-token NLL (nats) under the evaluator over positions 2..L (the
+    first token has no context): float64 [n] for int ``samples`` [n, L] of data ids.
+
+    Raises:
+      ValueError: ``samples`` not [n >= 1, L >= 2], or longer than the evaluator's ``max_len``.
+    """
+    samples = np.asarray(samples)
+    if samples.ndim != 2 or samples.shape[0] < 1 or samples.shape[1] < 2:
+        raise ValueError(f"sample_nll: samples must be [n >= 1, L >= 2] token ids, got shape "
+                         f"{samples.shape}")
+    if samples.shape[1] > evaluator.model_config.max_len:
+        raise ValueError(f"sample_nll: samples of length {samples.shape[1]} exceed the "
+                         f"evaluator's max_len={evaluator.model_config.max_len}")
+    out = [np.asarray(_sample_nll(evaluator.graphdef, evaluator.params,
+                                  jnp.asarray(samples[i:i + batch_size], jnp.int32)))
+           for i in range(0, samples.shape[0], batch_size)]
+    return np.concatenate(out).astype(np.float64)
+
+
+def perplexity_interval(nll: np.ndarray) -> dict[str, float]:
+    """Generative perplexity ``exp(mean nll)`` of per-sample mean NLLs ``nll`` [n] (nats, samples
+    drawn independently, all of one length), with the 95% interval ``exp(mean -+ 1.96 s.e.)``
+    (s.e. of the mean over samples) and ``log_se`` (that s.e., in nats).
+
+    Raises:
+      ValueError: fewer than 2 samples.
+    """
+    nll = np.asarray(nll, np.float64)
+    if nll.ndim != 1 or nll.size < 2:
+        raise ValueError(f"perplexity_interval: need [n >= 2] per-sample NLLs, got shape "
+                         f"{nll.shape}")
+    m, se = float(nll.mean()), float(nll.std(ddof=1) / math.sqrt(nll.size))
+    return {"ppl": math.exp(m), "lo": math.exp(m - 1.96 * se), "hi": math.exp(m + 1.96 * se),
+            "log_se": se, "n": int(nll.size)}
 
 
 def generative_perplexity(evaluator: TrainedLM, samples: np.ndarray, batch_size: int = 32

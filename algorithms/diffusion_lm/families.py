@@ -17,7 +17,7 @@ plain cross-entropy loss), ``duo`` (uniform state, closed-form NELBO, conditione
 ``sigma = -log alpha_t``), ``esolm`` (AR <-> masked; trained as the authors' scaling runs do, with
 ``alpha_0 = 1`` and the cross-entropy objective, ``alpha_0 < 1`` only at sampling), ``esolm_nelbo``
 (the ablation: trained with ``alpha_0 < 1`` and the NELBO, AR part included), ``gidd`` (mask <->
-uniform, ``p_u``, clipped ELBO weights for training).
+uniform, ``p_u``, clipped or "dynamic" weights for training).
 
 Time convention: every NELBO estimate here averages the integrand over ``t ~ U[t_min, 1]``
 (antithetic), i.e. it estimates ``(1 / (1 - t_min)) int_{t_min}^1 L_t dt``, not ``int_0^1``; the
@@ -36,6 +36,7 @@ from flax import nnx
 
 from algorithms.diffusion_lm import esolm
 from algorithms.diffusion_lm.losses import (
+    WEIGHTINGS,
     ar_nll,
     duo_nelbo,
     masked_ce,
@@ -67,13 +68,18 @@ class FamilySpec:
       eps: schedule floor (``alpha_1 = eps``), in (0, 1).
       t_min: smallest training / evaluation time (MDLM's sampling eps): times are drawn from
         ``U[t_min, 1]``, the stated convention of every NELBO estimate (module docstring).
-      alpha0: Eso-LM's clean fraction at ``t = 0`` when sampling (and, for ``esolm_nelbo``, when
-        training); ``esolm`` trains at ``alpha_0 = 1``.
+      alpha0: Eso-LM's clean fraction at ``t = 0`` in training ``esolm_nelbo`` (``esolm``
+        trains at ``alpha_0 = 1``).
+      sampling_alpha0: Eso-LM's clean fraction at ``t = 0`` when sampling (both Eso-LM
+        families), in (0, 1]: the authors pass alpha_0 at sampling time, apart from training.
       p_uniform: GIDD's uniform share.
-      gidd_max_weight: clip of GIDD's ELBO weights in the training loss.
+      gidd_max_weight: cap of GIDD's training weights.
+      gidd_weighting: GIDD's training weights: ``"clip"`` (the ELBO weights capped at
+        ``gidd_max_weight``) or ``"dynamic"`` (:func:`losses.gidd_dynamic_weight`, the authors'
+        default).
 
     Raises:
-      ValueError: unknown name; invalid process parameters (see :class:`Process`).
+      ValueError: unknown name or weighting; invalid process parameters (see :class:`Process`).
     """
 
     name: str
@@ -86,10 +92,18 @@ class FamilySpec:
     alpha0: float = 0.5
     p_uniform: float = 0.1
     gidd_max_weight: float = 2.0
+    sampling_alpha0: float = 0.5
+    gidd_weighting: str = "dynamic"
 
     def __post_init__(self):
         if self.name not in FAMILIES:
             raise ValueError(f"FamilySpec.name={self.name!r}: expected one of {FAMILIES}")
+        if self.gidd_weighting not in WEIGHTINGS:
+            raise ValueError(f"FamilySpec.gidd_weighting={self.gidd_weighting!r}: expected one of "
+                             f"{WEIGHTINGS}")
+        if not 0.0 < self.sampling_alpha0 <= 1.0:
+            raise ValueError(f"FamilySpec: sampling_alpha0={self.sampling_alpha0} must be in "
+                             "(0, 1]")
         if not self.num_classes <= self.bos_id < self.vocab_size:
             raise ValueError(f"FamilySpec: bos_id={self.bos_id} must be a non-data id in "
                              f"[{self.num_classes}, {self.vocab_size})")
@@ -113,9 +127,10 @@ class FamilySpec:
 
     @property
     def sampling_process(self) -> Process | None:
-        """The process the sampler reverses: Eso-LM's families at ``alpha0``, else :attr:`process`."""
+        """The process the sampler reverses: Eso-LM's families at ``sampling_alpha0``, else
+        :attr:`process`."""
         if self.name in ESOLM:
-            return dataclasses.replace(self.process, alpha0=self.alpha0)
+            return dataclasses.replace(self.process, alpha0=self.sampling_alpha0)
         return self.process
 
     @property
@@ -178,7 +193,8 @@ def per_token_terms(spec: FamilySpec, model, x: jax.Array, key: jax.Array, t: ja
         nelbo = duo_nelbo(proc, logp, x, z_t, t)
         return nelbo, nelbo
     nelbo = mixing_nelbo(proc, logp, x, z_t, t)
-    return mixing_nelbo(proc, logp, x, z_t, t, max_weight=spec.gidd_max_weight), nelbo
+    return mixing_nelbo(proc, logp, x, z_t, t, max_weight=spec.gidd_max_weight,
+                        weighting=spec.gidd_weighting), nelbo
 
 
 def train_loss(spec: FamilySpec, model, x: jax.Array, key: jax.Array,

@@ -1,6 +1,6 @@
 """The runs of the diffusion-LM comparison on :func:`core.training.train_loop`: the IsoFLOP grid
-(families x sizes, each run evaluated where each compute budget is spent), the per-family runs at
-the reference size, held-out NELBO evaluation and sampling.
+(families x sizes x budgets), the per-family runs at the reference size, paired held-out NELBO
+evaluation and sampling.
 
 Dimensions: B batch, L sequence, W held-out windows, S model sizes, C compute budgets.
 
@@ -9,9 +9,17 @@ The run settings are an ``ml_collections.ConfigDict`` with the fields of
 grouped sub-configs). Each run trains in its own directory (``<runs_dir>/<family>_d<d>_l<layers>``:
 orbax checkpoints, ``train_metrics.jsonl``) under one settings fingerprint
 (:func:`core.training.config_fingerprint`); its held-out evaluations go to ``cache`` (any mutable
-mapping; the experiment keeps it in a JSON file), so a restarted grid skips what it has. One run
-yields every budget: training continues from the checkpoint written at the previous budget's step,
-which on the CPU is bit-identical to one uninterrupted run.
+mapping; the experiment keeps it in a JSON file), so a restarted grid skips what it has. With
+``optim.schedule = "cosine"`` each (size, budget) is its own run, its learning rate decayed to
+that budget's step (the horizon sits in the optimizer state, so one compiled step serves every
+budget); with ``"constant"`` one run per size yields every budget: training continues from the
+checkpoint written at the previous budget's step, which on the CPU is bit-identical to one
+uninterrupted run.
+
+Evaluation is paired: every model is evaluated on the same windows with draws that depend only
+on the key, the batch and the draw, so differences between families (and between the two MDLM
+objectives across the grid) are measured per window (:func:`paired_difference`,
+:func:`scaling.paired_bootstrap_ratio`).
 
 Compute: ``C = 3 F_fwd tokens`` with ``F_fwd`` summed over a training example's forward passes
 (:attr:`FamilySpec.train_passes`).
@@ -23,7 +31,7 @@ import dataclasses
 import math
 import os
 from collections.abc import MutableMapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +42,7 @@ from flax import nnx
 
 from algorithms.diffusion_lm import scaling
 from algorithms.diffusion_lm.families import FamilySpec, sample, transformer_config
-from algorithms.diffusion_lm.training import init_state, make_step
+from algorithms.diffusion_lm.training import init_state, make_eval, make_step
 from core import sharding, timing
 from core.data import ByteTokenizer, TextBatcher
 from core.data.text import sequential_windows
@@ -43,21 +51,78 @@ from models.attention import check_platform as check_attention_platform
 from models.transformer import PARAM_AXES, Transformer, forward_flops_per_token, param_count
 
 
+class ScheduleState(NamedTuple):
+    """State of :func:`budget_schedule`: the update count and the run's horizon (its last step;
+    0 = no decay), int32 scalars. The horizon lives in the optimizer state, so runs decayed to
+    different budgets share one compiled step and a checkpoint carries its own horizon."""
+
+    count: jax.Array
+    horizon: jax.Array
+
+
+def learning_rate(count: jax.Array, horizon: jax.Array, peak: float, warmup: int,
+                  final_fraction: float) -> jax.Array:
+    """The learning rate of update ``count`` (0-based), float32: linear warmup from 0 over
+    ``warmup`` updates, then a cosine from ``peak`` to ``final_fraction * peak`` at update
+    ``horizon`` (constant after it); ``horizon = 0`` keeps ``peak`` after warmup (no decay)."""
+    count = jnp.asarray(count, jnp.float32)
+    horizon = jnp.asarray(horizon, jnp.float32)
+    warm = peak * count / warmup if warmup > 0 else jnp.float32(peak)
+    frac = jnp.clip((count - warmup) / jnp.maximum(horizon - warmup, 1.0), 0.0, 1.0)
+    cosine = peak * (final_fraction + (1.0 - final_fraction) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac)))
+    decayed = jnp.where(horizon > 0, cosine, peak)
+    return jnp.where(count < warmup, warm, decayed).astype(jnp.float32)
+
+
+def budget_schedule(peak: float, warmup: int, final_fraction: float
+                    ) -> optax.GradientTransformation:
+    """Scales updates by ``-learning_rate(count, horizon, ...)`` (see :func:`learning_rate`); the
+    horizon starts at 0 and is set per run with :func:`with_horizon`."""
+
+    def init(params):
+        del params
+        return ScheduleState(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+    def update(updates, state, params=None):
+        del params
+        lr = learning_rate(state.count, state.horizon, peak, warmup, final_fraction)
+        updates = jax.tree.map(lambda u: (-lr * u).astype(u.dtype), updates)
+        return updates, ScheduleState(state.count + 1, state.horizon)
+
+    return optax.GradientTransformation(init, update)
+
+
+def with_horizon(train_state: dict[str, Any], horizon: int) -> dict[str, Any]:
+    """``train_state`` with its :class:`ScheduleState` horizon set to ``horizon`` (0: no decay),
+    placed as the old value (replicated)."""
+
+    def put(s):
+        if isinstance(s, ScheduleState):
+            return ScheduleState(s.count, s.horizon * 0 + jnp.int32(horizon))
+        return s
+
+    return {**train_state, "opt_state": jax.tree.map(
+        put, train_state["opt_state"], is_leaf=lambda s: isinstance(s, ScheduleState))}
+
+
 def optimizer(optim: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """AdamW (b1 0.9, b2 0.98), linear warmup then constant (so one run yields every budget of the
-    IsoFLOP grid), after global-norm clipping. ``optim``: ``learning_rate``, ``warmup_steps``,
-    ``weight_decay``, ``grad_clip``."""
-    lr = optax.join_schedules([optax.linear_schedule(0.0, optim.learning_rate, optim.warmup_steps),
-                               optax.constant_schedule(optim.learning_rate)],
-                              [optim.warmup_steps])
+    """AdamW (b1 0.9, b2 0.98) after global-norm clipping, with linear warmup then either a cosine
+    decay to ``final_lr_fraction`` of the peak at the run's horizon (:func:`with_horizon`: one run
+    per budget, as Chinchilla's Approach 2) or, with horizon 0, a constant rate. ``optim``:
+    ``learning_rate``, ``warmup_steps``, ``weight_decay``, ``grad_clip``, ``final_lr_fraction``.
+    With horizon 0 the arithmetic is ``optax.adamw`` with a warmup-then-constant schedule."""
     return optax.chain(optax.clip_by_global_norm(optim.grad_clip),
-                       optax.adamw(lr, b1=0.9, b2=0.98, weight_decay=optim.weight_decay))
+                       optax.scale_by_adam(b1=0.9, b2=0.98),
+                       optax.add_decayed_weights(optim.weight_decay),
+                       budget_schedule(optim.learning_rate, optim.warmup_steps,
+                                       optim.get("final_lr_fraction", 0.1)))
 
 
 def family_spec(config: ml_collections.ConfigDict, name: str,
                 tokenizer: ByteTokenizer | None = None) -> FamilySpec:
-    """The :class:`FamilySpec` of ``name``: the tokenizer's ids, ``config.eps`` and
-    ``config.process`` (t_min, alpha0, p_uniform, gidd_max_weight).
+    """The :class:`FamilySpec` of ``name``: the tokenizer's ids, ``config.eps``,
+    ``config.process`` (t_min, alpha0, p_uniform, gidd_max_weight, gidd_weighting) and
+    ``config.sampling.alpha0`` (Eso-LM's alpha_0 at sampling).
 
     Raises:
       ValueError: an unknown family or invalid process parameters.
@@ -65,7 +130,8 @@ def family_spec(config: ml_collections.ConfigDict, name: str,
     tok = tokenizer or ByteTokenizer()
     return FamilySpec(name, vocab_size=tok.vocab_size,
                       num_classes=tok.vocab_size - len(tok.SPECIALS), mask_id=tok.mask_id,
-                      bos_id=tok.bos_id, eps=config.eps, **config.process.to_dict())
+                      bos_id=tok.bos_id, eps=config.eps, sampling_alpha0=config.sampling.alpha0,
+                      **config.process.to_dict())
 
 
 @dataclasses.dataclass
@@ -100,6 +166,7 @@ class Runner:
         self.tx = optimizer(config.optim)
         self.mesh = sharding.make_mesh(config.model_parallelism)
         self._steps: dict[tuple, Any] = {}
+        self._evals: dict[tuple, Any] = {}
 
     def model(self, family: str, size: Sequence[int]) -> Model:
         """A freshly initialised model (seed ``config.seed``) of ``family`` at ``size``."""
@@ -139,51 +206,72 @@ class Runner:
                                      self.mesh)}
 
     def evaluate(self, model: Model, windows: np.ndarray, reps: int, key: jax.Array,
-                 spec: FamilySpec | None = None) -> tuple[float, float]:
+                 spec: FamilySpec | None = None) -> dict[str, Any]:
         """Held-out NELBO (nats/token; exact NLL for AR) of ``model`` under ``spec``'s process
-        (default its own): the mean over ``reps`` time / mask draws of every window, and its
-        standard error over the (batch, draw) estimates. Times are drawn from ``U[t_min, 1]``
-        (the convention of :mod:`families`).
+        (default its own), ``reps`` time / mask draws of every window. Times are drawn from
+        ``U[t_min, 1]`` (the convention of :mod:`families`), antithetic within each batch.
+
+        The draws depend on ``key``, the window's batch and the draw only: every model evaluated
+        with one ``key`` on one ``windows`` sees the same times (and, for processes with the same
+        ``alpha_t``, the same clean positions), so differences between models are paired
+        (common random numbers; :func:`paired_difference`).
 
         Args:
           windows: int [W, L] held-out tokens, W a multiple of ``batch_size``.
+
+        Returns:
+          ``{"mean": nats, "se": its standard error over windows, "windows": [W] each window's
+          mean over the draws}`` (JSON-able floats).
         """
         spec = spec or model.spec
-        step = jax.jit(self.step(model, spec), donate_argnums=0)
-        b, vals = self.config.batch_size, []
+        ev_spec = dataclasses.replace(spec, name="mdlm") if spec.name == "mdlm_ce" else spec
+        ck = (model.graphdef, ev_spec)
+        if ck not in self._evals:
+            self._evals[ck] = jax.jit(make_eval(model.graphdef, ev_spec, self.config.ema_decay))
+        fn = self._evals[ck]
+        b = self.config.batch_size
+        rows = []
         for r in range(reps):
+            row = []
             for i in range(0, windows.shape[0], b):
                 k = jax.random.fold_in(key, r * 100_003 + i)
-                model.state, m = step(model.state,
-                                      self.batch(windows[i:i + b], False, spec.name == "mdlm_ce"),
-                                      k)
-                vals.append(m["nelbo"])
-        vals = np.asarray(jax.device_get(vals), np.float64)
-        se = float(vals.std(ddof=1) / math.sqrt(vals.size)) if vals.size > 1 else 0.0
-        return float(vals.mean()), se
+                row.append(fn(model.state, self.batch(windows[i:i + b], False, False), k))
+            rows.append(row)
+        vals = np.asarray(jax.device_get(rows), np.float64)          # [reps, W / b, b]
+        per_window = vals.mean(axis=0).reshape(-1)
+        n = per_window.size
+        se = float(per_window.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+        return {"mean": float(per_window.mean()), "se": se, "windows": per_window.tolist()}
 
-    def fingerprint(self, model: Model) -> str:
-        """The settings that shape ``model``'s run and its evaluations."""
+    def fingerprint(self, model: Model, horizon: int = 0) -> str:
+        """The settings that shape ``model``'s run (to ``horizon``) and its evaluations
+        (Eso-LM's sampling alpha_0 shapes neither)."""
         c = self.config
+        spec = dataclasses.asdict(model.spec)
+        spec.pop("sampling_alpha0")
         return config_fingerprint(
-            dataclasses.asdict(model.spec), model.size, c.seed, c.data_path, c.val_fraction,
-            c.seq_len, c.batch_size, c.backbone, c.optim, c.eval_windows, c.eval_reps)
+            spec, model.size, c.seed, c.data_path, c.val_fraction, c.seq_len, c.batch_size,
+            c.backbone, c.optim, c.eval_windows, c.eval_reps, horizon)
 
     def train(self, model: Model, train_tokens: np.ndarray, eval_steps: Sequence[int],
               windows: np.ndarray, run_dir: str, cache: MutableMapping[str, Any],
-              keep: bool = True) -> dict[str, Any]:
-        """Trains ``model`` to ``max(eval_steps)`` steps in ``run_dir``, evaluating on ``windows``
-        at each of ``eval_steps``; evaluations already in ``cache`` (same fingerprint) are reused
-        and their training is skipped. With ``keep`` the trained state ends in ``model.state``.
+              keep: bool = True, horizon: int = 0) -> dict[str, Any]:
+        """Trains ``model`` to ``max(eval_steps)`` steps in ``run_dir`` with its learning rate
+        decayed to ``horizon`` (0: constant after warmup; :func:`optimizer`), evaluating on
+        ``windows`` at each of ``eval_steps``; evaluations already in ``cache`` (under the run
+        directory's name, same fingerprint) are reused and their training is skipped. With
+        ``keep`` the trained state ends in ``model.state``.
 
         Returns:
-          ``{"evals": {str(step): (nats, s.e.)}, "seconds": training wall time here}``.
+          ``{"evals": {str(step): Runner.evaluate's dict}, "seconds": training wall time here}``.
         """
-        c, fp = self.config, self.fingerprint(model)
-        entry = cache.get(model.name) or {}
+        c, fp = self.config, self.fingerprint(model, horizon)
+        name = os.path.basename(os.path.normpath(run_dir))
+        entry = cache.get(name) or {}
         evals = dict(entry.get("evals", {})) if entry.get("fingerprint") == fp else {}
         batches = TextBatcher(train_tokens, c.batch_size, c.seq_len, seed=c.seed)
         ce = model.spec.name == "mdlm_ce"
+        model.state = with_horizon(model.state, horizon)
         seconds = 0.0
         todo = [s for s in sorted(set(eval_steps)) if str(s) not in evals]
         if keep and not todo:
@@ -198,7 +286,7 @@ class Runner:
             if str(s) not in evals:
                 evals[str(s)] = self.evaluate(model, windows, c.eval_reps,
                                               jax.random.key(c.seed + 7))
-                cache[model.name] = {"fingerprint": fp, "evals": evals}
+                cache[name] = {"fingerprint": fp, "evals": evals}
         return {"evals": evals, "seconds": seconds}
 
     def samples(self, model: Model, num_steps: int, seed: int = 100
@@ -233,49 +321,87 @@ class GridResult:
     """The trained grid.
 
     Attributes:
-      losses, se: {family: [C, S]} held-out NELBO (nats/token) and its standard error.
+      losses, se: {family: [C, S]} held-out NELBO (nats/token) and its standard error over
+        windows.
+      windows: {family: [C, S, W]} each held-out window's NELBO (mean over the draws); every cell
+        is evaluated on the same windows with the same key (paired).
       sizes: {family: [S]} parameter counts.
       steps: {family: [C, S]} steps at which each budget was spent.
       reference: {family: Model} trained models at the reference size (every family).
+      reference_runs: {family: run directory} of those models (``train_metrics.jsonl``).
       reference_steps: the reference size's step count at the largest budget.
       seconds: training wall time spent here.
     """
 
     losses: dict[str, np.ndarray]
     se: dict[str, np.ndarray]
+    windows: dict[str, np.ndarray]
     sizes: dict[str, np.ndarray]
     steps: dict[str, np.ndarray]
     reference: dict[str, Model]
+    reference_runs: dict[str, str]
     reference_steps: int
     seconds: float
+
+
+SCHEDULES = ("cosine", "constant")
 
 
 def run_grid(runner: Runner, train_tokens: np.ndarray, windows: np.ndarray, runs_dir: str,
              cache: MutableMapping[str, Any]) -> GridResult:
     """Trains ``config.isoflop_families`` at every size and budget, then the other ``families`` at
     the reference size for the reference size's largest-budget step count (every run sees the
-    same batch stream and key: differences come from the family and the size)."""
+    same batch stream and key: differences come from the family, the size and the budget).
+
+    ``config.optim.schedule``: ``"cosine"`` trains one run per (size, budget), its learning rate
+    decayed to that budget's step (Chinchilla's Approach 2, as Sahoo et al. 2026 do), in
+    ``<runs_dir>/<family>_d<d>_l<layers>_c<k>`` (k: the budget's index); ``"constant"`` trains
+    one warmup-then-constant run per size and reads it where each budget is spent (cheaper; it
+    favours small models at small budgets).
+
+    Raises:
+      ValueError: an unknown ``optim.schedule``.
+    """
     c = runner.config
+    schedule = c.optim.get("schedule", "constant")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"config field optim.schedule={schedule!r}: expected one of {SCHEDULES}")
     budgets = sorted(float(b) for b in c.budgets)
     ref = tuple(c.sizes[c.reference_size])
     tokens_per_step = c.batch_size * c.seq_len
-    out = GridResult({}, {}, {}, {}, {}, 0, 0.0)
+    cosine = schedule == "cosine"
+    out = GridResult({}, {}, {}, {}, {}, {}, {}, 0, 0.0)
     for fam in c.isoflop_families:
-        losses, ses, counts, used = [], [], [], []
+        cells, counts, used = [], [], []
         for size in c.sizes:
             m = runner.model(fam, size)
             steps = budget_steps(budgets, m.flops_per_token, tokens_per_step)
-            keep = tuple(size) == ref
-            res = runner.train(m, train_tokens, steps, windows, os.path.join(runs_dir, m.name),
-                               cache, keep)
-            losses.append([res["evals"][str(s)][0] for s in steps])
-            ses.append([res["evals"][str(s)][1] for s in steps])
+            is_ref = tuple(size) == ref
+            row = []
+            if cosine:
+                for k, n in enumerate(steps):
+                    if k:
+                        m = runner.model(fam, size)
+                    keep = is_ref and k == len(steps) - 1
+                    run_dir = os.path.join(runs_dir, f"{m.name}_c{k}")
+                    res = runner.train(m, train_tokens, [n], windows, run_dir, cache, keep,
+                                       horizon=n)
+                    row.append(res["evals"][str(n)])
+                    out.seconds += res["seconds"]
+            else:
+                run_dir = os.path.join(runs_dir, m.name)
+                res = runner.train(m, train_tokens, steps, windows, run_dir, cache, is_ref)
+                row = [res["evals"][str(n)] for n in steps]
+                out.seconds += res["seconds"]
+            cells.append(row)
             counts.append(m.params_count)
             used.append(steps)
-            out.seconds += res["seconds"]
-            if keep:
+            if is_ref:
                 out.reference[fam], out.reference_steps = m, max(steps)
-        out.losses[fam], out.se[fam] = np.asarray(losses).T, np.asarray(ses).T
+                out.reference_runs[fam] = run_dir
+        out.losses[fam] = np.asarray([[e["mean"] for e in r] for r in cells]).T
+        out.se[fam] = np.asarray([[e["se"] for e in r] for r in cells]).T
+        out.windows[fam] = np.asarray([[e["windows"] for e in r] for r in cells]).transpose(1, 0, 2)
         out.sizes[fam], out.steps[fam] = np.asarray(counts, np.float64), np.asarray(used).T
     for fam in c.families:
         if fam in out.reference:
@@ -283,12 +409,30 @@ def run_grid(runner: Runner, train_tokens: np.ndarray, windows: np.ndarray, runs
         m = runner.model(fam, ref)
         steps = out.reference_steps or budget_steps(budgets[-1:], m.flops_per_token,
                                                     tokens_per_step)[0]
-        res = runner.train(m, train_tokens, [steps], windows, os.path.join(runs_dir, m.name),
-                           cache)
-        out.reference[fam] = m
+        run_dir = os.path.join(runs_dir, f"{m.name}_c{len(budgets) - 1}" if cosine else m.name)
+        res = runner.train(m, train_tokens, [steps], windows, run_dir, cache,
+                           horizon=steps if cosine else 0)
+        out.reference[fam], out.reference_runs[fam] = m, run_dir
         out.reference_steps = out.reference_steps or steps
         out.seconds += res["seconds"]
     return out
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """Mean and standard error over windows of ``a - b`` for two evaluations of the same windows
+    with the same draws (:meth:`Runner.evaluate`'s ``windows``, [W] each, W >= 2), with the 95%
+    normal interval ``lo``, ``hi`` (mean -+ 1.96 s.e.).
+
+    Raises:
+      ValueError: shapes differ or fewer than 2 windows.
+    """
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 2:
+        raise ValueError(f"paired_difference: need two [W >= 2] arrays of one shape, got "
+                         f"{a.shape} and {b.shape}")
+    d = a - b
+    mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
+    return {"mean": mean, "se": se, "lo": mean - 1.96 * se, "hi": mean + 1.96 * se}
 
 
 def heldout_windows(tokens: np.ndarray, seq_len: int, count: int) -> np.ndarray:

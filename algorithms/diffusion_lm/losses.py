@@ -18,6 +18,8 @@ times ``t`` are float32 [B]. ``log_x_theta`` is :func:`processes.denoiser_log_pr
 * :func:`mixing_nelbo` (any process of :mod:`processes`, GIDD Thm. 3.6):
   ``w_t(z_t, x) [KL(q_t(.|x) || q_t(.|x_theta)) + r - log r - 1]``, ``r = q_t(z_t|x) /
   q_t(z_t|x_theta)``, ``w_t = g_t(z_t) / q_t(z_t|x)``. It equals the two closed forms above.
+  For training, GIDD caps ``w_t`` (``"clip"``) or replaces it (``"dynamic"``,
+  :func:`gidd_dynamic_weight`).
 """
 
 from __future__ import annotations
@@ -86,16 +88,62 @@ def _xlogy_ratio(p: jax.Array, logp: jax.Array, logq: jax.Array) -> jax.Array:
     return jnp.where(p > 0, p * (logp - jnp.where(p > 0, logq, 0.0)), 0.0)
 
 
+WEIGHTINGS = ("clip", "dynamic")
+
+
+def gidd_dynamic_weight(process: Process, x: jax.Array, z_t: jax.Array, t: jax.Array,
+                        max_weight: float) -> jax.Array:
+    """GIDD's "dynamic" training weight per token, float32 [B, L], in ``[0, max_weight]``.
+
+    It replaces the ELBO weight ``w_t(z_t, x)`` by one set by the token's state (von Rütte et al.
+    2025, Sec. 5, training setup; the form is that of the authors' code, ``GiddLoss.get_weights``
+    with ``loss_weighting="dynamic"``)::
+
+        2                                   if z_t = [MASK]
+        1                                   if z_t is a data id other than x (uniform noise)
+        (B / V) exp((gamma / 2) s_t)        if z_t = x,  s_t = sigmoid(-t)
+
+    then clipped to ``[0, max_weight]``. ``B`` is the process's uniform-weight scale (``c_t = B
+    sqrt(t a_t)``, so ``gamma = 1``), ``V`` the vocabulary size; the authors' ``s_t`` stands in for
+    the log-SNR (their comment: "not exactly the log-SNR"). Clean tokens thus weigh about
+    ``B / V`` (1e-3 at ``p_u = 0.1``, V = 258), where the ELBO weight is unbounded near ``t = 1``.
+
+    Args:
+      x, z_t: int [B, L] clean and noised tokens.
+      t: float32 [B] times in [0, 1].
+      max_weight: the clip, > 0.
+
+    Raises:
+      ValueError: ``process`` not of kind ``gidd``; ``max_weight <= 0``.
+    """
+    _check(process, "gidd", "gidd_dynamic_weight")
+    if not max_weight > 0:
+        raise ValueError(f"gidd_dynamic_weight: max_weight={max_weight} must be > 0")
+    gamma = 1.0
+    s = jax.nn.sigmoid(-jnp.asarray(t, jnp.float32))[:, None]
+    on_x = process._b / process.vocab_size * jnp.exp(gamma / 2.0 * s)
+    w = jnp.where(z_t == x, on_x, jnp.where(z_t == process.mask_id, 2.0, 1.0))
+    return jnp.clip(w, 0.0, max_weight)
+
+
 def mixing_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.Array,
-                 t: jax.Array, max_weight: float | None = None) -> jax.Array:
+                 t: jax.Array, max_weight: float | None = None, weighting: str = "clip"
+                 ) -> jax.Array:
     """General interpolating-process NELBO integrand (GIDD form). float32 [B, L], >= 0 for ``t``
     in [0, 1] and finite where the process's rate is (everywhere but GIDD's ``t = 0``, where an
     imperfect prediction gives ``+inf``; a divergence of 0 contributes 0 whatever the weight).
 
     Args:
-      max_weight: clip ``w_t`` at this value (GIDD's clipped training weighting); ``None`` = the
-        true ELBO weights (always used for validation).
+      max_weight: ``None`` = the true ELBO weights ``w_t`` (always used for validation);
+        otherwise a training weighting capped at this value.
+      weighting: with ``max_weight``: ``"clip"`` = ``min(w_t, max_weight)``; ``"dynamic"`` =
+        :func:`gidd_dynamic_weight` (GIDD processes only) in place of ``w_t``.
+
+    Raises:
+      ValueError: an unknown ``weighting``; ``"dynamic"`` for a process not of kind ``gidd``.
     """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"mixing_nelbo: weighting={weighting!r}, expected one of {WEIGHTINGS}")
     q = process.marginal(jax.nn.one_hot(x, process.vocab_size), t[:, None])       # [B, L, V]
     q_th = process.marginal(jnp.exp(log_x_theta), t[:, None])
     logq = jnp.log(jnp.where(q > 0, q, 1.0))
@@ -106,7 +154,8 @@ def mixing_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: ja
     g = _gather(process.rate_mass(t[:, None]), z_t)                                # [B, L]
     w = g / jnp.clip(_gather(q, z_t), 1e-30, None)
     if max_weight is not None:
-        w = jnp.minimum(w, max_weight)
+        w = (gidd_dynamic_weight(process, x, z_t, t, max_weight) if weighting == "dynamic"
+             else jnp.minimum(w, max_weight))
     div = kl + is_div
     return jnp.where(div > 0, w * div, 0.0)
 

@@ -322,14 +322,17 @@ class Process:
         picks the branch and one uniform data id fills the uniform branch: O(B L) random bits,
         never a [B, L, V] Gumbel draw (which XLA generates whole on every device of a
         batch-sharded mesh: 95 GiB per chip for GIDD at the paper size).
+
+        Every kind draws its branch number ``u`` from the same sub-key, so two processes sampled
+        with one key and one ``t`` keep the same positions clean wherever their ``alpha_t`` agree
+        (masked and uniform: everywhere): common random numbers for paired comparisons.
         """
         t = _times(t, "sample")[:, None]
-        if self.kind == "masked":
-            keep = jax.random.uniform(key, x.shape) < self.alpha(t)
-            return jnp.where(keep, x, self.mask_id).astype(jnp.int32)
         k_branch, k_data = jax.random.split(key)
         u = jax.random.uniform(k_branch, x.shape)
         keep = u < self.alpha(t)
+        if self.kind == "masked":
+            return jnp.where(keep, x, self.mask_id).astype(jnp.int32)
         data = jax.random.randint(k_data, x.shape, 0, self.num_classes)
         if self.kind == "uniform":
             return jnp.where(keep, x, data).astype(jnp.int32)

@@ -1,14 +1,18 @@
 """IsoFLOP scaling-law fits (Hoffmann et al. 2022, "Chinchilla", Approach 2; as used by Sahoo et
 al. 2026, Sec. 4).
 
-Dimensions: S model sizes per budget, C compute budgets, R bootstrap replicates.
+Dimensions: S model sizes per budget, C compute budgets, W held-out windows, R bootstrap
+replicates.
 
 For each compute budget C (FLOPs, ``C = 3 F_fwd tokens``) the losses of S model sizes N (parameters)
 are fitted by a parabola in ``log N``; its vertex gives the compute-optimal size ``N*(C)`` and loss
 ``L*(C)``. Across budgets, ``N*(C) = k C^a`` and ``L*(C) = A C^-b`` are fitted by least squares in
 log-log space. Two loss frontiers give the compute ratio at equal loss: the ``C'`` at which family 1
 reaches family 2's ``L*(C)``, ``C' / C = (A_1 / L*_2(C))^(1/b_1) / C``. Uncertainty comes from a
-parametric bootstrap that perturbs every measured loss by its standard error.
+paired bootstrap over held-out windows (:func:`paired_bootstrap_ratio`: every cell of both grids
+evaluated on the same windows, resampled jointly) or, without per-window losses, a parametric one
+that perturbs every measured loss independently by its standard error (:func:`bootstrap_ratio`;
+it ignores the pairing, so its interval is too wide when the two grids share their noise).
 
 Pure NumPy (host-side analysis of a few dozen numbers); no I/O.
 """
@@ -151,3 +155,54 @@ def bootstrap_ratio(budgets: Sequence[float], sizes: np.ndarray, losses_1: np.nd
     return {"ratio": point, "median": float(np.median(reps)),
             "lo": float(np.percentile(reps, 16)), "hi": float(np.percentile(reps, 84)),
             "std": float(np.std(reps)), "replicates": int(reps.size)}
+
+
+def paired_bootstrap_ratio(budgets: Sequence[float], sizes: np.ndarray, windows_1: np.ndarray,
+                           windows_2: np.ndarray, *, num_samples: int = 1000, seed: int = 0
+                           ) -> dict[str, float]:
+    """:func:`matched_compute_ratio` with a nonparametric bootstrap over held-out windows that
+    keeps the pairing: each replicate draws W window indices with replacement once and uses them
+    for every (budget, size) cell of both families, so the noise the families share (the same
+    windows, times and masks) cancels as it does in the point estimate.
+
+    Args:
+      budgets: [C] FLOPs.
+      sizes: [S] parameter counts.
+      windows_1, windows_2: [C, S, W] per-window losses of the two families, every cell on the
+        same W windows (in the same order) with the same draws.
+
+    Returns:
+      ``ratio`` (the point estimate on the window means), ``median``, ``lo`` / ``hi`` (16th /
+      84th percentiles: 68%), ``lo95`` / ``hi95`` (2.5th / 97.5th), ``std``, ``replicates``
+      (those whose fits succeeded).
+
+    Raises:
+      ValueError: the window arrays are not [C, S, W] of one shape with W >= 2.
+    """
+    w1, w2 = np.asarray(windows_1, np.float64), np.asarray(windows_2, np.float64)
+    if w1.shape != w2.shape or w1.ndim != 3 or w1.shape[-1] < 2:
+        raise ValueError(f"paired_bootstrap_ratio: need two [C, S, W >= 2] arrays of one shape, "
+                         f"got {w1.shape} and {w2.shape}")
+    rng = np.random.default_rng(seed)
+    point = matched_compute_ratio(fit_isoflop(budgets, sizes, w1.mean(-1)),
+                                  fit_isoflop(budgets, sizes, w2.mean(-1)))
+    n = w1.shape[-1]
+    reps = []
+    for _ in range(num_samples):
+        idx = rng.integers(0, n, n)
+        try:
+            r = matched_compute_ratio(fit_isoflop(budgets, sizes, w1[..., idx].mean(-1)),
+                                      fit_isoflop(budgets, sizes, w2[..., idx].mean(-1)))
+        except (ValueError, FloatingPointError):
+            continue
+        if np.isfinite(r):
+            reps.append(r)
+    reps = np.asarray(reps)
+    if reps.size == 0:
+        nan = float("nan")
+        return {"ratio": point, "median": nan, "lo": nan, "hi": nan, "lo95": nan, "hi95": nan,
+                "std": nan, "replicates": 0}
+    lo, hi, lo95, hi95 = np.percentile(reps, [16, 84, 2.5, 97.5])
+    return {"ratio": point, "median": float(np.median(reps)), "lo": float(lo), "hi": float(hi),
+            "lo95": float(lo95), "hi95": float(hi95), "std": float(np.std(reps)),
+            "replicates": int(reps.size)}

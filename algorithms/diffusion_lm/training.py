@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from algorithms.diffusion_lm.families import FamilySpec, train_loss
+from algorithms.diffusion_lm.families import FamilySpec, nelbo_per_token, train_loss
 
 
 def init_state(params: nnx.State, tx: optax.GradientTransformation, ema_decay: float = 0.0
@@ -64,3 +64,24 @@ def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: Fa
         return new, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
 
     return step
+
+
+def make_eval(graphdef: nnx.GraphDef, spec: FamilySpec, ema_decay: float = 0.0):
+    """The pure held-out evaluation ``evaluate(state, batch, key) -> float32 [B]``: each window's
+    true NELBO (nats per token; exact NLL for AR) at one antithetic time / mask draw, of the EMA
+    parameters if kept. Forward passes only. With the same ``key`` it draws the same times and
+    forward samples as :func:`make_step`'s ``nelbo`` metric (both split ``key`` as
+    :func:`families.train_loss` does), so two families evaluated with one key share their times
+    (common random numbers).
+
+    Raises:
+      ValueError: ``ema_decay`` outside [0, 1).
+    """
+    if not 0.0 <= ema_decay < 1.0:
+        raise ValueError(f"make_eval: ema_decay={ema_decay} must be in [0, 1)")
+
+    def evaluate(state, batch, key):
+        params = state["ema"] if ema_decay > 0 else state["params"]
+        return nelbo_per_token(spec, nnx.merge(graphdef, params), batch["x"], key).mean(axis=1)
+
+    return evaluate

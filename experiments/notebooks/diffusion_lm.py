@@ -91,8 +91,9 @@ size = config.sizes[config.reference_size]
 windows = sequential_windows(corpus.val, config.seq_len, config.eval_windows)
 models = {name: runner.model(name, size) for name in ("ar", "mdlm", "duo", "gidd")}
 for name, m in models.items():
-    nats, se = runner.evaluate(m, windows, reps=1, key=jax.random.key(0))
-    print(f"{name:5s} untrained: {nats_to_bpb(nats):.2f} bits/byte (s.e. {nats_to_bpb(se):.2f})")
+    ev = runner.evaluate(m, windows, reps=1, key=jax.random.key(0))
+    print(f"{name:5s} untrained: {nats_to_bpb(ev['mean']):.2f} bits/byte "
+          f"(s.e. {nats_to_bpb(ev['se']):.2f})")
 
 ts = np.linspace(config.process.t_min, 1.0, nbu.size(smoke=4, colab=24))
 x = jnp.asarray(windows[:config.batch_size])
@@ -119,7 +120,7 @@ steps = nbu.size(smoke=4, colab=150, accelerator=600)
 mdlm = runner.model("mdlm", size)
 result = runner.train(mdlm, corpus.train, [steps], windows, "workdir/tutorial_diffusion/mdlm",
                       cache={})
-print(f"MDLM after {steps} steps: {nats_to_bpb(result['evals'][str(steps)][0]):.2f} bits/byte "
+print(f"MDLM after {steps} steps: {nats_to_bpb(result['evals'][str(steps)]['mean']):.2f} bits/byte "
       f"held-out (NELBO bound)")
 samples, tokens_per_s = runner.samples(mdlm, num_steps=nbu.size(smoke=2, colab=32))
 print(f"{tokens_per_s:,.0f} tokens/s; first sample:")
