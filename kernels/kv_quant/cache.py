@@ -219,15 +219,23 @@ class _ChunkedQuantCache(abc.ABC):
 
 def _masked_chunk_write(store, codes, j, index, ok):
     """store fields [B, K, NC, ...] <- codes fields [B, K, nj, ...][:, :, j] at chunk ``index[b]``
-    for the rows where ``ok[b]``."""
-    def write_row(st, cd, idx, okb):
-        def leaf(s, c):  # s [K, NC, ...], c [K, nj, ...]
-            old = jax.lax.dynamic_index_in_dim(s, idx, axis=1, keepdims=False)
-            new = jnp.where(okb, c[:, j], old)
-            return jax.lax.dynamic_update_index_in_dim(s, new, idx, axis=1)
-        return jax.tree.map(leaf, st, cd)
+    for the rows where ``ok[b]``.
 
-    return jax.vmap(write_row)(store, codes, index, ok)
+    One ``dynamic_update_slice`` of one chunk per row (B is static; a ``vmap`` here would become
+    a scatter): on a donated store XLA writes the chunk in place, and the row mask is applied to
+    that chunk alone (the old chunk is read back where ``ok[b]`` is False), never to the store.
+    """
+    def leaf(s, c):  # s [B, K, NC, ...], c [B, K, nj, ...]
+        zeros = (0,) * (s.ndim - 3)
+        for b in range(s.shape[0]):
+            at = (b, 0, index[b]) + zeros
+            size = (1, s.shape[1], 1) + s.shape[3:]
+            old = jax.lax.dynamic_slice(s, at, size)
+            new = jnp.where(ok[b], c[b:b + 1, :, j:j + 1], old)
+            s = jax.lax.dynamic_update_slice(s, new, at)
+        return s
+
+    return jax.tree.map(leaf, store, codes)
 
 
 @common.register_backend("qvg")
