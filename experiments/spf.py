@@ -47,6 +47,15 @@ LABELS = {"spf": "SPF (ours)", "sgd": "SGD (constant step)", "sgd_decay": "SGD (
           "adam": "Adam", "pc": "prediction-correction", "rls": "RLS (forgetting)",
           "kalman": "Kalman filter (oracle model)"}
 COLORS = style.method_colors(LABELS)  # a method's colour in every panel and figure
+_KIND_LABELS = {"lsq": "least squares", "logistic": "logistic regression"}
+_DRIFT_LABELS = {"rotation": "rotating optimum", "sinusoid": "sinusoidal drift", "ou": "OU drift"}
+
+
+def problem_label(name: str) -> str:
+    """The reader-facing name of a problem ``"<kind>_<drift>"`` (``"lsq_ou"`` -> ``"least squares,
+    OU drift"``). Raises KeyError for a kind or drift not in :mod:`algorithms.spf.problems`."""
+    kind, drift = name.split("_", 1)
+    return f"{style.readable(kind, _KIND_LABELS)}, {style.readable(drift, _DRIFT_LABELS)}"
 
 
 def train(problem, cfg: S.SPFConfig, config, out: str, name: str):
@@ -119,7 +128,9 @@ def _figures(results, scale) -> dict:
         for m, c in r["curves"].items():
             ax.plot(np.arange(len(c)) * r["problem"]["dt"], c, label=LABELS[m], color=COLORS[m],
                     lw=2.0 if m == "spf" else 1.0, ls="--" if m == "kalman" else "-")
-        ax.set(yscale="log", xlabel="time t", ylabel="tracking error $\\|x_t - x^*(t)\\|^2$", title=name)
+        ax.set(yscale="log", xlabel="time t", ylabel="tracking error $\\|x_t - x^*(t)\\|^2$",
+               title=problem_label(name))
+        style.log_ticks(ax, "y")
     style.figure_legend(fig)
     figs["tracking_error"] = fig
     if scale:
@@ -143,7 +154,7 @@ def _figures(results, scale) -> dict:
                 ax.plot(np.asarray(v["by_lag"])[:60], label=LABELS[m], color=COLORS[m])
             ax.set(yscale="log", xlabel="lag $T - 1 - k$ (steps)",
                    ylabel="$|\\partial x_T / \\partial \\varepsilon_k|^2$",
-                   title=f"noise memory (Malliavin diagnostic), {name}")
+                   title=f"noise memory (Malliavin diagnostic),\n{problem_label(name)}")
         style.figure_legend(fig)
         figs["noise_memory"] = fig
     return figs

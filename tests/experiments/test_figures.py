@@ -58,8 +58,8 @@ def _forecasting():
     x = np.sin(np.linspace(0, 6, L))[None, :, None].repeat(n, 0)
     y = np.sin(np.linspace(6, 9, H))[None, :, None].repeat(n, 0)
     fan = {"x": x, "y": y, **{m: y[:, None] + RNG.normal(0, 0.3, (n, S, H, C)) for m in ("ppm", "linear", "arima")}}
-    crps = {"mstl": {"12": {m: {"crps": 0.2 + 0.1 * i} for i, m in enumerate(e.METHODS)}}}
-    return {"fan": (e._fan_figure(fan, "mstl, L=24, H=12", 0, "y"), ()),
+    crps = {"mstl_elec_vic": {"12": {m: {"crps": 0.2 + 0.1 * i} for i, m in enumerate(e.METHODS)}}}
+    return {"fan": (e._fan_figure(fan, "mstl_elec_vic, L=24, H=12", 0, "y"), ()),
             "crps": (e._crps_figure(crps), [(0, 0.0)])}
 
 
@@ -132,7 +132,7 @@ def _spf():
     methods_a = ("spf", "sgd", "sgd_decay", "adam", "pc", "rls", "kalman")
     methods_b = ("spf", "sgd", "adam", "pc")
     results = {}
-    for name, methods in (("lsq rotation", methods_a), ("logistic rotation", methods_b)):
+    for name, methods in (("lsq_rotation", methods_a), ("logistic_ou", methods_b)):
         results[name] = {"problem": {"dt": dt}, "curves": {m: curve(1 + i) for i, m in enumerate(methods)},
                          "noise_memory": {m: {"by_lag": list(np.geomspace(1, 1e-4, 80) * (i + 1))}
                                           for i, m in enumerate(("spf", "sgd"))}}
@@ -172,6 +172,8 @@ def test_spf_methods_keep_their_colour_across_panels_and_figures():
                     assert seen.setdefault(label, color) == color, label
         assert set(seen) <= set(e.LABELS.values())
         assert seen[e.LABELS["kalman"]] != seen[e.LABELS["spf"]]
+        titles = [ax.get_title() for ax in figs["tracking_error"].axes]
+        assert titles == ["least squares, rotating optimum", "logistic regression, OU drift"]
         # every line in a panel carries a legend entry (no unlabelled line)
         for fig in figs.values():
             for ax in fig.axes:
