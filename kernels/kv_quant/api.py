@@ -12,7 +12,9 @@ Implementations (``implementation=``):
 * ``"pallas_tpu"``, ``"pallas_gpu"``: QVG kernels that dequantize in VMEM / registers
   (:mod:`kernels.kv_quant.pallas_tpu`, :mod:`kernels.kv_quant.pallas_gpu`);
 * ``"auto"`` (or None): Pallas on TPU / GPU, ``"xla"`` elsewhere; KIVI has no Pallas kernel and
-  uses ``"xla"`` on every backend.
+  uses ``"xla"`` on every backend. A shape the picked kernel cannot tile is a ValueError (GPU:
+  chunk and head dim powers of two; TPU: :func:`kernels.kv_quant.pallas_tpu.check_layout`), never
+  a silent switch to another path; ``implementation="xla"`` serves any shape.
 
 The cache backends that call these live in :mod:`kernels.kv_quant.cache` (``QVGCache``,
 ``KIVICache``, registered as ``"qvg"`` and ``"kivi"``).
@@ -68,7 +70,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
 
     Raises:
       ValueError: ``q`` not float [B, K, R, D] matching the codes' B and K; ``start`` or
-        ``num_quantized`` not int [B]; an unknown implementation.
+        ``num_quantized`` not int [B]; an unknown implementation; a chunk or head dim the
+        resolved kernel cannot tile (:func:`check_kernel_shape`).
     """
     where = "qvg_chunk_attention"
     b, kh = k_code.codes.shape[:2]
@@ -78,8 +81,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     checks.integer(num_new, "num_new", where, minimum=1)
     impl = resolve_implementation(implementation)
     nc, n = k_code.codes.shape[2], k_code.codes.shape[4]
-    if impl == "pallas_gpu" and implementation in ("auto", None) and not _pow2(n, q.shape[-1]):
-        impl = "xla"  # Triton tiles need power-of-two chunk and head dim
+    check_kernel_shape(impl, n, q.shape[-1], where)
     if impl == "reference":
         valid = quantized_mask(start, num_quantized, q.shape[2], num_new, nc * n)
         return ref.qvg_chunk_attention_reference(q, k_code, v_code, cfg.bits, valid, rope_base)
@@ -134,6 +136,26 @@ def kivi_attention(q: jax.Array, k_code: ref.KIVICode, window_k: jax.Array,
 
 def _pow2(*sizes: int) -> bool:
     return all(x > 0 and x & (x - 1) == 0 for x in sizes)
+
+
+def check_kernel_shape(implementation: str, chunk: int, head_dim: int, where: str) -> None:
+    """Raises ValueError, before anything is compiled, when the resolved ``implementation``'s
+    kernel cannot tile a chunk of ``chunk`` tokens with head dim ``head_dim``: the GPU (Triton)
+    kernel needs both to be powers of two. ``"auto"`` never swaps to another path in silence;
+    ``implementation="xla"`` serves any shape.
+
+    Raises:
+      ValueError: naming the value, the shapes that work and the ``"xla"`` alternative.
+    """
+    if implementation != "pallas_gpu":
+        return
+    for name, x in (("chunk", chunk), ("head dim", head_dim)):
+        if not _pow2(x):
+            raise ValueError(
+                f"{where}: the GPU kernel (implementation 'pallas_gpu', what 'auto' picks on a "
+                f"GPU) needs a power-of-two {name} (Triton tiles); got {name} {x}. Use a chunk "
+                f"of 128, 256, 512 or 1024 tokens and head dim 64, 128 or 256, or pass "
+                f"implementation='xla' (the fused XLA path, any shape)")
 
 
 def quantized_mask(start: jax.Array, num_quantized: jax.Array, rows: int, num_new: int,

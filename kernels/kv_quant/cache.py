@@ -275,6 +275,9 @@ class QVGCache(_ChunkedQuantCache):
 
     def _check(self, head_dim):
         self.config.check_head_dim(head_dim)
+        # at init, on the platform in use: a shape the picked kernel cannot tile is refused here
+        api.check_kernel_shape(api.resolve_implementation(self.implementation), self.config.chunk,
+                               head_dim, "QVGCache.init")
 
     def _pre_rope(self):
         return self.config.pre_rope

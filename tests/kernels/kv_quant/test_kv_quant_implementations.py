@@ -181,7 +181,7 @@ class TestQVGPallasGPUInterpret(QVGContract):
     interpret = True
 
     def rejects(self, config):
-        """Triton tiles need a power-of-two chunk and head dim (``auto`` falls back to xla)."""
+        """Triton tiles need a power-of-two chunk and head dim (``auto`` raises on a GPU too)."""
         d, n = config[4], config[5]
         return None if (d & (d - 1)) == 0 and (n & (n - 1)) == 0 else "powers of two"
 
