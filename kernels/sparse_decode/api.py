@@ -11,13 +11,16 @@ P pages, S = P * p capacity.
 The KV-cache backends built on these (:class:`~kernels.sparse_decode.cache.FFDCache`,
 :class:`~kernels.sparse_decode.cache.QuestCache`) live in :mod:`kernels.sparse_decode.cache`.
 
-Every implementation attends the same pages: :func:`ffd_decode` computes the kept-page mask once
-(:func:`kernels.sparse_decode.reference.ffd_keep`) and hands it, or its page list, to the chosen
-implementation; :func:`ffd_select` returns that same mask.
+Every implementation attends the pages of one rule: :func:`ffd_decode` computes the kept-page mask
+once (:func:`kernels.sparse_decode.reference.ffd_keep`) and hands it, or its page list, to the chosen
+implementation, except the TPU path with the top-delta rule, whose scan kernel applies the same
+rule to its own float32 page estimates (:func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select`);
+:func:`ffd_select` returns the rule's mask.
 """
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import jax
@@ -119,7 +122,8 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         largest estimated page score (ties to the lower page index); the same meaning in every
         implementation (``None``: no cap). It is also the static gather budget of the XLA path and
         the slot count of the Pallas kernels.
-      num_splits: Pallas paths: split-K factor over the page slots (default: GPU up to 8, TPU 1).
+      num_splits: the GPU kernel's split-K factor over the page slots (default up to 8); the TPU
+        kernel walks each (row, kv head)'s pages in one grid step and ignores it.
       implementation: ``None`` or ``"auto"`` (dispatch by platform: Pallas on TPU/GPU, XLA on
         CPU, :func:`default_implementation`) or one of :data:`IMPLEMENTATIONS`.
       interpret: run Pallas kernels in interpret mode (CPU testing).
@@ -149,8 +153,18 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
     b, kh, n, p, d = cache["resid"].shape
     ref.check_lengths(lengths, n * p, "ffd_decode", batch=b)
     lengths = jnp.asarray(lengths, jnp.int32)
-    keep = ref.ffd_keep(q, cache, lengths, ref.delta_in_nats(delta, delta_unit), top_k, max_pages)
     m_slots = n if max_pages is None else min(max_pages, n)  # keep holds at most m_slots pages
+    delta_nats = ref.delta_in_nats(delta, delta_unit)
+    if (impl == "pallas_tpu" and top_k is None and m_slots == n
+            and isinstance(delta_nats, numbers.Real)):
+        # the top-delta rule: scan, selection and page list in one Pallas kernel, then attention
+        from kernels.sparse_decode import pallas_tpu
+
+        out, idx, count = pallas_tpu.ffd_decode_tpu(
+            q, cache, lengths, delta=float(delta_nats), interpret=interpret,
+            assumed_kept_fraction=assumed_kept_fraction)
+        return (out, pallas_tpu.list_to_mask(idx, count, n)) if return_keep else out
+    keep = ref.ffd_keep(q, cache, lengths, delta_nats, top_k, max_pages)
     if impl == "reference":
         out = ref.ffd_decode_reference(q, cache, lengths, keep=keep)[0]
     elif impl == "xla":
@@ -167,20 +181,21 @@ def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret
     b, h, d = q.shape
     kh = cache["resid"].shape[1]
     qg = ref._grouped_query(q, kh)
-    splits = num_splits or (min(8, m_slots) if impl == "pallas_gpu" else 1)
-    idx, count = ref.page_list(keep, -(-m_slots // splits) * splits)  # slots: a multiple of NS
-    args = (qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], idx, count)
-    if impl == "pallas_gpu":
-        from kernels.sparse_decode import pallas_gpu
-
-        acc, m, l = pallas_gpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret,
-                                                   assumed_kept_fraction=kept_fraction)
-    else:
+    if impl == "pallas_tpu":  # top-k or a page cap: the XLA selection, then the TPU attention
         from kernels.sparse_decode import pallas_tpu
 
-        acc, m, l = pallas_tpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret,
-                                                   assumed_kept_fraction=kept_fraction)
-        m, l = m[..., 0], l[..., 0]
+        idx, count = ref.page_list(keep, m_slots)
+        out = pallas_tpu.ffd_pages_attention(
+            qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], cache["tail"], idx,
+            count, lengths, interpret=interpret, assumed_kept_fraction=kept_fraction)
+        return out.reshape(b, h, d).astype(q.dtype)
+    splits = num_splits or min(8, m_slots)
+    idx, count = ref.page_list(keep, -(-m_slots // splits) * splits)  # slots: a multiple of NS
+    args = (qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], idx, count)
+    from kernels.sparse_decode import pallas_gpu
+
+    acc, m, l = pallas_gpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret,
+                                               assumed_kept_fraction=kept_fraction)
     ta, tm, tl = ref.tail_partial(qg, cache, lengths)
     out = ref.merge_partials(jnp.concatenate([acc, ta[:, :, None]], 2),
                              jnp.concatenate([m, tm[:, :, None]], 2),

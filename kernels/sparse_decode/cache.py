@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels import checks, common
-from kernels.sparse_decode import api
+from kernels.sparse_decode import api, cost
 from kernels.sparse_decode import reference as ref
 
 
@@ -42,6 +42,8 @@ class FFDCache:
       max_pages: attend at most this many pages by score (``None`` = no cap), see ``ffd_decode``.
       implementation: see ``ffd_decode``.
       scan_copy: keep byte-per-code codes for the XLA scan (default: on CPU).
+      assumed_kept_fraction: the fraction of the pages the Pallas kernels' declared cost assumes
+        attended (``ffd_decode``'s argument; it changes the cost XLA sees, never the output).
 
     Raises:
       ValueError: on construction, a field outside the ranges above.
@@ -54,6 +56,7 @@ class FFDCache:
     max_pages: int | None = None
     implementation: str | None = None
     scan_copy: bool | None = None
+    assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION
 
     def __post_init__(self):
         _check_backend(self.page_size, self.top_k, "FFDCache")
@@ -62,6 +65,7 @@ class FFDCache:
         api.resolve_implementation(self.implementation, "FFDCache")
         if self.scan_copy not in (None, True, False):
             raise checks.error("FFDCache", "scan_copy", "None or a bool", repr(self.scan_copy))
+        cost.check_kept_fraction(self.assumed_kept_fraction, "FFDCache")
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
         checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype, "FFDCache.init")
@@ -89,7 +93,8 @@ class FFDCache:
         if t == 1:
             out = api.ffd_decode(q[:, :, 0], layer_cache, start + 1, delta=self.delta,
                                  delta_unit=self.delta_unit, top_k=self.top_k,
-                                 max_pages=self.max_pages, implementation=self.implementation)
+                                 max_pages=self.max_pages, implementation=self.implementation,
+                                 assumed_kept_fraction=self.assumed_kept_fraction)
             return common.poison_rows(out[:, :, None], ok)
         k = ref.refined_keys(layer_cache, start + t)
         v = layer_cache["v"].reshape(b, kh, n * p, d)

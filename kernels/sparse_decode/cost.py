@@ -83,7 +83,7 @@ def page_bytes(codes, scale, resid, v) -> int:
     """Bytes of one page of one (row, kv head) in HBM: its codes ``p * W`` words, scale ``D``,
     residual and values ``p * D`` each, in the arrays' dtypes (68 KiB at p = D = 128 with int32
     words, float32 scale, float8 residual, bf16 values: p D (2 + 8 + 16) / 8 + 32 D / 8 bytes)."""
-    p, w = codes.shape[3], codes.shape[4]
+    w, p = codes.shape[3], codes.shape[4]
     d = resid.shape[-1]
     return (_nbytes((p, w), codes.dtype) + _nbytes((d,), scale.dtype)
             + _nbytes((p, d), resid.dtype) + _nbytes((p, d), v.dtype))
@@ -110,42 +110,107 @@ def page_transcendentals(rows: int, page_size: int) -> int:
     return rows * page_size + rows
 
 
-def ffd_tpu_cost(qg, codes, scale, resid, v, idx, *, num_splits: int,
-                 kept_fraction: float = DEFAULT_KEPT_FRACTION) -> pl.CostEstimate:
-    """Cost of :func:`kernels.sparse_decode.pallas_tpu.ffd_pages_attention` (grid B x K x NS x
-    M/NS), from its operands' static shapes and dtypes (arrays or ``jax.ShapeDtypeStruct``).
+def scan_page_flops(rows: int, page_size: int, head_dim: int) -> int:
+    """FLOPs of scanning one page for ``rows`` query rows (:func:`kernels.sparse_decode.pallas_tpu.
+    ffd_scan_select`'s body): q * scale and its sum (2 R D), the estimated logits (2 R D p), their
+    row max (R p), the -1.5 factor and the subtraction (2 R)."""
+    r, p, d = rows, page_size, head_dim
+    return 2 * r * d * p + 2 * r * d + r * p + 2 * r
+
+
+def select_flops(rows: int, num_pages: int, slots: int, sub: int) -> int:
+    """FLOPs of the selection and compaction that close the scan kernel: the threshold (a masked
+    sum over one sub-block, a max and a subtraction: SUB R + 2 R), and per sub-block of SUB pages
+    the keep test (a max over the R heads, SUB R), the prefix count (a [SUB, SUB] x [SUB, 128]
+    product, 2 SUB^2 128, and its offset, SUB), the one-hot page sum (2 SUB M, and its add to the
+    list, M) and the kept sum (SUB + 1)."""
+    blocks = num_pages // sub
+    per_block = sub * rows + 2 * sub * sub * 128 + sub + 2 * sub * slots + slots + sub + 1
+    return sub * rows + 2 * rows + blocks * per_block
+
+
+def ffd_tpu_scan_cost(qg, codes, scale, *, num_slots: int, pages_per_step: int,
+                      sub: int) -> pl.CostEstimate:
+    """Cost of :func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select` (grid B x K x P/PB) at a
+    full cache (every page block fetched), from its operands' static shapes and dtypes.
 
     Args:
-      qg: [B, K, G, D] queries; codes [B, K, P, p, W]; scale [B, K, P, D]; resid, v
-        [B, K, P, p, D]; idx [B, K, M] the page list (only shapes and dtypes are read).
-      num_splits: NS.
+      qg: [B, K, G, D] queries; codes [B, K, P, W, p]; scale [B, K, P, D] (shapes and dtypes only).
+      num_slots: M, the length of the page list written; pages_per_step: PB; sub: SUB, the pages
+        of one selection sub-block.
+
+    Returns:
+      ``pl.CostEstimate`` with, summed over the B K (row, kv head) pairs:
+
+      * bytes: the queries ``G D`` once per pair, the codes ``P W p`` and scales ``P D`` of every
+        page, the page list ``M`` and the count row (128 lanes) int32 written; plus the lengths
+        ``B`` int32 (scalar prefetch).
+      * flops: ``P`` x :func:`scan_page_flops` + :func:`select_flops` per pair, R = G.
+      * transcendentals: none.
+    """
+    del pages_per_step  # every block is fetched once whatever its size
+    b, kh, g, d = qg.shape
+    n, w, p = codes.shape[2], codes.shape[3], codes.shape[4]
+    pairs = b * kh
+    per_pair = (_nbytes((g, d), jnp.float32) + _nbytes((n, w, p), codes.dtype)
+                + _nbytes((n, d), scale.dtype) + _nbytes((num_slots + 128,), jnp.int32))
+    flops = n * scan_page_flops(g, p, d) + select_flops(g, n, num_slots, sub)
+    return pl.CostEstimate(flops=int(pairs * flops), transcendentals=0,
+                           bytes_accessed=int(pairs * per_pair + _nbytes((b,), jnp.int32)))
+
+
+def attend_page_flops(rows: int, page_size: int, head_dim: int) -> int:
+    """FLOPs of one kept page in :func:`kernels.sparse_decode.pallas_tpu.ffd_pages_attention`:
+    matmuls 6 R p D (codes, residual, probabilities x values); on [R, D] q * scale, its sum, the
+    rescale and add of the accumulator (4 R D); on [R, p] the two logit adds, the row max, the
+    subtraction under the exp, the row sum (5 R p); per row the -1.5 factor, the running max, the
+    subtraction under the correction exp, the rescale and add of l (5 R)."""
+    r, p, d = rows, page_size, head_dim
+    return 6 * r * p * d + 4 * r * d + 5 * r * p + 5 * r
+
+
+def tail_flops(rows: int, page_size: int, head_dim: int) -> int:
+    """FLOPs of the tail page and the final division in ``ffd_pages_attention``: matmuls 4 R p D,
+    the accumulator's rescale and add 2 R D, on [R, p] 3 R p, per row 4 R, the division R D."""
+    r, p, d = rows, page_size, head_dim
+    return 4 * r * p * d + 3 * r * d + 3 * r * p + 4 * r
+
+
+def ffd_tpu_attend_cost(qg, codes, scale, resid, v, tail, idx, *,
+                        kept_fraction: float = DEFAULT_KEPT_FRACTION) -> pl.CostEstimate:
+    """Cost of :func:`kernels.sparse_decode.pallas_tpu.ffd_pages_attention` (grid B x K), from its
+    operands' static shapes and dtypes.
+
+    Args:
+      qg: [B, K, G, D] queries; codes [B, K, P, W, p]; scale [B, K, P, D]; resid, v
+        [B, K, P, p, D]; tail [B, K, p, D]; idx [B, K, M] the page list (shapes and dtypes only).
       kept_fraction: f in (0, 1]; ``kept = min(M, ceil(f P))`` pages per (row, kv head).
 
     Returns:
-      ``pl.CostEstimate`` with, summed over B K (row, kv head) pairs:
+      ``pl.CostEstimate`` with, summed over the B K pairs:
 
-      * bytes: the queries ``G D`` (fetched once per pair: their block index does not change
-        along the splits and slots), ``kept`` pages of codes, scale, residual and values
-        (:func:`page_bytes`; one DMA per kept page: slots past the count repeat the last page's
-        block index), the partials written per split ``NS G (D + 2)`` float32 (acc, m, l); plus
-        the scalar-prefetched page list idx ``B K M`` and count ``B K`` int32, once.
-      * flops: ``kept`` x :func:`page_flops` with R = G.
-      * transcendentals: ``kept`` x :func:`page_transcendentals` with R = G.
+      * bytes: the queries ``G D`` float32, ``kept`` pages of codes, scale, residual and values
+        (:func:`page_bytes`, one DMA each), the tail page's keys ``p D`` (its dtype) and values
+        ``p D`` bf16, the output ``G D`` float32; plus the scalar-prefetched page list
+        ``B K M``, counts ``B K`` and lengths ``B`` (int32).
+      * flops: ``kept`` x :func:`attend_page_flops` + :func:`tail_flops`, R = G.
+      * transcendentals: ``(kept + 1) (G p + G)`` exps (pages and tail, with their corrections).
 
     Raises:
       ValueError: ``kept_fraction`` outside (0, 1].
     """
     b, kh, g, d = qg.shape
-    n, p = codes.shape[2], codes.shape[3]
+    n, p = codes.shape[2], codes.shape[4]
     m_slots = idx.shape[-1]
-    kept = kept_pages(n, m_slots, kept_fraction, "ffd_tpu_cost")
+    kept = kept_pages(n, m_slots, kept_fraction, "ffd_tpu_attend_cost")
     pairs = b * kh
-    per_pair = (_nbytes((g, d), qg.dtype) + kept * page_bytes(codes, scale, resid, v)
-                + num_splits * _nbytes((g, d + 2), jnp.float32))
-    page_list = _nbytes((pairs, m_slots + 1), jnp.int32)
-    return pl.CostEstimate(flops=int(pairs * kept * page_flops(g, p, d)),
-                           transcendentals=int(pairs * kept * page_transcendentals(g, p)),
-                           bytes_accessed=int(pairs * per_pair + page_list))
+    per_pair = (2 * _nbytes((g, d), jnp.float32) + kept * page_bytes(codes, scale, resid, v)
+                + _nbytes((p, d), tail.dtype) + _nbytes((p, d), v.dtype))
+    page_list = _nbytes((pairs * (m_slots + 1) + b,), jnp.int32)
+    return pl.CostEstimate(
+        flops=int(pairs * (kept * attend_page_flops(g, p, d) + tail_flops(g, p, d))),
+        transcendentals=int(pairs * (kept + 1) * page_transcendentals(g, p)),
+        bytes_accessed=int(pairs * per_pair + page_list))
 
 
 def ffd_gpu_cost(qp, codes, scale, resid, v, idx, *, num_splits: int, parts: int,
@@ -174,7 +239,7 @@ def ffd_gpu_cost(qp, codes, scale, resid, v, idx, *, num_splits: int, parts: int
       ValueError: ``kept_fraction`` outside (0, 1].
     """
     b, kh, rows, d = qp.shape
-    n, p = codes.shape[2], codes.shape[3]
+    n, p = codes.shape[2], codes.shape[4]
     m_slots = idx.shape[-1]
     kept = kept_pages(n, m_slots, kept_fraction, "ffd_gpu_cost")
     pairs = b * kh

@@ -50,7 +50,7 @@ def _kernel(idx_ref, count_ref, q_ref, codes_ref, scale_ref, resid_ref, v_ref,
             acc_ref, m_ref, l_ref, *, slots_per_split: int):
     s = pl.program_id(2)
     rows = q_ref.shape[0]
-    w = codes_ref.shape[-1]
+    w = codes_ref.shape[-2]
     wparts = pow2_parts(w)  # word chunks of one slab
     dparts = tuple((CODES_PER_WORD * o, CODES_PER_WORD * z) for o, z in wparts)  # channel chunks
     lo = s * slots_per_split
@@ -65,12 +65,12 @@ def _kernel(idx_ref, count_ref, q_ref, codes_ref, scale_ref, resid_ref, v_ref,
         j = idx_ref[slot]
         qs = [x * scale_ref[j, pl.ds(o, z)][None, :] for x, (o, z) in zip(qd, dparts)]
         logits = -1.5 * sum(jnp.sum(x, axis=-1) for x in qs)[:, None]  # [Gp, 1]
-        words = [codes_ref[j, :, pl.ds(o, z)] for o, z in wparts]  # [p, Wc] int32
+        words = [codes_ref[j, pl.ds(o, z), :] for o, z in wparts]  # [Wc, p] int32, token-minor
         for sl in range(CODES_PER_WORD):
             for (o, z), wd, qc in zip(wparts, words, qslab[sl]):
                 c = (lax.shift_right_logical(wd, jnp.int32(2 * sl)) & 3).astype(f32)
                 qsl = qc * scale_ref[j, pl.ds(sl * w + o, z)][None, :]
-                logits = logits + jnp.sum(qsl[:, None, :] * c[None, :, :], axis=-1)  # [Gp, p]
+                logits = logits + jnp.sum(qsl[:, :, None] * c[None, :, :], axis=1)  # [Gp, p]
         for x, (o, z) in zip(qs, dparts):
             logits = logits + plgpu.dot(x, resid_ref[j, :, pl.ds(o, z)].astype(f32), trans_b=True)
         m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
@@ -99,7 +99,7 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
 
     Args:
       qg: float32 [B, K, G, D] queries already scaled by 1/sqrt(D); G <= 16; D a multiple of 16.
-      codes: int32 [B, K, P, p, W]; scale: float32 [B, K, P, D]; resid: float8 [B, K, P, p, D];
+      codes: int32 [B, K, P, W, p] (token-minor); scale: float32 [B, K, P, D]; resid: float8 [B, K, P, p, D];
         v: bfloat16 [B, K, P, p, D] (the FFD cache arrays; p a power of two >= 16).
       idx: int32 [B, K, M] page indices, the ``count[b, k]`` attended ones first
         (:func:`kernels.sparse_decode.reference.page_list`).
@@ -118,7 +118,7 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
         not a multiple of 16, or ``assumed_kept_fraction`` is outside (0, 1].
     """
     b, kh, g, d = qg.shape
-    n, p, w = codes.shape[2], codes.shape[3], codes.shape[4]
+    n, w, p = codes.shape[2], codes.shape[3], codes.shape[4]
     m_slots = idx.shape[-1]
     if g > ROWS:
         raise ValueError(f"pallas_gpu FFD supports up to {ROWS} query heads per kv head, got {g}")
@@ -140,7 +140,7 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
             pl.BlockSpec((None, None, m_slots), lambda bi, ki, si: (bi, ki, 0)),
             pl.BlockSpec((None, None, 1), lambda bi, ki, si: (bi, ki, 0)),
             pl.BlockSpec((None, None, ROWS, d), lambda bi, ki, si: (bi, ki, 0, 0)),
-            pl.BlockSpec((None, None, n, p, w), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
+            pl.BlockSpec((None, None, n, w, p), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
             pl.BlockSpec((None, None, n, d), lambda bi, ki, si: (bi, ki, 0, 0)),
             pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
             pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),

@@ -12,9 +12,12 @@ M gathered page slots, NS kernel splits.
 
 FFD cache (a dict pytree, one per layer; "full" pages are those with all p slots written):
 
-* ``codes``  int32 [B, K, P, p, W]: 2-bit codes c in {0..3}, 16 per 32-bit word (4 per byte). Channel
-  ``d`` lives in word ``d % W`` at bits ``2 * (d // W)`` ("planar" order: unpacking slab ``s`` yields
-  the contiguous channels ``s*W .. s*W+W-1``, so kernels never permute lanes).
+* ``codes``  int32 [B, K, P, W, p]: 2-bit codes c in {0..3}, 16 per 32-bit word (4 per byte),
+  token-minor: one (W, p) tile per page (a single (8, 128) int32 tile at D = 128, p = 128, so a
+  TPU stores it without lane padding). Channel ``d`` of token ``t`` lives in word ``[d % W, t]`` at
+  bits ``2 * (d // W)`` ("planar" order: unpacking slab ``s`` yields the contiguous channels
+  ``s*W .. s*W+W-1``, so kernels never permute lanes). :func:`quantize_pages` returns the
+  token-major [.., p, W] words; :func:`token_major_codes` converts the stored layout back.
 * ``scale``  float32 [B, K, P, D]: symmetric per-(page, kv head, channel) scale ``absmax / 1.5``;
   ``k_hat = (c - 1.5) * scale``.
 * ``resid``  float8_e4m3fn [B, K, P, p, D]: ``(k - k_hat) / scale``, clipped to [-0.5, 0.5] (stored
@@ -117,6 +120,12 @@ def quantize_pages(k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return pack_codes(codes.astype(jnp.uint8)), scale, resid.astype(F8)
 
 
+def token_major_codes(codes: jax.Array) -> jax.Array:
+    """The cache's token-minor code words int32 [..., W, p] as token-major [..., p, W] (the layout
+    :func:`quantize_pages` returns and :func:`unpack_codes` reads)."""
+    return jnp.swapaxes(codes, -1, -2)
+
+
 def dequantize_pages(codes: jax.Array, scale: jax.Array, resid: jax.Array | None = None
                      ) -> jax.Array:
     """float32 [..., p, D]: ``k_hat = (c - 1.5) * scale``, or the refined key
@@ -158,7 +167,7 @@ def init_ffd_cache(batch_size: int, max_len: int, num_kv_heads: int, head_dim: i
     b, kh, p, d = batch_size, num_kv_heads, page_size, head_dim
     n = max_len // p
     cache = {
-        "codes": jnp.zeros((b, kh, n, p, d // CODES_PER_WORD), jnp.int32),
+        "codes": jnp.zeros((b, kh, n, d // CODES_PER_WORD, p), jnp.int32),
         "scale": jnp.zeros((b, kh, n, d), jnp.float32),
         "resid": jnp.zeros((b, kh, n, p, d), F8),
         "tail": jnp.zeros((b, kh, p, d), dtype),
@@ -202,19 +211,41 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
         c, s, r = quantize_pages(pages)
         filled = (off + t) // p  # window pages 0 .. filled-1 are now full
         idx = jnp.where((jnp.arange(nw) < filled) & row_ok, page0 + jnp.arange(nw), n)  # n: dropped
-        codes = codes.at[:, idx].set(c, mode="drop")
-        scale = scale.at[:, idx].set(s, mode="drop")
+        codes = codes.at[:, idx].set(jnp.swapaxes(c, -1, -2), mode="drop")  # only the new pages
+        if n < nw:  # else the scales are written below, row by row
+            scale = scale.at[:, idx].set(s, mode="drop")
         resid = resid.at[:, idx].set(r, mode="drop")
         if scan_copy:
             codes_u8 = codes_u8.at[:, idx].set(unpack_codes(c), mode="drop")
         tail = jnp.where(row_ok, lax.dynamic_index_in_dim(pages, filled, axis=1, keepdims=False),
                          tail)
-        return codes, scale, resid, tail, codes_u8
+        return codes, scale, resid, tail, codes_u8, s, filled
 
-    codes, scale, resid, tail, codes_u8 = jax.vmap(row)(
+    codes, scale, resid, tail, codes_u8, s, filled = jax.vmap(row)(
         cache["codes"], cache["scale"], cache["resid"], cache["tail"], k, start, ok,
         cache.get("codes_u8", jnp.zeros((b,), jnp.uint8)))
-    vflat = common.write_slots(cache["v"].reshape(b, kh, n * p, d), v, start, ok)
+    # scales and values: per row, a window of whole pages read, changed and written back in place.
+    # (Under vmap these writes become scatters, and a write of single token rows into the tiled
+    # [.., p, D] dimensions makes XLA:TPU re-lay out the whole array at every step.)
+    vals = cache["v"]
+    if n >= nw:
+        for bi in range(b):
+            page0 = start[bi] // p
+            at = jnp.clip(page0, 0, n - nw)  # first window page; the new slots lie inside
+            i = at + jnp.arange(nw) - page0  # window page of each written page
+            use = (i >= 0) & (i < filled[bi]) & ok[bi]
+            new = jnp.where(use[:, None], jnp.take(s[bi], jnp.clip(i, 0, nw - 1), axis=1),
+                            lax.dynamic_slice(scale, (bi, 0, at, 0), (1, kh, nw, d))[0])
+            scale = lax.dynamic_update_slice(scale, new[None], (bi, 0, at, 0))
+            old = lax.dynamic_slice(vals, (bi, 0, at, 0, 0), (1, kh, nw, p, d))
+            win = lax.dynamic_update_slice(old.reshape(1, kh, nw * p, d),
+                                           v[bi:bi + 1].astype(vals.dtype),
+                                           (0, 0, start[bi] - at * p, 0))
+            vals = lax.dynamic_update_slice(
+                vals, jnp.where(ok[bi], win.reshape(old.shape), old), (bi, 0, at, 0, 0))
+        vflat = vals
+    else:  # a write longer than the cache allows windows for (prefill)
+        vflat = common.write_slots(vals.reshape(b, kh, n * p, d), v, start, ok)
     out = {"codes": codes, "scale": scale, "resid": resid, "tail": tail,
            "v": vflat.reshape(b, kh, n, p, d)}
     if scan_copy:
@@ -226,7 +257,8 @@ def refined_keys(cache: dict[str, jax.Array], lengths: jax.Array) -> jax.Array:
     """float32 [B, K, S, D]: refined keys of the full pages with the exact tail page overlaid (slots
     at or beyond ``lengths`` hold unspecified values). Used for prefill and as the dense target."""
     b, kh, n, p, d = cache["resid"].shape
-    k = dequantize_pages(cache["codes"], cache["scale"], cache["resid"])  # [B, K, P, p, D]
+    k = dequantize_pages(token_major_codes(cache["codes"]), cache["scale"],
+                         cache["resid"])  # [B, K, P, p, D]
     tail_page = lengths // p
     is_tail = (jnp.arange(n)[None, :] == tail_page[:, None])[:, None, :, None, None]
     k = jnp.where(is_tail, cache["tail"][:, :, None].astype(jnp.float32), k)
@@ -431,7 +463,7 @@ def ffd_page_max(qg: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array)
     ``-inf`` on pages that are not full. (Spec form: dequantizes every page; equal to
     :func:`ffd_scan_page_max`, which the selection uses, up to float32 rounding.)"""
     p = cache["tail"].shape[2]
-    k_hat = dequantize_pages(cache["codes"], cache["scale"])
+    k_hat = dequantize_pages(token_major_codes(cache["codes"]), cache["scale"])
     est = nan_max(jnp.einsum("bkgd,bkptd->bkgpt", qg, k_hat), -1)
     full = jnp.arange(est.shape[-1])[None, :] < (lengths // p)[:, None]
     return jnp.where(full[:, None, None, :], est, -jnp.inf)
@@ -461,7 +493,7 @@ def ffd_decode_reference(q: jax.Array, cache: dict[str, jax.Array], lengths: jax
     qg = _grouped_query(q, kh)
     if keep is None:
         keep = ffd_keep(q, cache, lengths, delta, top_k, max_pages)
-    k_ref = dequantize_pages(cache["codes"], cache["scale"], cache["resid"])
+    k_ref = dequantize_pages(token_major_codes(cache["codes"]), cache["scale"], cache["resid"])
     logits = jnp.einsum("bkgd,bkptd->bkgpt", qg, k_ref)
     logits = jnp.where(keep[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, n * p)
     v = jnp.where(keep[..., None, None], cache["v"], 0)  # skipped pages' values are not read
@@ -491,14 +523,14 @@ def ffd_scan_page_max(qg: jax.Array, cache: dict[str, jax.Array], num_full: jax.
     if "codes_u8" in cache:
         est = jnp.einsum("bkgpd,bkptd->bkgpt", qs, cache["codes_u8"].astype(jnp.float32))
     else:
-        codes = cache["codes"]
-        w = codes.shape[-1]
+        codes = cache["codes"]  # [B, K, P, W, p]
+        w = codes.shape[-2]
         qs = qs.reshape(b, kh, g, -1, CODES_PER_WORD, w)
         u = lax.bitcast_convert_type(codes, jnp.uint32)
         est = 0.0
         for s in range(CODES_PER_WORD):
             c = ((u >> (2 * s)) & 3).astype(jnp.float32)  # channels s*W .. s*W+W-1
-            est = est + jnp.einsum("bkgpw,bkptw->bkgpt", qs[..., s, :], c)
+            est = est + jnp.einsum("bkgpw,bkpwt->bkgpt", qs[..., s, :], c)
     page_max = est.max(-1) - offset  # a NaN scale or query makes the offset (a sum) NaN
     full = jnp.arange(page_max.shape[-1])[None, :] < num_full[:, None]
     return jnp.where(full[:, None, None, :], page_max, -jnp.inf)
@@ -554,7 +586,7 @@ def ffd_decode_xla(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array
     # batch of small [G, D] x [D, p] matmuls over byte-sized operands
     qs = qg[:, :, :, None, :] * gather(cache["scale"])[:, :, None]  # [B, K, G, M, D]
     codes = (gather(cache["codes_u8"]) if "codes_u8" in cache
-             else unpack_codes(gather(cache["codes"])))
+             else unpack_codes(token_major_codes(gather(cache["codes"]))))
     x = codes.astype(jnp.float32) - 1.5 + f8_to_f32(gather(cache["resid"]))
     logits = jnp.einsum("bkgmd,bkmtd->bkgmt", qs, x)
     logits = jnp.where(ok[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, m_slots * p)

@@ -133,5 +133,6 @@ class ShardedFFDCache(api.FFDCache):
                                  batch_axis=self.batch_axis, head_axis=self.head_axis,
                                  delta=self.delta, delta_unit=self.delta_unit, top_k=self.top_k,
                                  max_pages=self.max_pages, implementation=self.implementation,
-                                 interpret=self.interpret)
+                                 interpret=self.interpret,
+                                 assumed_kept_fraction=self.assumed_kept_fraction)
         return common.poison_rows(out[:, :, None], ok)

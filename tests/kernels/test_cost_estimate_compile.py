@@ -1,4 +1,4 @@
-"""The FFD and QVG TPU kernels compiled for a TPU v5e on a compile-only device: the compiled
+"""The FFD (scan and attention) and QVG TPU kernels compiled for a TPU v5e on a compile-only device: the compiled
 program's ``cost_analysis()`` carries each kernel's declared ``pl.CostEstimate``. Each program is
 compiled twice, as is and with the estimate withheld from ``pallas_call``: the difference is
 exactly the estimate (without one XLA charges the kernel 0 bytes and 0 FLOPs; what is left is the
@@ -60,18 +60,30 @@ def _assert_carries(declared: dict, withheld: dict, estimate: pl.CostEstimate):
         assert declared[field] - withheld[field] == pytest.approx(want, rel=1e-9, abs=0.5)
 
 
-def test_ffd_tpu_kernel_cost_reaches_the_compiled_program(monkeypatch):
+def test_ffd_tpu_kernel_costs_reach_the_compiled_program(monkeypatch):
     p, n, f = 128, 8, 0.5
     cache = jax.eval_shape(lambda: sd_ref.init_ffd_cache(B, n * p, K, D, jnp.bfloat16, p))
-    args = (S((B, K, G, D), jnp.float32), cache["codes"], cache["scale"], cache["resid"],
-            cache["v"], S((B, K, n), jnp.int32), S((B, K), jnp.int32))
-    # the undecorated function (the jitted one would reuse its cached jaxpr)
-    fn = functools.partial(sd_tpu.ffd_pages_attention.__wrapped__, num_splits=1,
-                           assumed_kept_fraction=f)
+    qg, lengths = S((B, K, G, D), jnp.float32), S((B,), jnp.int32)
+    args = (qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], cache["tail"],
+            S((B, K, n), jnp.int32), S((B, K), jnp.int32), lengths)
+    # the undecorated functions (the jitted ones would reuse their cached jaxprs)
+    fn = functools.partial(sd_tpu.ffd_pages_attention.__wrapped__, assumed_kept_fraction=f)
     declared, withheld = _with_and_without(monkeypatch, fn, args)
-    estimate = sd_cost.ffd_tpu_cost(*args[:6], num_splits=1, kept_fraction=f)
+    estimate = sd_cost.ffd_tpu_attend_cost(*args[:7], kept_fraction=f)
     assert withheld["flops"] == withheld["transcendentals"] == 0  # the kernel was free to XLA
     _assert_carries(declared, withheld, estimate)
+
+    monkeypatch.undo()
+    scan = functools.partial(sd_tpu.ffd_scan_select.__wrapped__, delta=3.0)
+    scan_args = (qg, cache["codes"], cache["scale"], lengths)
+    declared, withheld = _with_and_without(monkeypatch, scan, scan_args)
+    pb = sd_tpu.scan_block(n)
+    estimate = sd_cost.ffd_tpu_scan_cost(qg, cache["codes"], cache["scale"], num_slots=n,
+                                         pages_per_step=pb, sub=sd_tpu.sub_block(pb))
+    for field in ("flops", "bytes_accessed"):  # no exp in the scan
+        want = getattr(estimate, field)
+        assert want > 0 and declared[field] >= want
+        assert declared[field] - withheld[field] == pytest.approx(want, rel=1e-9, abs=0.5)
 
 
 def test_qvg_tpu_kernel_cost_reaches_the_compiled_program(monkeypatch):

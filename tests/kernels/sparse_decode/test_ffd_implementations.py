@@ -56,8 +56,8 @@ def make_cache(k, v, lengths, p, dtype, scan_copy):
     tail_page = jnp.minimum(num_full, n - 1)[:, None, None, None, None]
     tail = jnp.take_along_axis(pages, tail_page, axis=2)[:, :, 0]
     tail = jnp.where((num_full < n)[:, None, None, None], tail, 0)
-    cache = {"codes": codes, "scale": scale, "resid": resid, "tail": tail.astype(dtype),
-             "v": v.reshape(b, kh, n, p, d).astype(jnp.bfloat16)}
+    cache = {"codes": jnp.swapaxes(codes, -1, -2), "scale": scale, "resid": resid,
+             "tail": tail.astype(dtype), "v": v.reshape(b, kh, n, p, d).astype(jnp.bfloat16)}
     if scan_copy:
         cache["codes_u8"] = ref.unpack_codes(codes)
     return cache
@@ -333,7 +333,7 @@ def test_oracle_unpacking_and_rule_on_hand_made_pages():
     # q = e_0, the keys' channel 0 holds the codes 3, 0, 2 with scale 2 -> k_hat 3, -3, 1
     d = 16
     c = np.zeros((1, 1, 3, 1, 1), np.uint32)
-    c[0, 0, :, 0, 0] = [3, 0, 2]  # channel 0 sits in bits 0..1 of word 0
+    c[0, 0, :, 0, 0] = [3, 0, 2]  # channel 0 sits in bits 0..1 of word 0 ([W, p] = [1, 1])
     cache = {"codes": c.view(np.int32), "scale": np.full((1, 1, 3, d), 2.0, np.float32),
              "resid": np.zeros((1, 1, 3, 1, d), np.float32), "tail": np.zeros((1, 1, 1, d)),
              "v": np.arange(3.0).reshape(1, 1, 3, 1, 1) * np.ones((1, 1, 3, 1, d))}

@@ -6,6 +6,9 @@ Triton/ptxas, which lowering alone does not: the head dims cover the power-of-tw
 kernel (96 = 64 + 32) and the lane slices of the TPU kernel.
 """
 
+import math
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -38,3 +41,52 @@ def test_ffd_decode_compiles(target, impl, d):
                                                implementation=impl))
     res = aot.compile_for(f, _args(d), target)
     assert res.memory["output"] >= 2 * 8 * d * 2  # [B, H, D] bf16 (TPU pads to its tiles)
+
+
+_HLO_DTYPES = {"s32": jnp.int32, "f32": jnp.float32, "bf16": jnp.bfloat16, "f8e4m3fn": ref.F8}
+_RELAYOUT = re.compile(r"= (\w+)\[([\d,]*)\]\S* (copy|transpose)\(")
+
+
+def relayouts(hlo_text: str) -> list[tuple[str, int, str]]:
+    """(dtype, element count, line) of every synchronous ``copy`` and ``transpose`` instruction in
+    compiled HLO text: the instructions that re-lay out an array. (Asynchronous ``copy-start``
+    moves an array between memory spaces, e.g. into VMEM when it fits, without a new layout.)"""
+    found = []
+    for line in hlo_text.splitlines():
+        m = _RELAYOUT.search(line)
+        if m and m.group(1) in _HLO_DTYPES:
+            dims = [int(x) for x in m.group(2).split(",") if x]
+            found.append((m.group(1), math.prod(dims), line.strip()))
+    return found
+
+
+def test_tpu_decode_step_copies_no_cache_array():
+    """One decode step (cache update of one token, then the Pallas decode), the cache donated,
+    compiled for a TPU v5e: no instruction of the compiled program copies or transposes an array
+    of the size and dtype of a cache field (the codes are written in place in their stored
+    token-minor layout, the scales by a window update, and the kernels read the cache where it
+    lies)."""
+    target = "tpu-v5e"
+    if not aot.extras_available(target):
+        pytest.skip(f"compile extras for {target} are not installed here (make aot-env)")
+    from kernels.sparse_decode.cache import FFDCache
+
+    b, kh, g, d, p, n = 1, 2, 4, 128, 128, 8
+    backend = FFDCache(page_size=p, delta=3.0, implementation="pallas_tpu", scan_copy=False)
+    cache = jax.eval_shape(lambda: backend.init(b, n * p, kh, d, jnp.bfloat16))
+
+    def step(cache, k, v, q, start):
+        cache = backend.update(cache, k, v, start)
+        return cache, backend.attend(cache, q, start)
+
+    S = jax.ShapeDtypeStruct
+    kv = S((b, kh, 1, d), jnp.bfloat16)
+    args = (cache, kv, kv, S((b, kh * g, 1, d), jnp.bfloat16), S((b,), jnp.int32))
+    text = aot.compile_for(jax.jit(step, donate_argnums=0), args, target).compiled.as_text()
+    fields = {(jnp.dtype(x.dtype), x.size) for x in jax.tree.leaves(cache)}
+    assert len(fields) == 5  # codes, scale, resid, tail, v: no two alike
+    found = relayouts(text)
+    assert found  # the parser reads the instructions (the update copies its small page window)
+    bad = [line for dt, count, line in found if (jnp.dtype(_HLO_DTYPES[dt]), count) in fields]
+    assert bad == [], "\n".join(bad)
+    assert "ffd_scan_select" in text and "ffd_pages_attention" in text
