@@ -143,7 +143,7 @@ def _figures(results, scale) -> dict:
         a1.set(xscale="log", yscale="log", xlabel="dimension d", ylabel="ms per step",
                title="time per step")
         a2.set(xscale="log", xlabel="dimension d", ylabel="$\\|x - x^*\\|^2 / \\|x^*\\|^2$",
-               title="tracking error vs d (least squares, rotating optimum)")
+               title="tracking error vs d\n(least squares, rotating optimum)")
         for ax in (a1, a2):  # ticks at the measured dimensions
             ax.set_xticks(scale["dims"], [style.compact_number(d) for d in scale["dims"]])
             ax.xaxis.set_minor_formatter(plt.NullFormatter())
