@@ -224,13 +224,14 @@ def _data_paths(ax: plt.Axes):
             yield "bbox", patch.get_window_extent()
 
 
-def legend_overlaps_data(ax: plt.Axes, legend: plt.Legend | None = None) -> bool:
+def legend_overlaps_data(ax: plt.Axes, legend: plt.Legend | None = None, renderer=None) -> bool:
     """Whether ``legend`` (default: ``ax``'s own) covers any of ``ax``'s data in the rendered
-    figure: a line passing under it, a marker, a bar or a filled band inside its box."""
+    figure: a line passing under it, a marker, a bar or a filled band inside its box.
+    ``renderer``: of a figure already drawn (default: draw it now)."""
     legend = legend if legend is not None else ax.get_legend()
     if legend is None:
         return False
-    renderer = _draw(ax.figure)
+    renderer = renderer or _draw(ax.figure)
     box = legend.get_window_extent(renderer)
     for kind, item in _data_paths(ax):
         if kind == "bbox":
@@ -245,10 +246,11 @@ def legend_overlaps_data(ax: plt.Axes, legend: plt.Legend | None = None) -> bool
     return False
 
 
-def overlapping_tick_labels(ax: plt.Axes, axis: str = "x") -> list[tuple[str, str]]:
+def overlapping_tick_labels(ax: plt.Axes, axis: str = "x", renderer=None) -> list[tuple[str, str]]:
     """Pairs of visible, non-empty tick labels of ``axis`` whose rendered boxes overlap (the labels
-    run into each other). Empty when every label can be read."""
-    renderer = _draw(ax.figure)
+    run into each other). Empty when every label can be read. ``renderer`` as in
+    :func:`legend_overlaps_data`."""
+    renderer = renderer or _draw(ax.figure)
     getter = ax.xaxis if axis == "x" else ax.yaxis
     lo, hi = (ax.get_xlim() if axis == "x" else ax.get_ylim())
     lo, hi = min(lo, hi), max(lo, hi)
@@ -268,11 +270,12 @@ def figure_faults(fig: plt.Figure, baselines: Sequence[tuple[int, float]] = ()) 
     ``(panel index, value)`` in ``baselines`` a y axis that leaves the value out."""
     faults = [f"raw key in {t!r}" for t in raw_key_labels(fig)]
     faults += [f"unlabelled axis ({m})" for m in unlabelled_axes(fig)]
+    renderer = _draw(fig)  # once: the checks below only read the laid-out figure
     for i, ax in enumerate(fig.axes):
-        if legend_overlaps_data(ax):
+        if legend_overlaps_data(ax, renderer=renderer):
             faults.append(f"panel {i}: legend over the data")
         for axis in ("x", "y"):
-            pairs = overlapping_tick_labels(ax, axis)
+            pairs = overlapping_tick_labels(ax, axis, renderer=renderer)
             if pairs:
                 faults.append(f"panel {i}: overlapping {axis} tick labels {pairs[:3]}")
     for i, value in baselines:
