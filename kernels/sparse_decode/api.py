@@ -11,11 +11,17 @@ P pages, S = P * p capacity.
 The KV-cache backends built on these (:class:`~kernels.sparse_decode.cache.FFDCache`,
 :class:`~kernels.sparse_decode.cache.QuestCache`) live in :mod:`kernels.sparse_decode.cache`.
 
-Every implementation attends the pages of one rule: :func:`ffd_decode` computes the kept-page mask
-once (:func:`kernels.sparse_decode.reference.ffd_keep`) and hands it, or its page list, to the chosen
-implementation, except the TPU path with the top-delta rule, whose scan kernel applies the same
-rule to its own float32 page estimates (:func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select`);
-:func:`ffd_select` returns the rule's mask.
+Which pages are attended: the reference rule (:func:`kernels.sparse_decode.reference.ffd_keep`,
+paper Sec. 3) is the specification, and :func:`ffd_select` returns its mask. :func:`ffd_decode`
+computes that mask once and hands it, or its page list, to the reference and the accelerator
+kernels, which attend exactly its pages, except the TPU path with the top-delta rule, whose scan
+kernel applies the same rule to its own float32 page estimates
+(:func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select`). The XLA (CPU) path with the cache's
+byte-per-code scan copy (``init_ffd_cache(..., scan_copy=True)``) selects with an int8 scan
+(:mod:`kernels.sparse_decode.xla_select`) whose proven margin makes it keep a superset: every page
+of the rule, plus the few pages whose estimate lies within the scan's quantization margin (a
+fraction of a nat) of the threshold; with ``top_k``, or without the scan copy, it uses the rule's
+mask as is. ``return_keep=True`` returns the pages actually attended.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import jax.numpy as jnp
 from kernels import checks
 from kernels.sparse_decode import cost
 from kernels.sparse_decode import reference as ref
+from kernels.sparse_decode import xla_select
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas_tpu", "pallas_gpu")
 DELTA_UNITS = ref.DELTA_UNITS
@@ -103,8 +110,11 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
                assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION):
     """FFD decode attention: ``q [B, H, D]`` over an FFD cache holding ``lengths [B]`` tokens.
 
-    The pages are chosen once (:func:`ffd_select`, paper Sec. 3) and every implementation attends
-    exactly those pages plus the unfinished tail page, so implementations agree to float32 rounding.
+    The pages are chosen once per call, by the rule of :func:`ffd_select` (paper Sec. 3), plus the
+    unfinished tail page: the reference and the Pallas kernels attend exactly the rule's pages (they
+    agree to float32 rounding); the XLA path with a scan copy may attend a superset (module
+    docstring), so it agrees with them to float32 rounding plus the weight of the extra pages, each
+    within the scan's margin of the threshold.
 
     Args:
       q: queries of the new tokens (RoPE applied), any float dtype.
@@ -127,7 +137,7 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
       implementation: ``None`` or ``"auto"`` (dispatch by platform: Pallas on TPU/GPU, XLA on
         CPU, :func:`default_implementation`) or one of :data:`IMPLEMENTATIONS`.
       interpret: run Pallas kernels in interpret mode (CPU testing).
-      return_keep: also return the attended-page mask.
+      return_keep: also return the attended-page mask (the XLA path's superset where it has one).
       assumed_kept_fraction: Pallas paths: the fraction f in (0, 1] of the pages the kernel's
         declared ``pl.CostEstimate`` assumes attended (:mod:`kernels.sparse_decode.cost`; default
         :data:`~kernels.sparse_decode.cost.DEFAULT_KEPT_FRACTION`); static, it changes only the
@@ -164,7 +174,11 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
             q, cache, lengths, delta=float(delta_nats), interpret=interpret,
             assumed_kept_fraction=assumed_kept_fraction)
         return (out, pallas_tpu.list_to_mask(idx, count, n)) if return_keep else out
-    keep = ref.ffd_keep(q, cache, lengths, delta_nats, top_k, max_pages)
+    if impl == "xla" and top_k is None and "codes_i8" in cache:
+        # the CPU scan: int8 x int8 -> int32 with a proven margin, a superset of the rule's pages
+        keep = xla_select.ffd_keep_superset(q, cache, lengths, delta_nats, max_pages)
+    else:
+        keep = ref.ffd_keep(q, cache, lengths, delta_nats, top_k, max_pages)
     if impl == "reference":
         out = ref.ffd_decode_reference(q, cache, lengths, keep=keep)[0]
     elif impl == "xla":

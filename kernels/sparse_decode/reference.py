@@ -37,10 +37,13 @@ top-k variant keeps exactly ``min(k, full pages)`` pages with the largest ``max_
 the lower page index; it needs a global pass, like Quest). ``max_pages`` then caps the kept set at the
 pages with the largest ``max_g m_j[g]``. The tail page is always attended.
 
-One selection for every implementation: :func:`ffd_keep` computes the kept-page mask, and the
-reference, the XLA path and both Pallas kernels attend exactly the pages of that mask (the kernels
-get it as a page list, :func:`page_list`). Nothing re-estimates page maxima with other rounding, so
-the page that sets the threshold is always kept and every row attends at least one token.
+The specification of the selection: :func:`ffd_keep` computes the kept-page mask; the reference
+and the Pallas kernels attend exactly the pages of that rule (the kernels get the mask as a page
+list, :func:`page_list`, except the TPU top-delta path, whose scan kernel applies the rule to its
+own float32 estimates), so the page that sets the threshold is always kept and every row attends
+at least one token. The XLA path on a CPU may attend a superset: its int8 scan
+(:mod:`kernels.sparse_decode.xla_select`) keeps every page of the rule plus the pages within its
+proven quantization margin of the threshold.
 
 Non-finite input: a NaN in a key within a row's length makes that page's estimated maximum NaN; NaN
 compares as "keep" (for top-delta, a NaN on a reference page makes the threshold NaN and keeps every
@@ -155,8 +158,9 @@ def init_ffd_cache(batch_size: int, max_len: int, num_kv_heads: int, head_dim: i
                    page_size: int = PAGE_SIZE, scan_copy: bool = False) -> dict[str, jax.Array]:
     """An empty FFD cache (layout in the module docstring).
 
-    With ``scan_copy`` the cache also keeps ``codes_u8`` uint8 [B, K, P, p, D], the same codes one
-    per byte, which the XLA path scans on a CPU (see :func:`ffd_scan_page_max`).
+    With ``scan_copy`` the cache also keeps ``codes_i8`` int8 [B, K, P, p, D], the same codes one
+    per byte, which the XLA path scans on a CPU (int8 so that the scan's int8 x int8 -> int32
+    product reads it as is, :mod:`kernels.sparse_decode.xla_select`).
 
     Raises:
       ValueError: a size that is not an integer >= 1, a dtype that is not floating-point,
@@ -174,7 +178,7 @@ def init_ffd_cache(batch_size: int, max_len: int, num_kv_heads: int, head_dim: i
         "v": jnp.zeros((b, kh, n, p, d), jnp.bfloat16),
     }
     if scan_copy:
-        cache["codes_u8"] = jnp.zeros((b, kh, n, p, d), jnp.uint8)
+        cache["codes_i8"] = jnp.zeros((b, kh, n, p, d), jnp.int8)
     return cache
 
 
@@ -200,10 +204,10 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
     t, d = k.shape[2], k.shape[3]
     nw = (p - 1 + t) // p + 1  # window pages: the old tail page, the new tokens, the next tail
 
-    scan_copy = "codes_u8" in cache
+    scan_copy = "codes_i8" in cache
     ok = common.rows_in_capacity(start, t, n * p)  # [B]; the other rows are left as they are
 
-    def row(codes, scale, resid, tail, k, start, row_ok, codes_u8):
+    def row(codes, scale, resid, tail, k, start, row_ok, codes_i8):
         off, page0 = start % p, start // p
         win = jnp.zeros((kh, nw * p, d), tail.dtype).at[:, :p].set(tail)
         win = lax.dynamic_update_slice(win, k.astype(tail.dtype), (0, off, 0))
@@ -216,14 +220,14 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
             scale = scale.at[:, idx].set(s, mode="drop")
         resid = resid.at[:, idx].set(r, mode="drop")
         if scan_copy:
-            codes_u8 = codes_u8.at[:, idx].set(unpack_codes(c), mode="drop")
+            codes_i8 = codes_i8.at[:, idx].set(unpack_codes(c).astype(jnp.int8), mode="drop")
         tail = jnp.where(row_ok, lax.dynamic_index_in_dim(pages, filled, axis=1, keepdims=False),
                          tail)
-        return codes, scale, resid, tail, codes_u8, s, filled
+        return codes, scale, resid, tail, codes_i8, s, filled
 
-    codes, scale, resid, tail, codes_u8, s, filled = jax.vmap(row)(
+    codes, scale, resid, tail, codes_i8, s, filled = jax.vmap(row)(
         cache["codes"], cache["scale"], cache["resid"], cache["tail"], k, start, ok,
-        cache.get("codes_u8", jnp.zeros((b,), jnp.uint8)))
+        cache.get("codes_i8", jnp.zeros((b,), jnp.int8)))
     # scales and values: per row, a window of whole pages read, changed and written back in place.
     # (Under vmap these writes become scatters, and a write of single token rows into the tiled
     # [.., p, D] dimensions makes XLA:TPU re-lay out the whole array at every step.)
@@ -249,7 +253,7 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
     out = {"codes": codes, "scale": scale, "resid": resid, "tail": tail,
            "v": vflat.reshape(b, kh, n, p, d)}
     if scan_copy:
-        out["codes_u8"] = codes_u8
+        out["codes_i8"] = codes_i8
     return out
 
 
@@ -511,7 +515,7 @@ def ffd_scan_page_max(qg: jax.Array, cache: dict[str, jax.Array], num_full: jax.
     """:func:`ffd_page_max` computed without a dequantized key copy, as
     ``q.k_hat = (q*scale) . c - 1.5 * sum_d (q*scale)_d``.
 
-    Reads the byte-per-code scan copy ``codes_u8`` [B, K, P, p, D] when the cache has one (the CPU
+    Reads the byte-per-code scan copy ``codes_i8`` [B, K, P, p, D] when the cache has one (the CPU
     layout: XLA on a CPU fuses the uint8 -> float conversion into the small batched products, while
     unpacking 2-bit words with shifts costs ~10x more there), else the packed words slab by slab.
     qg float32 [B, K, G, D] (already / sqrt(D)). Returns float32 [B, K, G, P] (``-inf`` beyond
@@ -520,8 +524,8 @@ def ffd_scan_page_max(qg: jax.Array, cache: dict[str, jax.Array], num_full: jax.
     b, kh, g, d = qg.shape
     qs = qg[:, :, :, None, :] * cache["scale"][:, :, None, :, :]  # [B, K, G, P, D]
     offset = 1.5 * qs.sum(-1)  # [B, K, G, P]
-    if "codes_u8" in cache:
-        est = jnp.einsum("bkgpd,bkptd->bkgpt", qs, cache["codes_u8"].astype(jnp.float32))
+    if "codes_i8" in cache:
+        est = jnp.einsum("bkgpd,bkptd->bkgpt", qs, cache["codes_i8"].astype(jnp.float32))
     else:
         codes = cache["codes"]  # [B, K, P, W, p]
         w = codes.shape[-2]
@@ -585,7 +589,7 @@ def ffd_decode_xla(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array
     # refined logit = (q * scale) . (c - 1.5 + resid): per-page query scaling keeps the product a
     # batch of small [G, D] x [D, p] matmuls over byte-sized operands
     qs = qg[:, :, :, None, :] * gather(cache["scale"])[:, :, None]  # [B, K, G, M, D]
-    codes = (gather(cache["codes_u8"]) if "codes_u8" in cache
+    codes = (gather(cache["codes_i8"]) if "codes_i8" in cache
              else unpack_codes(token_major_codes(gather(cache["codes"]))))
     x = codes.astype(jnp.float32) - 1.5 + f8_to_f32(gather(cache["resid"]))
     logits = jnp.einsum("bkgmd,bkmtd->bkgmt", qs, x)

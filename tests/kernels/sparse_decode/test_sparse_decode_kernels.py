@@ -72,7 +72,7 @@ def test_update_ragged_chunks_equal_one_shot():
         np.testing.assert_array_equal(np.asarray(cache_1[name], np.float32),
                                       np.asarray(cache_2[name], np.float32))
     chex.assert_trees_all_equal(ref.unpack_codes(ref.token_major_codes(cache_2["codes"])),
-                                cache_2["codes_u8"])
+                                cache_2["codes_i8"].astype(jnp.uint8))
 
 
 def test_dense_decode_matches_grouped_attention():
