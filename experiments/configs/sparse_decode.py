@@ -31,9 +31,13 @@ def base() -> ml_collections.ConfigDict:
     c.num_kv_heads = 8
     c.head_dim = 128
     c.page_size = 128
-    c.delta = 6.0  # nats (the paper's 8.7 in base-2 logits)
+    c.delta = 6.0  # nats; 6 / ln 2 = 8.66 in the base-2 unit of the authors' kernel
+    # the authors' kernel defaults, in its base-2 logits (5 aggressive, 7 conservative; 3.47 and
+    # 4.85 nats): the quality table also reports FFD at these
+    c.author_deltas_log2 = (5.0, 7.0)
     c.max_density = 0.08  # page budget of FFD's top-k variant and of Quest, a fraction of the pages
-    c.timing_reps = 3
+    c.timing_reps = 7  # interleaved rounds; times and ratios are medians and ranges over them
+    c.speedup_target = 2.0  # the claim's speed-up threshold at the largest context
     c.bandwidth_mb = 256  # array summed to measure the read bandwidth
     # quality on keys/values/queries captured from the trained lm on held-out text
     c.real_context = 8192
@@ -55,18 +59,22 @@ def base() -> ml_collections.ConfigDict:
     c.claim = report.claim_config(
         method="Faster Flash Decoding (FFD)",
         statement="up to 11.6x kernel speedup at 256k context (GPU), accuracy kept",
-        checks=("speedup_vs_dense >= 2", "kept_fraction <= 0.2", "timed_kept_mass >= 0.99",
-                "kept_mass >= 0.99", "rel_err <= 0.01", "needle_recall >= 1"),
-        ours="{speedup_vs_dense:.2f}x at {largest_context} (CPU XLA, top-delta keeps "
-             "{kept_fraction:.1%} of pages, mass {timed_kept_mass:.4f}); lm captures: kept mass "
-             "{kept_mass:.3f}, rel err {rel_err:.1e}")
+        checks=(f"speedup_vs_dense >= {c.speedup_target:g}", "kept_fraction <= 0.2",
+                "timed_kept_mass >= 0.99", "kept_mass >= 0.99", "rel_err <= 0.01",
+                "needle_recall >= 1"),
+        ours="{speedup_vs_dense:.2f}x (rounds {speedup_min:.2f}-{speedup_max:.2f}x) at "
+             "{largest_context} (CPU XLA, attends {kept_fraction:.1%} of pages, mass "
+             "{timed_kept_mass:.4f}); lm captures: kept mass {kept_mass:.3f}, rel err "
+             "{rel_err:.1e}",
+        # sized to decide: every timed round on the same side of the speed-up threshold
+        resolved=("speedup_decided == 1",))
     return c
 
 
 VARIANTS = {
     "tiny": {},
     # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
-    "smoke": {"contexts": (2048,), "timing_reps": 1, "bandwidth_mb": 16, "real_context": 1024,
+    "smoke": {"contexts": (2048,), "timing_reps": 2, "bandwidth_mb": 16, "real_context": 1024,
               "real_queries": 2, "needle_context": 2048, "needles": 2, "needle_trials": 1,
               "greedy_prompt": 16, "greedy_new": 8, "greedy_page_size": 8, "lm_config": "smoke"},
     "paper": {"contexts": (4096, 16384, 65536, 131072, 262144), "batch_sizes": (1, 8),
@@ -85,6 +93,8 @@ RULES = {
     "head_dim": cfg_lib.integer(lo=16),  # a multiple of 16 (2-bit codes packed in int32 words)
     "page_size": cfg_lib.integer(lo=1),
     "delta": cfg_lib.number(lo=0),
+    "author_deltas_log2": cfg_lib.tuple_of(cfg_lib.number(lo=0)),
+    "speedup_target": cfg_lib.number(lo=0, lo_open=True),
     "max_density": cfg_lib.number(lo=0, hi=1, lo_open=True),
     "timing_reps": cfg_lib.integer(lo=1),
     "bandwidth_mb": cfg_lib.integer(lo=1),

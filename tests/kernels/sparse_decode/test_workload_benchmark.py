@@ -89,16 +89,42 @@ def test_bytes_closed_forms_and_slot_capacity():
 
 def test_time_decode_reports_the_rule_pages():
     setup = benchmark.SpeedSetup(num_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
-                                 budget_fraction=0.25, repeats=1)
+                                 budget_fraction=0.25, repeats=3)
     row = benchmark.time_decode(jax.random.key(5), 512, 1, setup, bandwidth_gbs=10.0)
-    assert row["pages"] == 32 and row["budget_pages"] == 8
-    assert 0 < row["kept_fraction"] <= 1 and row["kept_mass"] >= 0.99
+    assert row["pages"] == 32 and row["budget_pages"] == 8 and row["rounds"] == 3
+    assert 0 < row["rule_kept_fraction"] <= row["kept_fraction"] <= 1
+    assert row["kept_mass"] >= 0.99
     assert row["slots"] % benchmark.SLOT_MULTIPLE == 0 or row["slots"] == 32
-    for key in ("dense_ms", "ffd_ms", "ffd_scan_ms", "ffd_attend_ms", "ffd_budget_ms", "quest_ms"):
-        assert row[key] > 0
+    for key in ("dense_f32", "dense_bf16", "dense", "ffd", "ffd_scan", "ffd_attend", "ffd_budget",
+                "quest", "ffd_over_dense", "speedup"):
+        assert 0 < row[key]["min"] <= row[key]["median"] <= row[key]["max"], key
+    assert row["dense"] == row["dense_" + row["dense_variant"]]
+    parts = row["ffd_median_round"]  # one round's stages add up to its total, the median
+    assert parts["scan"] + parts["attend"] == pytest.approx(parts["total"], rel=1e-12)
+    assert parts["total"] == pytest.approx(row["ffd"]["median"], rel=1e-12)
     assert row["bytes_ratio"] > row["cpu_bytes_ratio"] > 0
     with pytest.raises(ValueError, match="context must"):
         benchmark.time_decode(jax.random.key(5), 500, 1, setup, 10.0)
+
+
+def test_interleaved_seconds_alternates_and_sums_stages():
+    """With a clock that advances one second per read, the call order, the per-stage times and
+    their sums are exact."""
+    t = [0.0]
+
+    def clock():
+        t[0] += 1.0
+        return t[0]
+
+    order = []
+    fns = {"a": lambda: order.append("a"),
+           "b": [lambda: order.append("b0"), lambda: order.append("b1")]}
+    sec = benchmark.interleaved_seconds(fns, repeats=3, warmup=1, clock=clock)
+    assert order == ["a", "b0", "b1"] + ["a", "b0", "b1", "b0", "b1", "a", "a", "b0", "b1"]
+    assert sec == {"a": [1.0] * 3, "b/0": [1.0] * 3, "b/1": [1.0] * 3, "b": [2.0] * 3}
+    assert benchmark.summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        benchmark.interleaved_seconds(fns, repeats=0)
 
 
 def test_bad_setups():
