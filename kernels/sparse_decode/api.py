@@ -73,6 +73,22 @@ def check_count(value, name: str, where: str) -> None:
     checks.integer(value, name, where, minimum=1, allow_none=True)
 
 
+def check_kernel_shapes(impl: str, group: int, page_size: int, where: str) -> None:
+    """Raises one ValueError before anything is traced when ``impl`` cannot serve the shapes (no
+    other implementation is substituted): the GPU kernel tiles pages of a power-of-two size >= 16
+    and at most 16 query heads per kv head. (Head dims that are multiples of 16, which every FFD
+    cache has, are served by every implementation.)"""
+    if impl != "pallas_gpu":
+        return
+    if page_size < 16 or page_size & (page_size - 1):
+        raise ValueError(f"{where}: implementation 'pallas_gpu' tiles pages of a power-of-two size "
+                         f">= 16 (16, 32, 64, 128, ...), got page size {page_size}; use such a "
+                         "page size or implementation='xla'")
+    if group > 16:
+        raise ValueError(f"{where}: implementation 'pallas_gpu' serves at most 16 query heads per "
+                         f"kv head, got {group}; use implementation='xla' or 'reference'")
+
+
 def _check(q: jax.Array, cache: dict[str, Any], delta, delta_unit: str, top_k: int | None,
            max_pages: int | None, where: str) -> None:
     checks.array(q, "q", where, ndim=3, kind="float", nonempty=True)
@@ -124,8 +140,9 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         weights below ``exp(-delta)`` (nats) of the largest estimated weight of the first and last
         full pages.
       delta_unit: ``"nats"`` (natural-log logits, the default) or ``"log2"`` (base-2 logits, the
-        unit of the authors' kernel: ``delta_log2 = delta_nats / ln 2``, so their 8.7 is our 6.0
-        and a value from the paper can be passed as is with ``delta_unit="log2"``).
+        unit of the authors' kernel: ``delta_log2 = delta_nats / ln 2``; their defaults 5 and 7
+        are 3.47 and 4.85 nats, and our 6 nats is 8.66 there; a value of theirs can be passed as
+        is with ``delta_unit="log2"``).
       top_k: if set, the top-k-pages variant: exactly ``min(top_k, full pages)`` pages by score
         (a global pass over the page scores).
       max_pages: attend at most this many of the selected pages per (row, kv head), those with the
@@ -161,6 +178,7 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
     cost.check_kept_fraction(assumed_kept_fraction, "ffd_decode")
     impl = resolve_implementation(implementation)
     b, kh, n, p, d = cache["resid"].shape
+    check_kernel_shapes(impl, q.shape[1] // kh, p, "ffd_decode")
     ref.check_lengths(lengths, n * p, "ffd_decode", batch=b)
     lengths = jnp.asarray(lengths, jnp.int32)
     m_slots = n if max_pages is None else min(max_pages, n)  # keep holds at most m_slots pages

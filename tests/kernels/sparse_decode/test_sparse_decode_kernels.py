@@ -175,7 +175,7 @@ def test_kernels_lower_for_accelerators(platform, impl, d):
 
 
 def test_delta_units_keep_the_same_pages():
-    """The paper's base-2 delta (8.656 = 6 / ln 2) keeps the pages of 6 nats; the rule written out
+    """The base-2 delta of the authors' kernel (8.656 = 6 / ln 2) keeps the pages of 6 nats; the rule written out
     on base-2 logits (page maxima times log2 e) agrees."""
     b, h, kh, s, d, p = 2, 8, 2, 256, 32, 16
     lengths = jnp.array([256, 150])

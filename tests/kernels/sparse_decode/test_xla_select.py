@@ -187,3 +187,26 @@ def test_requires_the_int8_scan_copy():
     cache = workload.cache_with_lengths(k, k, jnp.array([32]), 16)
     with pytest.raises(ValueError, match="codes_i8"):
         xs.ffd_keep_superset(jnp.ones((1, 1, 16)), cache, jnp.array([32]), 1.0)
+
+
+def test_api_refuses_shapes_the_gpu_kernel_cannot_tile_before_tracing():
+    """One ValueError naming the value and what works, raised before any selection runs."""
+    from kernels.sparse_decode import api
+
+    b, kh, d = 1, 1, 16
+    for p, g, match in ((24, 2, "page size 24"), (16, 17, "got 17")):
+        cache = ref.init_ffd_cache(b, 2 * p, kh, d, jnp.float32, p)
+        q = jnp.ones((b, g * kh, d))
+        with pytest.raises(ValueError, match=match) as err:
+            api.ffd_decode(q, cache, jnp.array([2 * p]), implementation="pallas_gpu",
+                           interpret=True)
+        assert "implementation='xla'" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"assumed_kept_fraction .*\(0, 1\].* got 1.5"):
+        api.ffd_decode(jnp.ones((1, 1, 16)), ref.init_ffd_cache(1, 32, 1, 16, jnp.float32, 16),
+                       jnp.array([32]), implementation="pallas_gpu", assumed_kept_fraction=1.5)
+
+
+def test_authors_default_deltas_in_nats():
+    assert ref.delta_in_nats(5.0, "log2") == pytest.approx(5 * math.log(2))  # 3.466
+    assert ref.delta_in_nats(7.0, "log2") == pytest.approx(4.852, abs=1e-3)
+    assert 6.0 / math.log(2) == pytest.approx(8.656, abs=1e-3)
