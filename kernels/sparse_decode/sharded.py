@@ -15,8 +15,8 @@ communication is needed; the output keeps the operands' sharding.
 * :func:`ffd_decode_sharded` -- the partitioned decode.
 * :func:`partition_specs` -- the ``PartitionSpec``s it uses for given shapes (an axis that does not
   divide its dimension is not used: that dimension is replicated).
-* :class:`ShardedFFDCache` -- :class:`kernels.sparse_decode.api.FFDCache` whose one-token decode
-  runs partitioned; place its cache leaves with :meth:`ShardedFFDCache.cache_sharding`.
+* :class:`ShardedFFDCache` -- :class:`kernels.sparse_decode.api.FFDCache` whose cache update and
+  one-token decode run partitioned; place its cache leaves with :meth:`ShardedFFDCache.cache_sharding`.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def ffd_decode_sharded(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, 
 @dataclasses.dataclass(frozen=True)
 class ShardedFFDCache(api.FFDCache):
     """:class:`~kernels.sparse_decode.api.FFDCache` whose one-token decode runs on ``mesh`` with
-    :func:`ffd_decode_sharded` (prefill and cache updates are ordinary jitted code, which XLA
-    partitions itself).
+    :func:`ffd_decode_sharded` and whose cache updates run blockwise in ``shard_map`` too
+    (prefill attention is ordinary jitted code, which XLA partitions itself).
 
     Attributes (besides ``FFDCache``'s):
       mesh: the device mesh (None: no partitioning, as ``FFDCache``).
@@ -119,6 +119,25 @@ class ShardedFFDCache(api.FFDCache):
         spec = PartitionSpec(*partition_specs(self.mesh, b, kh, batch_axis=self.batch_axis,
                                               head_axis=self.head_axis))
         return jax.tree.map(lambda _: NamedSharding(self.mesh, spec), layer_cache)
+
+    def update(self, layer_cache, k, v, start):
+        """:meth:`FFDCache.update` run blockwise on ``mesh`` (``jax.shard_map``, rows on
+        ``batch_axis``, kv heads on ``head_axis``): each row's write is independent, and the update
+        writes its page windows row by row (``reference.update_ffd_cache``), which XLA's SPMD
+        partitioner would otherwise turn into gathers of whole cache arrays across ``batch_axis``."""
+        if self.mesh is None:
+            return super().update(layer_cache, k, v, start)
+        ref.check_cache(layer_cache, "ShardedFFDCache.update")
+        b, kh, n, p, d = layer_cache["resid"].shape
+        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
+                            where="ShardedFFDCache.update")
+        bax, hax = partition_specs(self.mesh, b, kh, batch_axis=self.batch_axis,
+                                   head_axis=self.head_axis)
+        rows = PartitionSpec(bax, hax)
+        specs = jax.tree.map(lambda _: rows, layer_cache)
+        return jax.shard_map(ref.update_ffd_cache, mesh=self.mesh,
+                             in_specs=(specs, rows, rows, PartitionSpec(bax)), out_specs=specs,
+                             check_vma=False)(layer_cache, k, v, jnp.asarray(start, jnp.int32))
 
     def attend(self, layer_cache, q, start):
         if self.mesh is None or q.shape[2] != 1:
