@@ -121,8 +121,9 @@ print(f"kept {float(keep.mean()):.1%} of the pages; relative error vs dense "
 
 # %% [markdown]
 # ## Time one decode step
-# `benchmark.time_decode` times dense (f32, bf16), FFD with the top-delta rule (and its scan and
-# attention stages alone), the top-k budget variant and Quest, alternating calls.
+# `benchmark.time_decode` times dense (f32, bf16), FFD with the top-delta rule (its scan and
+# attention stages add up to its time in every round), the top-k budget variant and Quest, in
+# interleaved rounds: each time and ratio is a median with its range over the rounds.
 
 # %%
 from core import timing
@@ -130,7 +131,8 @@ from kernels.sparse_decode import benchmark
 
 setup = benchmark.SpeedSetup(num_heads=H, num_kv_heads=K, head_dim=D, page_size=P, repeats=2)
 row = benchmark.time_decode(jax.random.key(0), S, B, setup, timing.read_bandwidth_gbs(64))
-print({key: round(val, 3) for key, val in row.items() if key.endswith(("_ms", "dense"))})
+for key in ("dense", "ffd", "ffd_scan", "ffd_attend", "ffd_over_dense"):
+    print(key, benchmark.fmt_summary(row[key]))
 
 # %% [markdown]
 # ## Optional: the full experiment (`tiny`, 5 to 12 minutes on a 2-core CPU)
