@@ -31,10 +31,8 @@ from models.losses import next_token_nll
 def evaluator_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The :func:`algorithms.lm.training.train` config of ``config``'s evaluator: its
     ``evaluator`` sub-config plus the comparison's data split and mesh (the same training split)."""
-    shared = {k: config[k] for k in ("val_fraction", "seed", "model_parallelism",
+    shared = {k: config[k] for k in ("data_path", "val_fraction", "seed", "model_parallelism",
                                      "param_sharding")}
-    # algorithms.lm.training reads the text's location as ``corpus``.
-    shared["corpus"] = config.data_path
     return ml_collections.ConfigDict({**config.evaluator.to_dict(), **shared})
 
 

@@ -96,8 +96,8 @@ def gidd_dynamic_weight(process: Process, x: jax.Array, z_t: jax.Array, t: jax.A
     """GIDD's "dynamic" training weight per token, float32 [B, L], in ``[0, max_weight]``.
 
     It replaces the ELBO weight ``w_t(z_t, x)`` by one set by the token's state (von Rütte et al.
-    2025, Sec. 5, training setup; the form is that of the authors' code, ``GiddLoss.get_weights``
-    with ``loss_weighting="dynamic"``)::
+    2025, the default of their training config; the form is that of the authors' code,
+    ``gidd/loss.py``, ``GiddLoss.get_weights`` with ``loss_weighting="dynamic"``)::
 
         2                                   if z_t = [MASK]
         1                                   if z_t is a data id other than x (uniform noise)

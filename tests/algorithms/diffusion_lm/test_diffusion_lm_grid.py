@@ -59,7 +59,7 @@ def test_flops_count_the_ablations_ar_pass():
 def test_evaluator_scores_samples_by_next_token_nll(tmp_path):
     config = _config()
     ev_config = evaluator_lib.evaluator_config(config)
-    assert ev_config.corpus == config.data_path and ev_config.seed == config.seed
+    assert ev_config.data_path == config.data_path and ev_config.seed == config.seed
     assert ev_config.model.d_model == config.evaluator.model.d_model
     ev = evaluator_lib.train_evaluator(config, str(tmp_path / "ev"), progress=False)
     assert ev.result.steps_run == config.evaluator.steps
