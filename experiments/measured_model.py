@@ -188,7 +188,7 @@ def load(config: ml_collections.ConfigDict, workdir: str,
         no tokens, or token ids outside the model's vocabulary.
     """
     if config.checkpoint:
-        return _load_checkpoint(config.checkpoint, config.text)
+        return _load_checkpoint(config.checkpoint, config.data_path)
     from algorithms.lm import training
     from experiments import common
     from experiments.configs import lm as lm_config
@@ -205,15 +205,15 @@ def load(config: ml_collections.ConfigDict, workdir: str,
               f"{experiment} measures", file=sys.stderr, flush=True)
     lm = training.train(lm_cfg, lm_dir, desc=f"lm (for {experiment})")
     graphdef, params, mcfg, corpus = lm.graphdef, lm.params, lm.model_config, lm.corpus
-    if config.text:
-        text = ByteTokenizer().encode(_read_text(config.text))
+    if config.data_path:
+        text = ByteTokenizer().encode(_read_text(config.data_path))
     else:
         text = corpus.val
     info = {"kind": "byte_lm", "checkpoint": os.path.join(workdir, "lm"),
             "architecture": "byte-level transformer LM",
             "lm_config": config.lm_config or "tiny", **_sizes(mcfg),
             "params": int(sum(x.size for x in jax.tree.leaves(params))),
-            "text": config.text or "the lm's held-out text", "text_tokens": int(text.size)}
+            "text": config.data_path or "the lm's held-out text", "text_tokens": int(text.size)}
     return MeasuredModel(graphdef, params, mcfg, np.asarray(text, np.int32), (), info)
 
 

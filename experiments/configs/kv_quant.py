@@ -53,7 +53,7 @@ def base() -> ml_collections.ConfigDict:
     # "" = the byte-level lm above; else a Hugging Face model directory (config.json,
     # *.safetensors, tokenizer.json) measured instead, with context capped at its max_len
     c.checkpoint = ""
-    c.text = ""  # UTF-8 text file of held-out windows; "" = the held-out Shakespeare plays
+    c.data_path = ""  # UTF-8 text file of held-out windows; "" = the held-out Shakespeare plays
     c.claim = report.claim_config(
         method="QVG / KIVI / EntroKV",
         statement="QVG INT2 >= 6x true compression with lower attention error than KIVI; EntroKV "
@@ -113,7 +113,7 @@ RULES = {
     "synth_queries": cfg_lib.integer(lo=1),
     "lm_config": cfg_lib.variant_of(lm_config),
     "checkpoint": cfg_lib.path_or_empty(),
-    "text": cfg_lib.path_or_empty(),
+    "data_path": cfg_lib.path_or_empty(),
 }
 
 
@@ -196,6 +196,13 @@ def check_synthetic(config: ml_collections.ConfigDict) -> None:
 
 
 CROSS_CHECKS = (check_lm_shapes, check_synthetic)
+
+
+FIELD_HELP = {
+    "data_path": "the held-out text to measure on: a UTF-8 text file; '' = the held-out Shakespeare plays",
+    "checkpoint": "a local Hugging Face Llama / Qwen2 / Mistral directory to measure instead of the "
+                  "trained byte-level lm; '' = the lm experiment's checkpoint",
+}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -6,7 +6,7 @@
         --config.checkpoint=DIR  # a local Hugging Face Llama / Qwen2 / Mistral directory
 
 With ``checkpoint`` set, the quality measurements (kept mass, error, greedy match) use that model
-and its tokenizer on ``text`` instead of the trained byte-level lm; ``lm_config`` is then unused.
+and its tokenizer on ``data_path`` instead of the trained byte-level lm; ``lm_config`` is then unused.
 """
 
 import math
@@ -55,7 +55,7 @@ def base() -> ml_collections.ConfigDict:
     # "" = the byte-level lm above; else a Hugging Face model directory (config.json,
     # *.safetensors, tokenizer.json) measured instead, with the context capped at its max_len
     c.checkpoint = ""
-    c.text = ""  # UTF-8 text file to capture on; "" = the held-out Shakespeare plays
+    c.data_path = ""  # UTF-8 text file to capture on; "" = the held-out Shakespeare plays
     c.claim = report.claim_config(
         method="Faster Flash Decoding (FFD)",
         statement="up to 11.6x kernel speedup at 256k context (GPU), accuracy kept",
@@ -109,7 +109,7 @@ RULES = {
     "greedy_page_size": cfg_lib.integer(lo=1),
     "lm_config": cfg_lib.variant_of(lm_config),
     "checkpoint": cfg_lib.path_or_empty(),
-    "text": cfg_lib.path_or_empty(),
+    "data_path": cfg_lib.path_or_empty(),
 }
 
 
@@ -180,6 +180,13 @@ def check_lm(config: ml_collections.ConfigDict) -> None:
 
 
 CROSS_CHECKS = (check_layout, check_max_density, check_lm)
+
+
+FIELD_HELP = {
+    "data_path": "the text to capture keys, values and queries on: a UTF-8 text file; '' = the held-out Shakespeare plays",
+    "checkpoint": "a local Hugging Face Llama / Qwen2 / Mistral directory to measure instead of the "
+                  "trained byte-level lm; '' = the lm experiment's checkpoint",
+}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

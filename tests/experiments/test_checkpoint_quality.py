@@ -69,7 +69,7 @@ def test_tokenizer_prefix_and_windows(tiny_llama_checkpoint, tmp_path):
     assert tok.prefix_ids() == (bos,)
     text = tmp_path / "t.txt"
     text.write_text("to be or not to be, that is the question. " * 20)
-    config = _config(kv_quant_config, tiny_llama_checkpoint, text=str(text))
+    config = _config(kv_quant_config, tiny_llama_checkpoint, data_path=str(text))
     model = measured_model.load(config, str(tmp_path))
     ids = tok.encode(text.read_text(), add_special_tokens=False)
     np.testing.assert_array_equal(model.text, ids)
@@ -111,7 +111,7 @@ def test_kv_quant_measures_the_checkpoint(tiny_llama_checkpoint, tmp_path):
     text.write_text("Now is the winter of our discontent made glorious summer by this sun of "
                     "York; and all the clouds that lour'd upon our house in the deep bosom of "
                     "the ocean buried. " * 8)
-    config = _config(kv_quant_config, tiny_llama_checkpoint, text=str(text))
+    config = _config(kv_quant_config, tiny_llama_checkpoint, data_path=str(text))
     section = kv_quant.run(config, str(tmp_path / "work"))
     metrics = json.loads((tmp_path / "work" / "kv_quant" / "metrics.json").read_text())
     _check_model(metrics["model"], tiny_llama_checkpoint)
@@ -140,7 +140,7 @@ def test_checkpoint_limits_are_refused_naming_the_fields(tiny_llama_checkpoint, 
     config = _config(sparse_decode_config, tiny_llama_checkpoint, real_page_size=128)
     with pytest.raises(ValueError, match="real_context=1024 and real_page_size=128"):
         sparse_decode.real_quality(config, measured_model.load(config, str(tmp_path)))
-    missing = _config(kv_quant_config, tiny_llama_checkpoint, text=str(tmp_path / "none.txt"))
+    missing = _config(kv_quant_config, tiny_llama_checkpoint, data_path=str(tmp_path / "none.txt"))
     with pytest.raises(ValueError, match="config field text = .*none.txt.*no such file"):
         measured_model.load(missing, str(tmp_path))
 
@@ -154,7 +154,7 @@ def test_a_text_that_begins_with_bos_gives_one_bos_per_window(tiny_llama_checkpo
     body = "to be or not to be, that is the question. " * 20
     text = tmp_path / "t.txt"
     text.write_text("<s>" + body)
-    config = _config(kv_quant_config, tiny_llama_checkpoint, text=str(text))
+    config = _config(kv_quant_config, tiny_llama_checkpoint, data_path=str(text))
     with caplog.at_level("WARNING"):
         model = measured_model.load(config, str(tmp_path))
     with_bos = tok.encode("<s>" + body, add_special_tokens=False)
