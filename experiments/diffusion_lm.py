@@ -47,6 +47,8 @@ LABELS = {"ar": "AR", "mdlm": "MDLM (NELBO)", "mdlm_ce": "MDLM (CE)", "duo": "Du
           "esolm": "Eso-LM", "esolm_nelbo": "Eso-LM, NELBO at α0 (ablation)", "gidd": "GIDD"}
 COLORS = style.method_colors(LABELS)  # one colour per family in every figure
 
+EDGE = "optimum at the grid edge: not resolved"  # an IsoFLOP fit that refuses its exponent
+
 # Paired differences reported (first minus second, bits/byte): the claims' comparisons and the
 # other families against MDLM.
 PAIRS = (("mdlm", "ar"), ("duo", "mdlm"), ("mdlm", "mdlm_ce"), ("gidd", "mdlm"),
@@ -166,7 +168,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     return report.finish(out, title="Scaling beyond masked diffusion LMs (diffusion_lm)",
                          metrics=metrics, body=_body(config, metrics), claim=config.claim,
                          figures={"isoflop": _plot_isoflop(g, fits, budgets),
-                                  "pareto": _plot_pareto(gen, tps),
+                                  "pareto": _plot_pareto(gen_ci, tps),
                                   "loss_curves": _plot_losses(hist)})
 
 
@@ -180,22 +182,30 @@ def _plot_isoflop(g, fits, budgets) -> plt.Figure:
                 label="fitted optimum $N^*$")
         ax.set_xscale("log")
         style.log_ticks(ax, "x")
-        ax.set(title=f"{LABELS[fam]}: $N^* \\propto C^{{{fit.exponent:.2f}}}$", xlabel="parameters N")
+        law = (f"$N^* \\propto C^{{{fit.exponent:.2f}}}$" if np.isfinite(fit.exponent) else
+               "$N^*$ at grid edge:\nnot resolved")
+        ax.set(title=f"{LABELS[fam]}: {law}", xlabel="parameters N")
     axes[0, 0].set_ylabel("held-out NELBO (bits/byte)")
     style.figure_legend(fig)
     return fig
 
 
-def _plot_pareto(gen, tps) -> plt.Figure:
+def _plot_pareto(gen_ci, tps) -> plt.Figure:
+    """Generative perplexity against sampling throughput; ``gen_ci[fam][steps]`` carries ``ppl``
+    and its 95% interval ``lo`` / ``hi`` (drawn as error bars)."""
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    for fam in gen:
-        keys = list(gen[fam])
-        xs, ys = [tps[fam][k] for k in keys], [gen[fam][k] for k in keys]
-        ax.plot(xs, ys, "o-", color=COLORS[fam], label=LABELS[fam])
+    for fam in gen_ci:
+        keys = list(gen_ci[fam])
+        xs, ys = [tps[fam][k] for k in keys], [gen_ci[fam][k]["ppl"] for k in keys]
+        err = [[y - gen_ci[fam][k]["lo"] for k, y in zip(keys, ys)],
+               [gen_ci[fam][k]["hi"] - y for k, y in zip(keys, ys)]]
+        ax.errorbar(xs, ys, yerr=err, fmt="o-", color=COLORS[fam], label=LABELS[fam], capsize=3,
+                    elinewidth=1)
         for x, y, k in zip(xs, ys, keys):
             ax.annotate(k, (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
     ax.set(xscale="log", yscale="log", xlabel="sampling throughput (tokens/s)",
-           ylabel="generative perplexity (evaluator)", title="Speed-quality (labels: sampling steps)")
+           ylabel="generative perplexity (evaluator)",
+           title="Speed-quality (labels: sampling steps; bars: 95% intervals)")
     ax.margins(0.08)  # room for the step labels at the ends
     style.log_ticks(ax, "x")
     style.log_ticks(ax, "y")
@@ -245,7 +255,7 @@ def _body(config, m) -> str:
                       "per setting).")
     itable = report.markdown_table(
         ["family", "N* exponent a", "L* exponent b", "N*(C) per budget"],
-        [[LABELS[f], v["exponent"], v["loss_exponent"],
+        [[LABELS[f], EDGE if v["exponent"] is None else v["exponent"], v["loss_exponent"],
           ", ".join(f"{n:,.0f}" + ("†" if e else "") for n, e in zip(v["n_opt"], v["at_edge"]))]
          for f, v in m["isoflop"].items()], fmt=".3f")
     r, ev, dr = m["ce_vs_nelbo_flops_ratio"], m["evaluator"], m["eval_draws"]
@@ -269,8 +279,9 @@ def _body(config, m) -> str:
         "window, same draws; s.e. over windows):", "", ptable, "",
         f"IsoFLOP grid: {sched}; each cell evaluated on {config.eval_windows} windows x "
         f"{dr['isoflop_reps']} draws. Fits (parabola in log N per budget, then power laws; † = "
-        "the optimum sits at an edge of the size grid, so that exponent is not identified at "
-        "this scale):", "", itable,
+        "the grid does not bracket that budget's optimum: the lowest loss is at the smallest or "
+        "largest size, and a family with any † gets no exponent a; L* there is read at the "
+        "grid's edge, an upper bound on the optimum):", "", itable,
         "", f"MDLM-CE reaches MDLM-NELBO's frontier loss with {r['ratio']:.3f}x the FLOPs (paired "
         f"bootstrap over windows, both grids resampled jointly: 68% interval {r['lo']:.3f}-"
         f"{r['hi']:.3f}, 95% {r['lo95']:.3f}-{r['hi95']:.3f}; paper: ~0.89, i.e. 12% more "

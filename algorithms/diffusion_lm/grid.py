@@ -451,12 +451,15 @@ def heldout_windows(tokens: np.ndarray, seq_len: int, count: int) -> np.ndarray:
 
 def isoflop_summary(fit: scaling.IsoFlopFit, sizes: np.ndarray, steps: np.ndarray,
                     losses: np.ndarray, se: np.ndarray) -> dict[str, Any]:
-    """One family's IsoFLOP grid and fit as JSON-able numbers; ``at_edge`` [C] marks optima
-    clipped to the smallest or largest size (their exponent is not identified)."""
-    at_edge = (fit.n_opt <= sizes.min() * (1 + 1e-6)) | (fit.n_opt >= sizes.max() * (1 - 1e-6))
+    """One family's IsoFLOP grid and fit as JSON-able numbers. ``at_edge`` [C] marks budgets whose
+    optimum the size grid does not bracket (:attr:`scaling.IsoFlopFit.at_edge`); ``resolved`` is
+    1 when none does; ``exponent`` (a of N* ~ C^a) is then a number, else None: a minimum at the
+    grid's edge is not a minimum, so no exponent is reported."""
     return {"budgets": fit.budgets, "sizes": sizes, "steps": steps, "losses": losses,
             "loss_se": se, "n_opt": fit.n_opt, "loss_opt": fit.loss_opt, "concave": fit.concave,
-            "at_edge": at_edge, "exponent": fit.exponent, "loss_exponent": fit.loss_exponent}
+            "at_edge": fit.at_edge, "resolved": int(fit.resolved),
+            "exponent": float(fit.exponent) if fit.resolved else None,
+            "loss_exponent": fit.loss_exponent}
 
 
 def unigram_entropy(samples: np.ndarray, vocab_size: int) -> float:

@@ -7,7 +7,10 @@ replicates.
 For each compute budget C (FLOPs, ``C = 3 F_fwd tokens``) the losses of S model sizes N (parameters)
 are fitted by a parabola in ``log N``; its vertex gives the compute-optimal size ``N*(C)`` and loss
 ``L*(C)``. Across budgets, ``N*(C) = k C^a`` and ``L*(C) = A C^-b`` are fitted by least squares in
-log-log space. Two loss frontiers give the compute ratio at equal loss: the ``C'`` at which family 1
+log-log space. A budget whose measured loss is lowest at the smallest or largest size (or whose
+parabola has no interior minimum) does not locate ``N*(C)``: the grid does not bracket the optimum,
+so the fit refuses the size exponent (``exponent`` NaN, ``resolved`` False) instead of fitting a
+power law to grid edges. Two loss frontiers give the compute ratio at equal loss: the ``C'`` at which family 1
 reaches family 2's ``L*(C)``, ``C' / C = (A_1 / L*_2(C))^(1/b_1) / C``. Uncertainty comes from a
 paired bootstrap over held-out windows (:func:`paired_bootstrap_ratio`: every cell of both grids
 evaluated on the same windows, resampled jointly) or, without per-window losses, a parametric one
@@ -35,8 +38,12 @@ class IsoFlopFit:
       loss_opt: [C] losses at the vertices.
       concave: [C] bool, True where the parabola opened downward (vertex replaced by the best
         measured size).
-      exponent: a in ``N* = k C^a``.
-      coef: k.
+      at_edge: [C] bool, True where the budget's optimum is not bracketed by the size grid: the
+        lowest measured loss is at the smallest or largest size, the parabola is concave, or its
+        vertex was clipped to the sampled range.
+      exponent: a in ``N* = k C^a``; NaN unless every budget's optimum is bracketed
+        (``resolved``): a minimum at the edge of the grid is not a minimum.
+      coef: k (NaN with ``exponent``).
       loss_exponent: b in ``L* = A C^-b``.
       loss_coef: A.
     """
@@ -45,10 +52,16 @@ class IsoFlopFit:
     n_opt: np.ndarray
     loss_opt: np.ndarray
     concave: np.ndarray
+    at_edge: np.ndarray
     exponent: float
     coef: float
     loss_exponent: float
     loss_coef: float
+
+    @property
+    def resolved(self) -> bool:
+        """True when the size grid brackets the optimum at every budget (``exponent`` is finite)."""
+        return not bool(np.any(self.at_edge))
 
     def loss_at(self, c: np.ndarray | float) -> np.ndarray:
         """Frontier loss ``A C^-b``."""
@@ -101,6 +114,12 @@ def fit_isoflop(budgets: Sequence[float], sizes: np.ndarray, losses: np.ndarray)
       sizes: [S] parameter counts (the same sizes at every budget) or [C, S].
       losses: [C, S] validation losses (e.g. NELBO in nats per token).
 
+    Returns:
+      An :class:`IsoFlopFit`. The loss frontier ``L* = A C^-b`` is always fitted (at a budget whose
+      optimum is not bracketed, ``L*`` is the parabola at the grid's edge, or the best measured
+      loss if concave: an upper bound on the optimum); the size exponent ``a`` and ``k`` only when
+      every budget's optimum is bracketed, else NaN.
+
     Raises:
       ValueError: shapes disagree, fewer than 2 budgets or 3 sizes.
     """
@@ -113,10 +132,14 @@ def fit_isoflop(budgets: Sequence[float], sizes: np.ndarray, losses: np.ndarray)
     verts = [parabola_vertex(np.log(sizes[k]), losses[k]) for k in range(budgets.size)]
     n_opt = np.exp([v[0] for v in verts])
     loss_opt = np.array([v[1] for v in verts])
-    a, k = power_law(budgets, n_opt)
+    concave = np.array([v[2] for v in verts])
+    best = sizes[np.arange(budgets.size), np.argmin(losses, axis=1)]  # sizes need not be sorted
+    lo, hi = sizes.min(axis=1), sizes.max(axis=1)
+    clipped = (n_opt <= lo * (1 + 1e-9)) | (n_opt >= hi * (1 - 1e-9))
+    at_edge = concave | clipped | (best == lo) | (best == hi)
+    a, k = power_law(budgets, n_opt) if not at_edge.any() else (float("nan"), float("nan"))
     neg_b, big_a = power_law(budgets, loss_opt)
-    return IsoFlopFit(budgets, n_opt, loss_opt, np.array([v[2] for v in verts]), a, k, -neg_b,
-                      big_a)
+    return IsoFlopFit(budgets, n_opt, loss_opt, concave, at_edge, a, k, -neg_b, big_a)
 
 
 def matched_compute_ratio(fit_1: IsoFlopFit, fit_2: IsoFlopFit, budgets: np.ndarray | None = None

@@ -80,11 +80,14 @@ def base() -> ml_collections.ConfigDict:
         # paired differences (95% intervals) and the paired-bootstrap ratio's 95% interval
         checks=("paired_diff_bpb.mdlm_minus_ar.lo > 0", "paired_diff_bpb.duo_minus_mdlm.lo > 0",
                 "ce_vs_nelbo_flops_ratio.hi95 < 1"),
-        # each of the three 95% intervals excludes its threshold (0, 0, 1); else "not resolved
-        # at this size", whatever the checks say
+        # each of the three 95% intervals excludes its threshold (0, 0, 1), and the size grid
+        # brackets both MDLM objectives' optima at every budget (the CE/NELBO ratio compares
+        # their compute-optimal frontiers; a minimum at the grid's edge is not one); else "not
+        # resolved at this size", whatever the checks say
         resolved=("paired_diff_bpb.mdlm_minus_ar.resolved == 1",
                   "paired_diff_bpb.duo_minus_mdlm.resolved == 1",
-                  "ce_vs_nelbo_flops_ratio.resolved == 1"),
+                  "ce_vs_nelbo_flops_ratio.resolved == 1",
+                  "isoflop.mdlm.resolved == 1", "isoflop.mdlm_ce.resolved == 1"),
         ours="bpb AR {val_bpb[ar]:.3f}, MDLM {val_bpb[mdlm]:.3f}, Duo {val_bpb[duo]:.3f}; "
              "Duo - MDLM {paired_diff_bpb[duo_minus_mdlm][mean]:+.3f} "
              "[{paired_diff_bpb[duo_minus_mdlm][lo]:+.3f}, "

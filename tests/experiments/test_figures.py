@@ -42,7 +42,8 @@ def _diffusion_lm():
     fit = types.SimpleNamespace(n_opt=[4.6e3, 1.2e4, 1.2e4], loss_opt=[np.log(2) * 8.5] * 3, exponent=0.31)
     g = types.SimpleNamespace(sizes=sizes, losses=losses)
     all_fams = list(e.LABELS)
-    gen = {f: {"2": 380 + 15 * i, "8": 360 + 12 * i} for i, f in enumerate(all_fams)}
+    gen = {f: {k: {"ppl": p, "lo": 0.9 * p, "hi": 1.1 * p}
+               for k, p in (("2", 380 + 15 * i), ("8", 360 + 12 * i))} for i, f in enumerate(all_fams)}
     tps = {f: {"2": 8e3 * (1 + i), "8": 2e3 * (1 + i)} for i, f in enumerate(all_fams)}
     hist = {f: [{"step": s, "nelbo": np.log(2) * (9 - 0.1 * s + RNG.uniform(0, 2))} for s in range(2, 22, 2)]
             for f in all_fams}

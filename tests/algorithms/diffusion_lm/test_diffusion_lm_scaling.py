@@ -48,3 +48,65 @@ def test_parabola_vertex_and_concave_fallback():
         scaling.parabola_vertex(x[:2], x[:2])
     with pytest.raises(ValueError, match="positive"):
         scaling.power_law(np.array([1.0, -2.0]), np.array([1.0, 2.0]))
+
+
+# The tiny run's AR grid (nats per byte; sizes in parameters): the lowest loss is at the smallest
+# size at every budget, so the grid does not bracket any optimum.
+TINY_SIZES = np.array([14992.0, 26328.0, 41760.0, 80304.0])
+TINY_AR = np.array([[3.1968, 3.3584, 3.3933, 3.7734],
+                    [2.8154, 2.8950, 2.9302, 3.0621],
+                    [2.5125, 2.6428, 2.6229, 2.7543]])
+
+
+def test_fit_refuses_the_exponent_when_the_optimum_is_at_the_grid_edge():
+    fit = scaling.fit_isoflop([1e10, 2e10, 4e10], TINY_SIZES, TINY_AR)
+    assert fit.at_edge.all() and not fit.resolved
+    assert np.isnan(fit.exponent) and np.isnan(fit.coef)
+    # every budget's N* is pinned to the smallest size; the loss frontier is still fitted
+    np.testing.assert_allclose(fit.n_opt, TINY_SIZES[0], rtol=1e-9)
+    assert np.isfinite(fit.loss_exponent)
+
+
+def test_one_unbracketed_budget_refuses_the_exponent():
+    """Optima beyond the largest size at some budgets; a parabola whose vertex lies inside
+    the grid does not rescue a budget whose lowest measured loss is at an edge."""
+    losses = _grid()
+    assert not scaling.fit_isoflop(BUDGETS, SIZES, losses).at_edge.any()
+    # N*(C) = 1e-2 C^0.5 = 3.2e5 lies inside [1e5, 5.6e5] at the lowest budget only
+    fit = scaling.fit_isoflop(BUDGETS, SIZES[:3], losses[:, :3])
+    np.testing.assert_array_equal(fit.at_edge, [False, True, True, True])
+    assert np.isnan(fit.exponent)
+    log_n = np.log(SIZES[:4])
+    edge_min = np.array([1.00, 1.02, 1.01, 1.30])  # lowest at the smallest size, vertex inside
+    x_opt, _, _ = scaling.parabola_vertex(log_n, edge_min)
+    assert log_n[0] < x_opt < log_n[-1]
+    inside = (log_n - log_n[1]) ** 2 + 1.0
+    fit = scaling.fit_isoflop(BUDGETS[:2], SIZES[:4], np.stack([inside, edge_min]))
+    np.testing.assert_array_equal(fit.at_edge, [False, True])
+    assert not fit.resolved and np.isnan(fit.exponent)
+    # unsorted sizes: the edges are the smallest and largest sizes, not the first and last
+    perm = np.array([2, 0, 3, 1])
+    fit = scaling.fit_isoflop(BUDGETS[:2], SIZES[:4][perm], np.stack([inside, edge_min])[:, perm])
+    np.testing.assert_array_equal(fit.at_edge, [False, True])
+
+
+def test_unresolved_grid_makes_the_claim_not_resolved():
+    from algorithms.diffusion_lm import grid
+    from core import report
+    from experiments.configs import diffusion_lm as cfg
+
+    claim = report.Claim.from_config(cfg.get_config("tiny").claim)
+    good = {"ratio": 0.9, "lo95": 0.85, "hi95": 0.95, "resolved": True}
+    diffs = {k: {"lo": 0.1, "hi": 0.3, "resolved": True}
+             for k in ("mdlm_minus_ar", "duo_minus_mdlm")}
+    fits = {"mdlm": scaling.fit_isoflop(BUDGETS, SIZES, _grid()),
+            "mdlm_ce": scaling.fit_isoflop([1e10, 2e10, 4e10], TINY_SIZES, TINY_AR)}
+    assert fits["mdlm"].resolved and not fits["mdlm_ce"].resolved
+    iso = {f: grid.isoflop_summary(fit, SIZES, np.ones(3), np.ones(3), np.ones(3))
+           for f, fit in fits.items()}
+    assert iso["mdlm"]["exponent"] == pytest.approx(fits["mdlm"].exponent)
+    assert iso["mdlm_ce"]["exponent"] is None and iso["mdlm_ce"]["resolved"] == 0
+    metrics = {"paired_diff_bpb": diffs, "ce_vs_nelbo_flops_ratio": good, "isoflop": iso}
+    assert claim.verdict(metrics) == report.NOT_RESOLVED
+    iso["mdlm_ce"] = iso["mdlm"]
+    assert claim.verdict(metrics) == "yes"
