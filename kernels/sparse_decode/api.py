@@ -192,6 +192,12 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
             q, cache, lengths, delta=float(delta_nats), interpret=interpret,
             assumed_kept_fraction=assumed_kept_fraction)
         return (out, pallas_tpu.list_to_mask(idx, count, n)) if return_keep else out
+    if (impl == "pallas_gpu" and top_k is None and m_slots == n
+            and isinstance(delta_nats, numbers.Real) and _gpu_fusable(q, cache)):
+        # the top-delta rule: scan, selection and attention fused in one split-K GPU kernel
+        out, keep = _gpu_fused_decode(q, cache, lengths, float(delta_nats), interpret,
+                                      assumed_kept_fraction)
+        return (out, keep) if return_keep else out
     if impl == "xla" and top_k is None and "codes_i8" in cache:
         # the CPU scan: int8 x int8 -> int32 with a proven margin, a superset of the rule's pages
         keep = xla_select.ffd_keep_superset(q, cache, lengths, delta_nats, max_pages)
@@ -205,6 +211,30 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         out = _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret,
                              assumed_kept_fraction)
     return (out, keep) if return_keep else out
+
+
+def _gpu_fusable(q, cache) -> bool:
+    """Shapes the fused GPU kernel takes: G <= 16 and W = D / 16 and p powers of two, p >= 16."""
+    b, kh, n, p, d = cache["resid"].shape
+    w = d // ref.CODES_PER_WORD
+    return q.shape[1] // kh <= 16 and p >= 16 and not p & (p - 1) and not w & (w - 1)
+
+
+def _gpu_fused_decode(q, cache, lengths, delta, interpret, kept_fraction):
+    """The fused GPU kernel's partials merged with the tail page: (out [B, H, D], keep)."""
+    from kernels.sparse_decode import pallas_gpu
+
+    b, h, d = q.shape
+    qg = ref._grouped_query(q, cache["resid"].shape[1])
+    acc, m, l, keep = pallas_gpu.ffd_decode_fused(
+        qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], lengths, delta=delta,
+        interpret=interpret, assumed_kept_fraction=kept_fraction)
+    acc = jnp.where(jnp.isneginf(m)[..., None], 0.0, acc)  # programs that kept no page
+    ta, tm, tl = ref.tail_partial(qg, cache, lengths)
+    out = ref.merge_partials(jnp.concatenate([acc, ta[:, :, None]], 2),
+                             jnp.concatenate([m, tm[:, :, None]], 2),
+                             jnp.concatenate([l, tl[:, :, None]], 2), 2)
+    return out.reshape(b, h, d).astype(q.dtype), keep
 
 
 def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret,

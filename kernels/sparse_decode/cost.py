@@ -252,6 +252,64 @@ def ffd_gpu_cost(qp, codes, scale, resid, v, idx, *, num_splits: int, parts: int
                            bytes_accessed=int(pairs * per_pair))
 
 
+def fused_scan_flops(rows: int, page_size: int, head_dim: int) -> int:
+    """FLOPs of estimating one page's logits in the fused GPU kernel: the 16 slab products and
+    their sums over the W words (2 R D p together), q * scale and its sum (2 R D), the -1.5 factor
+    (R) and the page maximum (R p)."""
+    r, p, d = rows, page_size, head_dim
+    return 2 * r * d * p + 2 * r * d + r + r * p
+
+
+def fused_attend_flops(rows: int, page_size: int, head_dim: int) -> int:
+    """FLOPs of one kept page in the fused GPU kernel beyond its estimate: the residual and value
+    matmuls (4 R p D), on [R, p] the residual add, the row max, the subtraction under the exp and
+    the row sum (4 R p), the accumulator's rescale and add (2 R D), per row the running max and
+    the rescale and add of l (4 R)."""
+    r, p, d = rows, page_size, head_dim
+    return 4 * r * p * d + 4 * r * p + 2 * r * d + 4 * r
+
+
+def ffd_gpu_fused_cost(qp, codes, scale, resid, v, *, pages_per_program: int, flag_slots: int,
+                       kept_fraction: float = DEFAULT_KEPT_FRACTION) -> pl.CostEstimate:
+    """Cost of :func:`kernels.sparse_decode.pallas_gpu.ffd_decode_fused` (grid B x K x NS, NS =
+    ceil(P / PPB)) at a full cache, from its operands' static shapes and dtypes.
+
+    Args:
+      qp: [B, K, R, D] the padded float32 queries; codes [B, K, P, W, p]; scale [B, K, P, D];
+        resid, v [B, K, P, p, D].
+      pages_per_program: PPB; flag_slots: the keep flags each program writes (PPB rounded up to a
+        power of two).
+      kept_fraction: f in (0, 1]; ``kept = ceil(f P)`` pages per (row, kv head).
+
+    Returns:
+      ``pl.CostEstimate`` with, summed over the B K pairs:
+
+      * bytes: per program the queries ``R D`` float32, the row's length (int32), the codes and
+        scales of the two reference pages (first and last full) and of its PPB pages (every page
+        once over the NS programs), its keep flags and its partial ``R (D + 2)`` float32; per kept
+        page its residual and values.
+      * flops: ``(P + 2 NS)`` x :func:`fused_scan_flops` + ``kept`` x :func:`fused_attend_flops`.
+      * transcendentals: ``kept (R p + R)``.
+
+    Raises:
+      ValueError: ``kept_fraction`` outside (0, 1].
+    """
+    b, kh, rows, d = qp.shape
+    n, w, p = codes.shape[2], codes.shape[3], codes.shape[4]
+    kept = kept_pages(n, n, kept_fraction, "ffd_gpu_fused_cost")
+    ns = -(-n // pages_per_program)
+    scan_page = _nbytes((w, p), codes.dtype) + _nbytes((d,), scale.dtype)
+    per_program = (_nbytes((rows, d), qp.dtype) + 4 + 2 * scan_page
+                   + _nbytes((flag_slots,), jnp.int32) + _nbytes((rows, d + 2), jnp.float32))
+    per_pair = (ns * per_program + n * scan_page
+                + kept * (_nbytes((p, d), resid.dtype) + _nbytes((p, d), v.dtype)))
+    flops = (n + 2 * ns) * fused_scan_flops(rows, p, d) + kept * fused_attend_flops(rows, p, d)
+    pairs = b * kh
+    return pl.CostEstimate(flops=int(pairs * flops),
+                           transcendentals=int(pairs * kept * page_transcendentals(rows, p)),
+                           bytes_accessed=int(pairs * per_pair))
+
+
 class FFDFloor(NamedTuple):
     """Bytes an FFD decode step must move per (layer, sequence), by term (floats: ``f`` pages)."""
 

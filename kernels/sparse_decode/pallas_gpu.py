@@ -159,3 +159,151 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
         name="ffd_pages_attention",
     )(idx.astype(jnp.int32), count.astype(jnp.int32)[..., None], qp, codes, scale, resid, v)
     return acc[:, :, :, :g], m[:, :, :, :g], l[:, :, :, :g]
+
+
+# -- the fused GPU decode: scan, top-delta test and attention in one kernel, split-K -----------
+
+MIN_PROGRAMS = 264  # two thread blocks per SM of an H100 SXM (132 SMs)
+
+
+def fused_pages_per_program(num_pages: int, pairs: int) -> int:
+    """Pages each program scans so that ``pairs * ceil(P / PPB) >= 264`` where P allows (at least
+    one page per program): ``max(1, P * pairs // 264)``."""
+    return max(1, num_pages * pairs // MIN_PROGRAMS)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _fused_kernel(len_ref, q_ref, codes_ref, scale_ref, resid_ref, v_ref, keep_ref, acc_ref,
+                  m_ref, l_ref, *, pages_per_program: int, delta: float, real_rows: int):
+    b, s = pl.program_id(0), pl.program_id(2)
+    rows, d = q_ref.shape
+    w, p = codes_ref.shape[-2], codes_ref.shape[-1]
+    f32 = jnp.float32
+    num_full = len_ref[b] // p
+    q = q_ref[...]  # [R, D] float32, already / sqrt(D); rows >= G are zero
+    real = lax.broadcasted_iota(jnp.int32, (rows,), 0) < real_rows
+
+    def estimate(j):  # estimated logits [R, p] of page j and q * scale [R, D]
+        qs = q * scale_ref[j, :][None, :]
+        words = codes_ref[j, :, :]  # [W, p] int32, token-minor
+        logits = jnp.zeros((rows, p), f32) - 1.5 * jnp.sum(qs, axis=1)[:, None]
+        for sl in range(CODES_PER_WORD):  # slab sl: channels sl*W .. sl*W+W-1
+            c = (lax.shift_right_logical(words, jnp.int32(2 * sl)) & 3).astype(f32)
+            qsl = q_ref[:, pl.ds(sl * w, w)] * scale_ref[j, pl.ds(sl * w, w)][None, :]
+            logits = logits + jnp.sum(qsl[:, :, None] * c[None, :, :], axis=1)
+        return logits, qs
+
+    def page_max(logits):
+        return jnp.where(real, jnp.max(logits, axis=1), -jnp.inf)  # [R]
+
+    last = jnp.maximum(num_full - 1, 0)
+    theta = jnp.maximum(page_max(estimate(0)[0]), page_max(estimate(last)[0])) - delta
+    lo = s * pages_per_program
+    hi = jnp.minimum(lo + pages_per_program, num_full)
+    slots = keep_ref.shape[0]
+
+    def body(j, carry):
+        acc, m, l, flags = carry
+        logits, qs = estimate(j)
+        pm = jnp.max(logits, axis=1)
+        keep = jnp.max(jnp.where(real & ~(pm < theta), 1, 0)) > 0  # NaN keeps, as the rule
+
+        def attend(state):
+            acc, m, l = state
+            refined = logits + plgpu.dot(qs, resid_ref[j, :, :].astype(f32), trans_b=True)
+            m_new = jnp.maximum(m, jnp.max(refined, axis=1))
+            corr = jnp.exp(m - m_new)
+            e = jnp.exp(refined - m_new[:, None])
+            acc = corr[:, None] * acc + plgpu.dot(e, v_ref[j, :, :].astype(f32))
+            return acc, m_new, corr * l + jnp.sum(e, axis=1)
+
+        acc, m, l = lax.cond(keep, attend, lambda st: st, (acc, m, l))
+        flags = jnp.where(lax.broadcasted_iota(jnp.int32, (slots,), 0) == j - lo,
+                          keep.astype(jnp.int32), flags)
+        return acc, m, l, flags
+
+    init = (jnp.zeros((rows, d), f32), jnp.full((rows,), -jnp.inf, f32), jnp.zeros((rows,), f32),
+            jnp.zeros((slots,), jnp.int32))
+    acc, m, l, flags = lax.fori_loop(lo, hi, body, init)
+    keep_ref[...] = flags
+    acc_ref[...] = acc
+    m_ref[...] = m
+    l_ref[...] = l
+
+
+@functools.partial(jax.jit, static_argnames=("delta", "interpret", "num_warps",
+                                             "assumed_kept_fraction"))
+def ffd_decode_fused(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid: jax.Array,
+                     v: jax.Array, lengths: jax.Array, *, delta: float, interpret: bool = False,
+                     num_warps: int = 4,
+                     assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION):
+    """FFD's top-delta pages attended in one Triton kernel, split over >= 264 programs.
+
+    Program (b, k, s) scans pages ``s * PPB .. (s + 1) * PPB - 1`` of (row b, kv head k)
+    (:func:`fused_pages_per_program`): it estimates each page's logits from the packed 2-bit codes
+    (token-minor words, unpacked in registers), computes the top-delta threshold from the first and
+    last full pages (paper Sec. 3), and only for a kept page loads the float8 residual and the bf16
+    values and updates an online softmax. Each program writes its partial and its pages' keep flags;
+    the partials are merged with the tail page outside (:func:`kernels.common.merge_partials`).
+
+    Args:
+      qg: float32 [B, K, G, D] queries already scaled by 1/sqrt(D); G <= 16.
+      codes: int32 [B, K, P, W, p] (W a power of two); scale: float32 [B, K, P, D]; resid: float8
+        [B, K, P, p, D]; v: bfloat16 [B, K, P, p, D] (p a power of two >= 16).
+      lengths: int32 [B] in 1..S.
+      delta: the top-delta margin in nats (a Python float >= 0).
+      assumed_kept_fraction: f in (0, 1] for the declared cost
+        (:func:`kernels.sparse_decode.cost.ffd_gpu_fused_cost`).
+
+    Returns:
+      (acc [B, K, NS, G, D], m [B, K, NS, G], l [B, K, NS, G], keep bool [B, K, P]) with NS the
+      programs per (row, kv head); a program that keeps no page gives (0, -inf, 0).
+
+    Raises:
+      ValueError: G > 16, W or p not a power of two, p < 16, or D != 16 W.
+    """
+    b, kh, g, d = qg.shape
+    n, w, p = codes.shape[2], codes.shape[3], codes.shape[4]
+    if g > ROWS:
+        raise ValueError(f"ffd_decode_fused supports up to {ROWS} query heads per kv head, got {g}")
+    if p < 16 or p & (p - 1) or w & (w - 1) or d != CODES_PER_WORD * w:
+        raise ValueError(f"ffd_decode_fused needs p and W = D / 16 powers of two (p >= 16), got "
+                         f"p = {p}, D = {d}, W = {w}")
+    ppb = fused_pages_per_program(n, b * kh)
+    ns = -(-n // ppb)
+    slots = _next_pow2(ppb)
+    qp = jnp.pad(qg.astype(jnp.float32), ((0, 0), (0, 0), (0, ROWS - g), (0, 0)))
+    estimate = cost.ffd_gpu_fused_cost(qp, codes, scale, resid, v, pages_per_program=ppb,
+                                       flag_slots=slots, kept_fraction=assumed_kept_fraction)
+    f32 = jnp.float32
+    keep, acc, m, l = pl.pallas_call(
+        functools.partial(_fused_kernel, pages_per_program=ppb, delta=float(delta), real_rows=g),
+        grid=(b, kh, ns),
+        in_specs=[
+            pl.BlockSpec((b,), lambda bi, ki, si: (0,)),
+            pl.BlockSpec((None, None, ROWS, d), lambda bi, ki, si: (bi, ki, 0, 0)),
+            pl.BlockSpec((None, None, n, w, p), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
+            pl.BlockSpec((None, None, n, d), lambda bi, ki, si: (bi, ki, 0, 0)),
+            pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
+            pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, slots), lambda bi, ki, si: (bi, ki, si, 0)),
+            pl.BlockSpec((None, None, None, ROWS, d), lambda bi, ki, si: (bi, ki, si, 0, 0)),
+            pl.BlockSpec((None, None, None, ROWS), lambda bi, ki, si: (bi, ki, si, 0)),
+            pl.BlockSpec((None, None, None, ROWS), lambda bi, ki, si: (bi, ki, si, 0)),
+        ],
+        out_shape=[jax.ShapeDtypeStruct((b, kh, ns, slots), jnp.int32),
+                   jax.ShapeDtypeStruct((b, kh, ns, ROWS, d), f32),
+                   jax.ShapeDtypeStruct((b, kh, ns, ROWS), f32),
+                   jax.ShapeDtypeStruct((b, kh, ns, ROWS), f32)],
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=2),
+        interpret=interpret,
+        cost_estimate=estimate,
+        name="ffd_decode_fused",
+    )(lengths.astype(jnp.int32), qp, codes, scale, resid, v)
+    keep = keep[..., :ppb].reshape(b, kh, ns * ppb)[..., :n] > 0
+    return acc[:, :, :, :g], m[:, :, :, :g], l[:, :, :, :g], keep

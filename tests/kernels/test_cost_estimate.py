@@ -94,6 +94,13 @@ def _scan_estimate(structs):
     return _one(functools.partial(sd_tpu.ffd_scan_select, delta=3.0), qg, codes, scale, lengths)
 
 
+def _fused_estimate(structs, f):
+    qg, codes, scale, resid, v = structs[:5]
+    lengths = jax.ShapeDtypeStruct((qg.shape[0],), S32)
+    return _one(functools.partial(sd_gpu.ffd_decode_fused, delta=3.0, assumed_kept_fraction=f),
+                qg, codes, scale, resid, v, lengths)
+
+
 def _ffd_bytes_from_blocks(impl, structs, ns, kept):
     """Bytes summed over the blocks the kernel touches, sliced out of zero arrays of the operands'
     shapes and dtypes (an independent route to the same count)."""
@@ -124,6 +131,42 @@ FFD_SHAPES = [
     (2, 1, 4, 32, 16, 8, 4, 2, 1.0, 4),
     (1, 1, 1, 96, 16, 4, 4, 1, 0.01, 1),
 ]
+
+
+@pytest.mark.parametrize("shape", [s for s in FFD_SHAPES if s[3] != 96])  # W = D / 16: 2^k
+def test_ffd_gpu_fused_estimate(shape):
+    """The fused GPU kernel: its declared count is the analytic one, by hand on its blocks, and at
+    least the floor (its bytes cover the scan, the kept pages and the queries; the tail page is
+    merged outside)."""
+    b, kh, g, d, p, n, m, ns, f, kept = shape
+    structs = _ffd_structs(b, kh, g, d, p, n, n)
+    est = _fused_estimate(structs, f)
+    ppb = sd_gpu.fused_pages_per_program(n, b * kh)
+    programs = -(-n // ppb)
+    slots = 1 << max(0, (ppb - 1).bit_length())
+    qp = jax.ShapeDtypeStruct((b, kh, sd_gpu.ROWS, d), jnp.float32)
+    assert est == sd_cost.ffd_gpu_fused_cost(qp, *structs[1:5], pages_per_program=ppb,
+                                             flag_slots=slots, kept_fraction=f)
+    kept = sd_cost.kept_pages(n, n, f)
+    w = d // 16
+    scan_page = w * p * 4 + d * 4
+    rows = sd_gpu.ROWS
+    per_program = rows * d * 4 + 4 + 2 * scan_page + slots * 4 + rows * (d + 2) * 4
+    assert est.bytes_accessed == b * kh * (programs * per_program + n * scan_page
+                                           + kept * p * d * 3)
+    floor = sd_cost.ffd_floor_bytes(n * p, kh, kh * g, d, p, kept * 1.0 / n, io_itemsize=4)
+    assert est.bytes_accessed >= b * (floor.scan + floor.attend + floor.io / 2)
+    assert est.transcendentals == b * kh * kept * (rows * p + rows)
+
+
+def test_ffd_gpu_fused_launches_enough_programs():
+    """Llama-3-8B at 128k on one kv head per GPU (P = 1024 pages, B K = 1): at least 264 programs
+    (two per SM of an H100), each scanning at least one page."""
+    for pairs, n in ((1, 1024), (4, 1024), (1, 300), (1, 8)):
+        ppb = sd_gpu.fused_pages_per_program(n, pairs)
+        programs = pairs * -(-n // ppb)
+        assert ppb >= 1 and (programs >= 264 or ppb == 1)
+    assert sd_gpu.fused_pages_per_program(1024, 1) == 3  # 342 programs
 
 
 @pytest.mark.parametrize("impl", ["tpu", "gpu"])
@@ -187,7 +230,12 @@ def test_ffd_decode_threads_the_kept_fraction_to_the_kernel():
         want_f = sd_cost.DEFAULT_KEPT_FRACTION if f is None else f
         gpu = _one(functools.partial(sd_api.ffd_decode, implementation="pallas_gpu",
                                      interpret=True, **kw), q, cache, lengths)
-        assert gpu == _ffd_kernel_estimate("gpu", structs, 8, want_f)
+        assert gpu == _fused_estimate(structs, want_f)
+        # a page cap: the XLA selection, then the page-list kernel
+        gpu = _one(functools.partial(sd_api.ffd_decode, implementation="pallas_gpu",
+                                     interpret=True, max_pages=4, **kw), q, cache, lengths)
+        capped = _ffd_structs(b, kh, g, d, p, n, 4)  # 4 slots in 4 splits
+        assert gpu == _ffd_kernel_estimate("gpu", capped, 4, want_f)
         # TPU: the scan-and-select kernel, then the attention kernel
         tpu = pallas_estimates(functools.partial(sd_api.ffd_decode, implementation="pallas_tpu",
                                                  interpret=True, **kw), q, cache, lengths)
