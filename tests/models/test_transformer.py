@@ -1,3 +1,5 @@
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -13,10 +15,29 @@ from models.transformer import Transformer, TransformerConfig, forward_flops_per
 V = 50
 
 
+@functools.cache
 def make(**kw):
+    """(config, model); built once per configuration and shared (the tests only read it)."""
     cfg = TransformerConfig(**{**dict(vocab_size=V, max_len=32, d_model=32, num_layers=2,
                                       num_heads=4, num_kv_heads=2), **kw})
     return cfg, Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames="return_hidden")
+def _forward(graphdef, params, x, cond=None, *, return_hidden=False):
+    return nnx.merge(graphdef, params)(x, cond, return_hidden=return_hidden)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _decode(graphdef, params, x, cache, start):
+    return nnx.merge(graphdef, params).decode(x, cache, start)
+
+
+def jitted(m):
+    """The model's forward and decode, each compiled once per (model, input shape)."""
+    graphdef, params = nnx.split(m)
+    return (functools.partial(_forward, graphdef, params),
+            functools.partial(_decode, graphdef, params))
 
 
 def tokens(b=2, l=12, seed=0):
@@ -39,7 +60,7 @@ def test_causality_by_gradient():
     emb = m.embed(x)
     graphdef, params = nnx.split(m)
 
-    def out_at(e, t):
+    def out(e):
         model = nnx.merge(graphdef, params)
         # run the blocks from a given embedding (same path as __call__)
         pos = jnp.arange(10)[None]
@@ -47,32 +68,34 @@ def test_causality_by_gradient():
         h = e
         for blk in model.blocks:
             h = blk(h, pos, mask)
-        return model._head(h, None)[0, t].sum()
+        return model._head(h, None)[0].sum(-1)  # [L]: row t is logits[t] summed over the vocab
 
+    jac = jax.jit(jax.jacrev(out))(emb)[:, 0]  # [L (output t), L (input s), E]
     for t in range(10):
-        g = jax.grad(out_at)(emb, t)[0]  # [L, E]
-        norms = jnp.linalg.norm(g, axis=-1)
+        norms = jnp.linalg.norm(jac[t], axis=-1)
         assert float(norms[t + 1:].max(initial=0.0)) == 0.0
         assert float(norms[: t + 1].min()) > 0.0
 
 
 def test_bidirectional_sees_the_future():
     _, m = make(causal=False)
+    forward = jitted(m)[0]
     x = tokens(1, 8)
     y = x.at[0, -1].set((x[0, -1] + 1) % V)
-    assert float(jnp.abs(m(x)[0, 0] - m(y)[0, 0]).max()) > 1e-6
+    assert float(jnp.abs(forward(x)[0, 0] - forward(y)[0, 0]).max()) > 1e-6
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_kv_cache_decode_equals_full_forward(kv_heads):
     _, m = make(num_kv_heads=kv_heads)
+    forward, decode = jitted(m)
     x = tokens(3, 14, seed=kv_heads)
-    full = m(x)
+    full = forward(x)
     cache = m.init_cache(3, 20)
-    logits, cache = m.decode(x[:, :9], cache, jnp.zeros(3, jnp.int32))
+    logits, cache = decode(x[:, :9], cache, jnp.zeros(3, jnp.int32))
     outs = [logits]
     for i in range(9, 14):
-        logits, cache = m.decode(x[:, i:i + 1], cache, jnp.full((3,), i, jnp.int32))
+        logits, cache = decode(x[:, i:i + 1], cache, jnp.full((3,), i, jnp.int32))
         outs.append(logits)
     np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=2e-5, rtol=2e-5)
 
@@ -80,25 +103,25 @@ def test_kv_cache_decode_equals_full_forward(kv_heads):
 def test_ragged_rows_decode_independently():
     """Rows at different lengths in one batch match their own single-row decode."""
     _, m = make()
+    forward, decode = jitted(m)
     x = tokens(2, 10, seed=5)
-    cache = m.init_cache(2, 16)
     # row 0 gets a 6-token prefix, row 1 a 3-token prefix; then one step each at its own position
     c0 = m.init_cache(1, 16)
-    l0, c0 = m.decode(x[:1, :6], c0, jnp.zeros(1, jnp.int32))
+    l0, c0 = decode(x[:1, :6], c0, jnp.zeros(1, jnp.int32))
     c1 = m.init_cache(1, 16)
-    l1, c1 = m.decode(x[1:, :3], c1, jnp.zeros(1, jnp.int32))
+    l1, c1 = decode(x[1:, :3], c1, jnp.zeros(1, jnp.int32))
     cache = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), c0, c1)
     step_tok = jnp.stack([x[0, 6], x[1, 3]])[:, None]
-    logits, _ = m.decode(step_tok, cache, jnp.array([6, 3], jnp.int32))
-    np.testing.assert_allclose(logits[0, 0], m(x[:1, :7])[0, 6], atol=2e-5, rtol=2e-5)
-    np.testing.assert_allclose(logits[1, 0], m(x[1:, :4])[0, 3], atol=2e-5, rtol=2e-5)
+    logits, _ = decode(step_tok, cache, jnp.array([6, 3], jnp.int32))
+    np.testing.assert_allclose(logits[0, 0], forward(x[:1, :7])[0, 6], atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(logits[1, 0], forward(x[1:, :4])[0, 3], atol=2e-5, rtol=2e-5)
 
 
 def check_greedy_against_full_forward(m, prompt, toks, logp, banned=()):
     """Greedy tokens are the argmax, and their log-probs the log-softmax, of the full forward over
     prompt + tokens, with ``banned`` ids removed (logits -inf) before both."""
     p = prompt.shape[1]
-    logits = m(jnp.concatenate([prompt, toks], axis=1))[:, p - 1:-1]
+    logits = jitted(m)[0](jnp.concatenate([prompt, toks], axis=1))[:, p - 1:-1]
     if banned:
         logits = jnp.where(jnp.isin(jnp.arange(logits.shape[-1]), jnp.asarray(banned)), -jnp.inf,
                            logits)
@@ -166,18 +189,18 @@ def test_flops_count_matches_xla_cost_analysis(time_conditioning):
 
 def test_adaln_zero_is_identity_at_init():
     cfg, m = make(time_conditioning=True, causal=False)
+    graphdef, params = nnx.split(m)
     x = tokens(2, 8)
     emb = m.embed(x)
-    hidden = m(x, jnp.array([0.1, 0.9]), return_hidden=True)
+    hidden = _forward(graphdef, params, x, jnp.array([0.1, 0.9]), return_hidden=True)
     np.testing.assert_allclose(hidden, emb, atol=1e-6)
-    out_a = m(x, jnp.array([0.1, 0.9]))
-    out_b = m(x, jnp.array([0.7, 0.2]))
+    out_a = _forward(graphdef, params, x, jnp.array([0.1, 0.9]))
+    out_b = _forward(graphdef, params, x, jnp.array([0.7, 0.2]))
     np.testing.assert_allclose(out_a, out_b, atol=1e-6)
     # ... and stops being the identity once the adaLN maps are non-zero
-    graphdef, params = nnx.split(m)
     params = jax.tree.map(lambda p: p + 0.05, params)
-    m2 = nnx.merge(graphdef, params)
-    assert float(jnp.abs(m2(x, jnp.array([0.1, 0.9])) - m2(x, jnp.array([0.7, 0.2]))).max()) > 1e-4
+    assert float(jnp.abs(_forward(graphdef, params, x, jnp.array([0.1, 0.9]))
+                         - _forward(graphdef, params, x, jnp.array([0.7, 0.2]))).max()) > 1e-4
 
 
 def test_bad_input_raises():
