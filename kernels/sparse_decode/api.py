@@ -16,12 +16,12 @@ paper Sec. 3) is the specification, and :func:`ffd_select` returns its mask. :fu
 computes that mask once and hands it, or its page list, to the reference and the accelerator
 kernels, which attend exactly its pages, except the TPU path with the top-delta rule, whose scan
 kernel applies the same rule to its own float32 page estimates
-(:func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select`). The XLA (CPU) path with the cache's
-byte-per-code scan copy (``init_ffd_cache(..., scan_copy=True)``) selects with an int8 scan
-(:mod:`kernels.sparse_decode.xla_select`) whose proven margin makes it keep a superset: every page
-of the rule, plus the few pages whose estimate lies within the scan's quantization margin (a
-fraction of a nat) of the threshold; with ``top_k``, or without the scan copy, it uses the rule's
-mask as is. ``return_keep=True`` returns the pages actually attended.
+(:func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select`). The XLA (CPU) path scans the cache's
+byte-per-code copy (``init_ffd_cache(..., scan_copy=True)``) in float32 and attends the rule's
+pages; with ``xla_scan="int8"`` it selects with an int8 scan (:mod:`kernels.sparse_decode.xla_select`)
+whose proven margin makes it keep a superset: every page of the rule, plus the few pages whose
+estimate lies within the scan's quantization margin (a fraction of a nat) of the threshold; with
+``top_k``, or without the scan copy, it uses the rule's mask as is. ``return_keep=True`` returns the pages actually attended.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from kernels.sparse_decode import reference as ref
 from kernels.sparse_decode import xla_select
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas_tpu", "pallas_gpu")
+XLA_SCANS = ("float32", "int8")  # the XLA path's page scan (:func:`ffd_decode`'s ``xla_scan``)
 DELTA_UNITS = ref.DELTA_UNITS
 
 
@@ -123,12 +124,13 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
                delta_unit: str = "nats", top_k: int | None = None, max_pages: int | None = None,
                num_splits: int | None = None, implementation: str | None = None,
                interpret: bool = False, return_keep: bool = False,
-               assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION):
+               assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION,
+               xla_scan: str = "float32"):
     """FFD decode attention: ``q [B, H, D]`` over an FFD cache holding ``lengths [B]`` tokens.
 
     The pages are chosen once per call, by the rule of :func:`ffd_select` (paper Sec. 3), plus the
     unfinished tail page: the reference and the Pallas kernels attend exactly the rule's pages (they
-    agree to float32 rounding); the XLA path with a scan copy may attend a superset (module
+    agree to float32 rounding); the XLA path with ``xla_scan="int8"`` may attend a superset (module
     docstring), so it agrees with them to float32 rounding plus the weight of the extra pages, each
     within the scan's margin of the threshold.
 
@@ -159,6 +161,12 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         declared ``pl.CostEstimate`` assumes attended (:mod:`kernels.sparse_decode.cost`; default
         :data:`~kernels.sparse_decode.cost.DEFAULT_KEPT_FRACTION`); static, it changes only the
         cost XLA sees, never the output.
+      xla_scan: the XLA (CPU) path's page scan over the cache's byte-per-code copy:
+        ``"float32"`` (the default: the rule's exact pages) or ``"int8"`` (an int8 x int8 -> int32
+        product with a proven margin, :mod:`kernels.sparse_decode.xla_select`: a superset). On
+        XLA:CPU here the int8 selection measured 2.4x slower than the float32 scan (quantizing the
+        query per page costs more than the narrower product saves), hence the default. Ignored by
+        the other implementations and on a cache without the scan copy.
 
     Returns:
       [B, H, D] in ``q``'s dtype; with ``return_keep``, ``(out, keep bool [B, K, P])``. Never NaN
@@ -171,9 +179,11 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         mismatch (head dim, batch, heads), ``delta`` not a number >= 0, an unknown ``delta_unit``,
         ``top_k``/``max_pages``/``num_splits`` not an int >= 1, ``lengths`` not int [B] or,
         when concrete, outside 1..S, an unknown implementation, or ``assumed_kept_fraction``
-        not in (0, 1].
+        not in (0, 1], or ``xla_scan`` not ``"float32"`` / ``"int8"``.
     """
     _check(q, cache, delta, delta_unit, top_k, max_pages, "ffd_decode")
+    if xla_scan not in XLA_SCANS:
+        raise checks.error("ffd_decode", "xla_scan", f"one of {XLA_SCANS}", repr(xla_scan))
     check_count(num_splits, "num_splits", "ffd_decode")
     cost.check_kept_fraction(assumed_kept_fraction, "ffd_decode")
     impl = resolve_implementation(implementation)
@@ -198,7 +208,7 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         out, keep = _gpu_fused_decode(q, cache, lengths, float(delta_nats), interpret,
                                       assumed_kept_fraction)
         return (out, keep) if return_keep else out
-    if impl == "xla" and top_k is None and "codes_i8" in cache:
+    if impl == "xla" and xla_scan == "int8" and top_k is None and "codes_i8" in cache:
         # the CPU scan: int8 x int8 -> int32 with a proven margin, a superset of the rule's pages
         keep = xla_select.ffd_keep_superset(q, cache, lengths, delta_nats, max_pages)
     else:

@@ -6,7 +6,7 @@ Dimensions: B batch, H query heads, K kv heads, D head dim, p page size, P pages
 context and times, in interleaved rounds (:func:`interleaved_seconds`: every method once per round,
 the order reversed every other round, so that a method and its baseline see the same background
 load): dense decode in float32 and bfloat16, FFD with the paper's top-delta rule on the XLA path
-(two programs back to back: the int8 scan with the selection, then the attention over the kept
+(two programs back to back: the float32 scan with the selection, then the attention over the kept
 pages; the two stage times add up to FFD's time in every round), the top-k budget variant of FFD
 and Quest at the same page budget. Every time and every ratio is reported as the median and the
 range (min, max) over the rounds; a ratio is taken round by round (FFD's call against the dense
@@ -161,11 +161,13 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
     """Times dense, FFD and Quest decode attention at one context (see the module docstring).
 
     FFD's top-delta rule runs on the XLA path as :func:`kernels.sparse_decode.api.ffd_decode` runs
-    it on a CPU (cache with the int8 scan copy): stage 1 is the int8 scan and the selection
-    (:func:`kernels.sparse_decode.xla_select.ffd_keep_superset`: every page of the rule, plus the
-    pages within the scan's margin), stage 2 the attention over the kept pages
+    it on a CPU (cache with the byte-per-code scan copy, default ``xla_scan="float32"``): stage 1 is
+    the float32 scan and the selection (:func:`kernels.sparse_decode.reference.ffd_keep`, the
+    rule's pages), stage 2 the attention over the kept pages
     (:func:`kernels.sparse_decode.reference.ffd_decode_xla`) with a static slot count of
-    :func:`slot_capacity` pages (checked not to bind). The budget variant keeps the
+    :func:`slot_capacity` pages (checked not to bind). The int8 selection (``xla_scan="int8"``,
+    :func:`kernels.sparse_decode.xla_select.ffd_keep_superset`: every page of the rule plus those
+    within the scan's margin) is timed in the same rounds as ``int8_scan``. The budget variant keeps the
     ``ceil(budget_fraction * P)`` pages of largest estimated score (``top_k``); Quest gets the same
     budget.
 
@@ -178,7 +180,8 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
       A dict. Times in ms, each a :func:`summary` (median, min, max over ``setup.repeats``
       interleaved rounds): ``dense_f32``, ``dense_bf16``, ``dense`` (the variant with the smaller
       median), ``ffd`` (= ``ffd_scan`` + ``ffd_attend`` in every round), ``ffd_budget``,
-      ``quest``; ``ffd_median_round``: {"total", "scan", "attend"} ms of the round whose FFD time
+      ``quest``, ``int8_scan`` (the int8 selection alone, to set beside ``ffd_scan``);
+      ``ffd_median_round``: {"total", "scan", "attend"} ms of the round whose FFD time
       is the (lower) median, whose parts add up to its total. Ratios round by round, each a :func:`summary`: ``ffd_over_dense`` (FFD time over
       dense time), ``speedup`` (dense over FFD), ``budget_speedup``, ``quest_speedup``. Scalars:
       ``dense_variant`` ("f32" or "bf16"), ``rounds``, ``rule_kept_fraction`` and
@@ -204,11 +207,11 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
         ref.init_ffd_cache(batch, context, kh, d, jnp.float32, p, scan_copy=True), k, v,
         jnp.zeros((batch,), jnp.int32))
     rule = ref.ffd_keep(q, cache, lengths, s.delta)
-    keep = xla_select.ffd_keep_superset(q, cache, lengths, s.delta)
-    if bool(jnp.any(rule & ~keep)):
+    keep = rule
+    if bool(jnp.any(rule & ~xla_select.ffd_keep_superset(q, cache, lengths, s.delta))):
         raise RuntimeError("time_decode: the int8 scan dropped a page of the rule")
     slots = slot_capacity(keep)
-    capped = xla_select.ffd_keep_superset(q, cache, lengths, s.delta, max_pages=slots)
+    capped = ref.ffd_keep(q, cache, lengths, s.delta, None, slots)
     if not bool(jnp.array_equal(keep, capped)):
         raise RuntimeError("time_decode: the slot capacity changed the selected pages")
     mass = float(workload.kept_mass(q, k, rule, lengths).min())
@@ -217,7 +220,8 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
     kb, vb = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
 
     dense = jax.jit(ref.dense_decode)
-    select = jax.jit(functools.partial(xla_select.ffd_keep_superset, max_pages=slots))
+    select = jax.jit(lambda q, c, l, delta: ref.ffd_keep(q, c, l, delta, None, slots))
+    select_int8 = jax.jit(functools.partial(xla_select.ffd_keep_superset, max_pages=slots))
     attend = jax.jit(lambda q, c, l, kp: ref.ffd_decode_xla(q, c, l, max_pages=slots, keep=kp)[0])
     ffd_budget = jax.jit(lambda q, c, l: ref.ffd_decode_xla(q, c, l, top_k=budget,
                                                             max_pages=budget)[0])
@@ -235,6 +239,7 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
         "ffd": [scan, lambda: attend(q, cache, lengths, kept["keep"])],
         "ffd_budget": lambda: ffd_budget(q, cache, lengths),
         "quest": lambda: quest(q, k, v, kmin, kmax, lengths),
+        "int8_scan": lambda: select_int8(q, cache, lengths, s.delta),
     }, repeats=s.repeats)
     ms = {name: np.asarray(x) * 1e3 for name, x in sec.items()}
     ms["ffd_scan"], ms["ffd_attend"] = ms.pop("ffd/0"), ms.pop("ffd/1")

@@ -305,9 +305,21 @@ class TestReference(FFDContract):
 
 
 class TestXLA(FFDContract):
+    """The XLA path on the CPU layout, its default float32 scan: the rule's pages exactly."""
+
+    impl = "xla"
+    scan_copy = True
+
+
+class TestXLAInt8Scan(FFDContract):
+    """The XLA path's int8 scan (``xla_scan="int8"``): a superset of the rule's pages."""
+
     impl = "xla"
     scan_copy = True
     superset = True
+
+    def decode(self, q, cache, lengths, delta=8.0, **static):
+        return super().decode(q, cache, lengths, delta=delta, xla_scan="int8", **static)
 
 
 class TestXLAPacked(FFDContract):
@@ -422,3 +434,10 @@ def test_make_cache_equals_update():
         for name in c:
             np.testing.assert_array_equal(np.asarray(got[name][i:i + 1], np.float32),
                                           np.asarray(c[name], np.float32), err_msg=name)
+
+
+def test_unknown_xla_scan_is_one_error_before_tracing():
+    q = jnp.ones((1, 2, 64), jnp.float32)
+    cache = ref.init_ffd_cache(1, 256, 1, 64, jnp.float32, 128, scan_copy=True)
+    with pytest.raises(ValueError, match=r"ffd_decode: xla_scan must be one of \('float32', 'int8'\), got 'int4'"):
+        api.ffd_decode(q, cache, jnp.array([130], jnp.int32), xla_scan="int4")
