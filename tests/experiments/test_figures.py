@@ -39,7 +39,8 @@ def _diffusion_lm():
     fams, budgets = ("ar", "mdlm", "mdlm_ce"), [2e7, 4e7, 8e7]
     sizes = {f: np.array([4.6e3, 7.9e3, 1.2e4]) for f in fams}
     losses = {f: [np.log(2) * (8 + k + RNG.uniform(0, 1, 3)) for k in range(3)] for f in fams}
-    fit = types.SimpleNamespace(n_opt=[4.6e3, 1.2e4, 1.2e4], loss_opt=[np.log(2) * 8.5] * 3, exponent=0.31)
+    fit = types.SimpleNamespace(n_opt=[4.6e3, 1.2e4, 1.2e4], loss_opt=[np.log(2) * 8.5] * 3, exponent=0.31,
+                                at_edge=[True, False, False])
     g = types.SimpleNamespace(sizes=sizes, losses=losses)
     all_fams = list(e.LABELS)
     gen = {f: {k: {"ppl": p, "lo": 0.9 * p, "hi": 1.1 * p}
