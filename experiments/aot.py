@@ -293,6 +293,46 @@ LLAMA_CONTEXT = 131072  # cache slots: 128k, the model's longest context
 LLAMA_MODEL_PARALLELISM = 8  # the `model` axis: one kv head per device (mesh data 2 x model 8)
 
 
+# the fraction of the pages FFD's top-delta rule (delta 6 nats, pages of 128) keeps on
+# kernels.sparse_decode.workload.concentrated_workload at 131072 tokens: 63 of 1024 pages per kv
+# head (the same for two seeds)
+FFD_KEPT_FRACTION = 0.0615
+
+
+def ffd_analytic(batch: int, context: int, kept_fraction: float, mesh) -> str:
+    """The FFD kernels' analytic bytes per chip and decode step (:mod:`kernels.sparse_decode.cost`,
+    both TPU kernels, every layer) beside dense bf16 attention's cache reads, as a phrase."""
+    import jax
+    import jax.numpy as jnp
+
+    from core import sharding
+    from kernels.sparse_decode import cost as sd_cost
+    from kernels.sparse_decode import pallas_tpu as sd_tpu
+    from kernels.sparse_decode import reference as sd_ref
+
+    cfg = LLAMA3_8B
+    rows = batch // mesh.shape[sharding.DATA] if batch % mesh.shape[sharding.DATA] == 0 else batch
+    kv = cfg["num_key_value_heads"] // mesh.shape[sharding.MODEL]
+    d = cfg["hidden_size"] // cfg["num_attention_heads"]
+    g = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+    p = sd_ref.PAGE_SIZE
+    n = context // p
+    cache = jax.eval_shape(lambda: sd_ref.init_ffd_cache(rows, context, kv, d, jnp.bfloat16, p))
+    qg = jax.ShapeDtypeStruct((rows, kv, g, d), jnp.float32)
+    pb = sd_tpu.scan_block(n)
+    scan = sd_cost.ffd_tpu_scan_cost(qg, cache["codes"], cache["scale"], num_slots=n,
+                                     pages_per_step=pb, sub=sd_tpu.sub_block(pb))
+    attend = sd_cost.ffd_tpu_attend_cost(qg, cache["codes"], cache["scale"], cache["resid"],
+                                         cache["v"], cache["tail"],
+                                         jax.ShapeDtypeStruct((rows, kv, n), jnp.int32),
+                                         kept_fraction=kept_fraction)
+    layers = cfg["num_hidden_layers"]
+    ffd = layers * (scan.bytes_accessed + attend.bytes_accessed)
+    dense = layers * rows * kv * 2 * context * d * 2
+    return (f"analytic kernel bytes per chip {ffd / 1e9:.2f} GB = {ffd / dense:.3f}x dense bf16 "
+            f"attention's {dense / 1e9:.2f} GB")
+
+
 def llama_decode(backend_name: str, batch: int, context: int = LLAMA_CONTEXT) -> Callable:
     """One-token decode of a Llama-3-8B-shaped model (bfloat16, :data:`LLAMA3_8B`) over a
     ``context``-slot cache of ``backend_name``: ``"dense"``, ``"ffd"`` (sparse_decode's paper page
@@ -328,9 +368,11 @@ def llama_decode(backend_name: str, batch: int, context: int = LLAMA_CONTEXT) ->
             from kernels.sparse_decode.sharded import ShardedFFDCache
 
             sd = sd_config.get_config("paper")
+            f = FFD_KEPT_FRACTION
             backend = ShardedFFDCache(page_size=sd.page_size, delta=sd.delta, implementation=kernel,
-                                      scan_copy=False, mesh=mesh)
-            what = f"FFD (page {sd.page_size}, delta {sd.delta} nats, {kernel} in shard_map)"
+                                      scan_copy=False, mesh=mesh, assumed_kept_fraction=f)
+            what = (f"FFD (page {sd.page_size}, delta {sd.delta} nats, {kernel} in shard_map; "
+                    f"kernel costs at kept fraction {f}, {ffd_analytic(batch, context, f, mesh)})")
         elif backend_name == "qvg":
             from kernels.kv_quant.sharded import ShardedQVGCache
 

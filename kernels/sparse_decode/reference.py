@@ -215,43 +215,32 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
         c, s, r = quantize_pages(pages)
         filled = (off + t) // p  # window pages 0 .. filled-1 are now full
         idx = jnp.where((jnp.arange(nw) < filled) & row_ok, page0 + jnp.arange(nw), n)  # n: dropped
-        c = jnp.swapaxes(c, -1, -2)  # stored token-minor [K, NW, W, p]
-        if n < nw:  # else codes and scales are written below, row by row
-            codes = codes.at[:, idx].set(c, mode="drop")
+        codes = codes.at[:, idx].set(jnp.swapaxes(c, -1, -2), mode="drop")  # only the new pages
+        if n < nw:  # else the scales are written below, row by row
             scale = scale.at[:, idx].set(s, mode="drop")
-        # (a float8 window write is not done in place by XLA:TPU: the residual is scattered)
         resid = resid.at[:, idx].set(r, mode="drop")
         if scan_copy:
-            codes_i8 = codes_i8.at[:, idx].set(
-                unpack_codes(jnp.swapaxes(c, -1, -2)).astype(jnp.int8), mode="drop")
+            codes_i8 = codes_i8.at[:, idx].set(unpack_codes(c).astype(jnp.int8), mode="drop")
         tail = jnp.where(row_ok, lax.dynamic_index_in_dim(pages, filled, axis=1, keepdims=False),
                          tail)
-        return codes, scale, resid, tail, codes_i8, (c, s), filled
+        return codes, scale, resid, tail, codes_i8, s, filled
 
-    codes, scale, resid, tail, codes_i8, new_pages, filled = jax.vmap(row)(
+    codes, scale, resid, tail, codes_i8, s, filled = jax.vmap(row)(
         cache["codes"], cache["scale"], cache["resid"], cache["tail"], k, start, ok,
         cache.get("codes_i8", jnp.zeros((b,), jnp.int8)))
-    # new pages and values: per row, a window of whole pages read, changed and written back in
-    # place. (Under vmap these writes are scatters, which XLA's cost analysis charges the whole
-    # array, and a write of single token rows into the tiled [.., p, D] dimensions makes XLA:TPU
-    # re-lay out the whole array at every step.)
+    # scales and values: per row, a window of whole pages read, changed and written back in place.
+    # (Under vmap these writes become scatters, and a write of single token rows into the tiled
+    # [.., p, D] dimensions makes XLA:TPU re-lay out the whole array at every step.)
     vals = cache["v"]
     if n >= nw:
-        def window_write(arr, pages, bi, at, use):  # arr [B, K, P, ...], pages [K, NW, ...]
-            i = jnp.clip(at + jnp.arange(nw) - start[bi] // p, 0, nw - 1)
-            corner = (bi, 0, at) + (0,) * (arr.ndim - 3)
-            old = lax.dynamic_slice(arr, corner, (1, kh, nw) + arr.shape[3:])[0]
-            mask = use.reshape((1, nw) + (1,) * (arr.ndim - 3))
-            return lax.dynamic_update_slice(
-                arr, jnp.where(mask, jnp.take(pages, i, axis=1), old)[None], corner)
-
         for bi in range(b):
             page0 = start[bi] // p
             at = jnp.clip(page0, 0, n - nw)  # first window page; the new slots lie inside
             i = at + jnp.arange(nw) - page0  # window page of each written page
             use = (i >= 0) & (i < filled[bi]) & ok[bi]
-            codes = window_write(codes, new_pages[0][bi], bi, at, use)
-            scale = window_write(scale, new_pages[1][bi], bi, at, use)
+            new = jnp.where(use[:, None], jnp.take(s[bi], jnp.clip(i, 0, nw - 1), axis=1),
+                            lax.dynamic_slice(scale, (bi, 0, at, 0), (1, kh, nw, d))[0])
+            scale = lax.dynamic_update_slice(scale, new[None], (bi, 0, at, 0))
             old = lax.dynamic_slice(vals, (bi, 0, at, 0, 0), (1, kh, nw, p, d))
             win = lax.dynamic_update_slice(old.reshape(1, kh, nw * p, d),
                                            v[bi:bi + 1].astype(vals.dtype),
