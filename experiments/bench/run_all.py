@@ -7,7 +7,9 @@ section whose numbers are ratios against a baseline measured in the same run, wi
 reproduces it). ``--size`` picks the problem sizes of every module: ``cpu`` (default; the whole run
 takes a few minutes on a 2-core CPU), ``accelerator`` (sized for a GPU/TPU) or ``smoke`` (seconds,
 numbers meaningless). A failing benchmark is reported and does not stop the others; the exit code
-is 1 if any failed, 2 for an unknown benchmark or size.
+is 1 if any failed, 2 for an unknown benchmark or size. With ``--only``, the sections of the other
+benchmarks already in ``--out`` are kept as they are (each section runs from its ``## <name>:``
+heading to the next ``## `` heading), so one benchmark can be rerun without losing the rest.
 """
 
 from __future__ import annotations
@@ -52,6 +54,22 @@ def discover() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if m.name not in _SKIP)
 
 
+def existing_sections(path: str) -> dict[str, str]:
+    """``{benchmark name: its section's markdown}`` of a ``BENCHMARKS.md`` written by this module
+    (empty if the file does not exist); a section runs from its ``## <name>:`` heading to the next
+    ``## `` heading."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}
+    sections = {}
+    for chunk in text.split("\n## ")[1:]:
+        name = chunk.split(":", 1)[0].strip()
+        sections[name] = ("## " + chunk).strip()
+    return sections
+
+
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
@@ -79,8 +97,13 @@ def main(argv):
              "and method are timed in alternation and the best call of each is kept, but a ratio "
              "can still move between runs when the load changes; compare runs by their ratios, "
              "never by their times.", ""]
+    kept = existing_sections(_OUT.value) if _ONLY.value else {}
     failed = []
-    for name in names:
+    for name in discover() if _ONLY.value else names:
+        if name not in names:
+            if name in kept:
+                parts += [kept[name], ""]
+            continue
         print(f"bench {name} ...", file=sys.stderr, flush=True)
         with timing.Stopwatch() as clock:
             try:

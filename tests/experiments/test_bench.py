@@ -106,6 +106,22 @@ def test_run_all_writes_the_file_with_machine_note_table_and_command(tmp_path):
     assert "`python -m experiments.bench.decode smoke`" in md
 
 
+def test_run_all_only_keeps_the_other_sections_of_the_file(tmp_path):
+    """A rerun of one benchmark replaces its own section and keeps the others, in discovery order."""
+    out = tmp_path / "bench.md"
+    out.write_text("# Benchmarks\n\nold header\n\n## judge_btl: old fit\n\nold table 1\n\n"
+                   "_judge_btl: 3 s._\n\n## decode: old decode\n\nold table 2\n\n"
+                   "## sparse_decode: old FFD\n\nnote kept\n")
+    code, _ = _run_all(tmp_path, only="decode")
+    assert code == 0
+    md = out.read_text()
+    assert "old decode" not in md and "old table 2" not in md and "Same tokens: True" in md
+    assert "## judge_btl: old fit\n\nold table 1\n\n_judge_btl: 3 s._" in md
+    assert "## sparse_decode: old FFD\n\nnote kept" in md
+    assert md.index("## decode:") < md.index("## judge_btl:") < md.index("## sparse_decode:")
+    assert "old header" not in md  # the header is rewritten for this run
+
+
 @pytest.mark.parametrize("only, size, msg", [("decode", "huge", "unknown size 'huge'"),
                                              ("nope", "smoke", "unknown benchmarks ['nope']")])
 def test_run_all_rejects_unknown_size_and_benchmark(tmp_path, capsys, only, size, msg):
