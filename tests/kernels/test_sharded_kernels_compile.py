@@ -54,7 +54,7 @@ def test_ffd_decode_in_shard_map_compiles_per_device(target, topology, impl):
 @pytest.mark.parametrize("target,topology,impl", TARGETS)
 def test_qvg_chunk_attention_in_shard_map_compiles_per_device(target, topology, impl):
     mesh = _mesh(target, topology)
-    cfg = kq_ref.qvg_preset("qvg", bits=2, block=64, num_centroids=4, chunk=64)
+    cfg = kq_ref.qvg_preset("qvg", bits=2, block=64, num_centroids=4, chunk=128)  # TPU: chunk = lanes
     nc, rows = 4, PartitionSpec("data", "model")
     one = jax.eval_shape(lambda: kq_ref.qvg_quantize_chunk(jnp.zeros((cfg.chunk, D)), cfg,
                                                           jax.random.key(0)))
