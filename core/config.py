@@ -19,6 +19,7 @@ import difflib
 import math
 import numbers
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -315,6 +316,62 @@ CLAIM_RULES: dict[str, Rule] = {
     "claim.ours": string(nonempty=True),
     "claim.resolved": tuple_of(claim_check(), min_len=0),  # optional: older configs lack it
 }
+
+
+def optimizer_rules(prefix: str = "") -> dict[str, Rule]:
+    """Rules of the optimizer fields shared by the training configs (``algorithms.lm.training``,
+    ``algorithms.diffusion_lm.grid``): ``learning_rate`` > 0, ``warmup_steps`` >= 0,
+    ``weight_decay`` >= 0, ``grad_clip`` > 0, each under ``prefix`` (e.g. ``"optim."``)."""
+    return {f"{prefix}learning_rate": number(lo=0, lo_open=True),
+            f"{prefix}warmup_steps": integer(lo=0),
+            f"{prefix}weight_decay": number(lo=0),
+            f"{prefix}grad_clip": number(lo=0, lo_open=True)}
+
+
+def training_rules(prefix: str = "") -> dict[str, Rule]:
+    """Rules of a language-model training run's fields (``algorithms.lm.training.train``): the
+    :func:`optimizer_rules`, ``seq_len`` >= 2 (a next-token loss needs two positions),
+    ``batch_size``, ``steps``, ``log_every`` and ``checkpoint_every`` >= 1, each under
+    ``prefix`` (e.g. ``"evaluator."``)."""
+    return {f"{prefix}seq_len": integer(lo=2), f"{prefix}batch_size": integer(lo=1),
+            f"{prefix}steps": integer(lo=1), **optimizer_rules(prefix),
+            f"{prefix}log_every": integer(lo=1), f"{prefix}checkpoint_every": integer(lo=1)}
+
+
+def check_built(build: Callable[[], Any], fields: Mapping[str, tuple[str, Any]], what: str,
+                derived: Mapping[str, Sequence[str]] | None = None) -> Any:
+    """Builds a library's settings (e.g. ``models.transformer.TransformerConfig``) from config
+    fields, so that the library's own checks (its ``__post_init__``) are the ones applied, and
+    rewords a refusal with the config's field paths.
+
+    Args:
+      build: ``() -> object``; raises ``ValueError`` for settings the library refuses.
+      fields: the library's name of each setting taken from the config -> (the config's field
+        path, its value), e.g. ``{"num_heads": ("model.num_heads", 4)}``.
+      what: the library's name for what is built, for the message (``"TransformerConfig"``).
+      derived: quantities the library names that are no config field -> the library names of
+        the fields they come from (``{"head_dim": ("d_model", "num_heads")}``).
+
+    Returns:
+      What ``build`` returned.
+
+    Raises:
+      ValueError: one line naming the config fields that the library's message names as
+        ``name=...`` (all of ``fields`` when it names none), their values, and the library's
+        reason (its message's first line).
+    """
+    try:
+        return build()
+    except ValueError as e:
+        reason = (str(e).strip().splitlines() or [""])[0]
+        named = [n for n in fields if re.search(rf"\b{re.escape(n)}\s*=", reason)]
+        for quantity, sources in (derived or {}).items():
+            if re.search(rf"\b{re.escape(quantity)}\s*=", reason):
+                named += [n for n in sources if n in fields and n not in named]
+        shown = list(dict.fromkeys(f"{fields[n][0]}={_shown(fields[n][1])}"
+                                   for n in named or fields))  # several names, one field
+        raise ValueError(f"config field{'s' if len(shown) > 1 else ''} {' and '.join(shown)}: "
+                         f"expected values that {what} accepts ({reason})") from None
 
 
 def get_field(config: ml_collections.ConfigDict, path: str) -> Any:

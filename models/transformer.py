@@ -53,6 +53,10 @@ REMAT_POLICIES: dict[str, Any] = {
     "dots": jax.checkpoint_policies.dots_saveable,
 }
 
+# Compute dtypes, by name, that a run config may give ``TransformerConfig.dtype`` (as
+# ``jnp.dtype(name)``; parameters stay float32).
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
 # Logical axes of every parameter, keyed by the end of its path (module, parameter), read by
 # core.sharding.param_shardings: the model width ("embed") is FSDP-sharded over `data`; heads, kv
 # heads, MLP width and vocabulary are tensor-parallel over `model`. Stacked layers (scan_layers) gain

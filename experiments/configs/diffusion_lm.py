@@ -12,10 +12,16 @@ Override fields with ``--config.<field>=value`` (e.g. ``--config.budgets='(1e10,
 ``:tiny,field=value``; grouped fields by their dotted path (``--config.optim.learning_rate=1e-3``).
 """
 
+import jax.numpy as jnp
 import ml_collections
 
+from algorithms.diffusion_lm import evaluator, grid
+from algorithms.diffusion_lm.families import FAMILIES, transformer_config
 from core import config as cfg_lib
 from core import report
+from experiments.configs import lm
+from models.attention import IMPLEMENTATIONS
+from models.transformer import COMPUTE_DTYPES, REMAT_POLICIES
 
 
 def base() -> ml_collections.ConfigDict:
@@ -137,12 +143,6 @@ VARIANTS = {
 }
 
 
-FAMILIES = ("ar", "mdlm", "mdlm_ce", "duo", "esolm", "esolm_nelbo", "gidd")  # families.FAMILIES
-
-_ATTENTION = ("reference", "blockwise", "cudnn", "splash", "auto")  # models.attention.IMPLEMENTATIONS
-_REMAT = ("none", "full", "minimal", "dots")
-_DTYPES = ("float32", "bfloat16", "float16")
-
 # What each field accepts (checked once every override is in, before any work).
 RULES = {
     "seed": cfg_lib.integer(lo=0),
@@ -150,22 +150,20 @@ RULES = {
     "val_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
     "seq_len": cfg_lib.integer(lo=2),
     "batch_size": cfg_lib.integer(lo=1),
-    # (d_model, num_layers, num_heads); the IsoFLOP fit needs >= 3 sizes
-    "sizes": cfg_lib.tuple_of(cfg_lib.tuple_of(cfg_lib.integer(lo=1), 3, 3), min_len=3),
+    # (d_model, num_layers, num_heads), each checked by TransformerConfig (check_backbone); the
+    # IsoFLOP fit needs >= 3 sizes
+    "sizes": cfg_lib.tuple_of(cfg_lib.tuple_of(cfg_lib.integer(), 3, 3), min_len=3),
     "reference_size": cfg_lib.integer(lo=0),
-    "backbone.dtype": cfg_lib.one_of(*_DTYPES),
-    "backbone.attention": cfg_lib.one_of(*_ATTENTION),
-    "backbone.attention_block": cfg_lib.integer(lo=1),
-    "backbone.remat": cfg_lib.one_of(*_REMAT),
+    "backbone.dtype": cfg_lib.one_of(*COMPUTE_DTYPES),
+    "backbone.attention": cfg_lib.one_of(*IMPLEMENTATIONS),
+    "backbone.attention_block": cfg_lib.integer(),
+    "backbone.remat": cfg_lib.one_of(*REMAT_POLICIES),
     "model_parallelism": cfg_lib.integer(lo=1),
     "param_sharding": cfg_lib.one_of("fsdp", "replicated"),
     "isoflop_families": cfg_lib.tuple_of(cfg_lib.one_of(*FAMILIES)),
     "families": cfg_lib.tuple_of(cfg_lib.one_of(*FAMILIES)),
     "budgets": cfg_lib.tuple_of(cfg_lib.number(lo=0, lo_open=True), min_len=2),
-    "optim.learning_rate": cfg_lib.number(lo=0, lo_open=True),
-    "optim.warmup_steps": cfg_lib.integer(lo=0),
-    "optim.weight_decay": cfg_lib.number(lo=0),
-    "optim.grad_clip": cfg_lib.number(lo=0, lo_open=True),
+    **cfg_lib.optimizer_rules("optim."),
     "optim.schedule": cfg_lib.one_of("cosine", "constant"),
     "optim.final_lr_fraction": cfg_lib.number(lo=0, hi=1),
     "ema_decay": cfg_lib.number(lo=0, hi=1, hi_open=True),  # 0 disables the EMA
@@ -182,33 +180,16 @@ RULES = {
     "sampling.steps": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
     "sampling.batches": cfg_lib.integer(lo=1),
     "sampling.alpha0": cfg_lib.number(lo=0, hi=1, lo_open=True),
-    "evaluator.model.d_model": cfg_lib.integer(lo=1),
-    "evaluator.model.num_layers": cfg_lib.integer(lo=1),
-    "evaluator.model.num_heads": cfg_lib.integer(lo=1),
-    "evaluator.model.num_kv_heads": cfg_lib.integer(lo=1),
-    "evaluator.model.max_len": cfg_lib.integer(lo=2),
-    "evaluator.model.mlp_dim": cfg_lib.integer(lo=0),  # 0 = the default width
-    "evaluator.model.dtype": cfg_lib.one_of(*_DTYPES),
-    "evaluator.model.attention": cfg_lib.one_of(*_ATTENTION),
-    "evaluator.model.attention_block": cfg_lib.integer(lo=1),
-    "evaluator.model.remat": cfg_lib.one_of(*_REMAT),
-    "evaluator.seq_len": cfg_lib.integer(lo=2),
-    "evaluator.batch_size": cfg_lib.integer(lo=1),
-    "evaluator.steps": cfg_lib.integer(lo=1),
-    "evaluator.learning_rate": cfg_lib.number(lo=0, lo_open=True),
-    "evaluator.warmup_steps": cfg_lib.integer(lo=0),
-    "evaluator.weight_decay": cfg_lib.number(lo=0),
-    "evaluator.grad_clip": cfg_lib.number(lo=0, lo_open=True),
-    "evaluator.log_every": cfg_lib.integer(lo=1),
-    "evaluator.checkpoint_every": cfg_lib.integer(lo=1),
+    # the evaluator: an LM config's model and training fields (experiments/configs/lm.py)
+    **lm.model_rules("evaluator.model.", names=tuple(base().evaluator.model)),
+    **cfg_lib.training_rules("evaluator."),
     "log_every": cfg_lib.integer(lo=1),
     "bootstrap_samples": cfg_lib.integer(lo=1),
 }
 
 
 def check_sizes(config: ml_collections.ConfigDict) -> None:
-    """``reference_size`` indexes ``sizes``; every size has an even head dimension
-    d_model / num_heads (RoPE rotates pairs).
+    """``reference_size`` indexes ``sizes``.
 
     Raises:
       ValueError: naming the fields.
@@ -216,10 +197,34 @@ def check_sizes(config: ml_collections.ConfigDict) -> None:
     if config.reference_size >= len(config.sizes):
         raise ValueError(f"config fields reference_size={config.reference_size} and sizes (len "
                          f"{len(config.sizes)}): expected reference_size < len(sizes)")
-    for i, (d, _, h) in enumerate(config.sizes):
-        if d % h or (d // h) % 2:
-            raise ValueError(f"config field sizes[{i}] = {(d, _, h)}: expected d_model / num_heads "
-                             "to be an even integer (the head dimension, rotated in pairs by RoPE)")
+
+
+def check_backbone(config: ml_collections.ConfigDict) -> None:
+    """Builds each family's ``FamilySpec`` (:func:`algorithms.diffusion_lm.grid.family_spec`) and
+    the ``TransformerConfig`` of every size with the ``backbone`` fields, as the runs do, so that
+    the library's own checks apply (e.g. an even head dimension d_model / num_heads for RoPE, a
+    ``model_parallelism`` that divides the heads and MLP width).
+
+    Raises:
+      ValueError: one line naming the refused fields' paths (:func:`core.config.check_built`).
+    """
+    spec_fields = {"eps": ("eps", config.eps), "sampling_alpha0": ("sampling.alpha0",
+                                                                    config.sampling.alpha0),
+                   **{n: (f"process.{n}", v) for n, v in config.process.items()}}
+    specs = [cfg_lib.check_built(lambda f=f: grid.family_spec(config, f), spec_fields, "FamilySpec")
+             for f in config.families]
+    backbone = {**config.backbone.to_dict(), "dtype": jnp.dtype(config.backbone.dtype)}
+    for i, size in enumerate(config.sizes):
+        fields = {n: (f"sizes[{i}]", size) for n in ("d_model", "num_layers", "num_heads")}
+        fields.update({n: (f"backbone.{n}", v) for n, v in config.backbone.items()})
+        fields.update(max_len=("seq_len", config.seq_len),
+                      model_parallelism=("model_parallelism", config.model_parallelism))
+        for spec in specs:
+            cfg_lib.check_built(
+                lambda spec=spec, size=size: transformer_config(
+                    spec, config.seq_len, d_model=size[0], num_layers=size[1], num_heads=size[2],
+                    **backbone).check_model_parallelism(config.model_parallelism),
+                fields, "TransformerConfig", derived={"head_dim": ("d_model", "num_heads")})
 
 
 def check_windows(config: ml_collections.ConfigDict) -> None:
@@ -248,7 +253,8 @@ def check_families(config: ml_collections.ConfigDict) -> None:
 
 def check_evaluator(config: ml_collections.ConfigDict) -> None:
     """The evaluator scores samples of ``seq_len`` tokens and trains on ``evaluator.seq_len``
-    windows, both within its ``evaluator.model.max_len``; its heads divide as in the ``lm`` config.
+    windows, both within its ``evaluator.model.max_len``; its model is one that ``TransformerConfig``
+    accepts (:func:`experiments.configs.lm.check_model`).
 
     Raises:
       ValueError: naming the fields.
@@ -258,14 +264,10 @@ def check_evaluator(config: ml_collections.ConfigDict) -> None:
         if n > ev.model.max_len:
             raise ValueError(f"config fields {field}={n} and evaluator.model.max_len="
                              f"{ev.model.max_len}: expected {field} <= evaluator.model.max_len")
-    m = ev.model
-    if m.num_heads % m.num_kv_heads or m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2:
-        raise ValueError(f"config fields evaluator.model.d_model={m.d_model}, num_heads="
-                         f"{m.num_heads}, num_kv_heads={m.num_kv_heads}: expected num_kv_heads to "
-                         "divide num_heads and d_model / num_heads to be an even integer")
+    lm.check_model(evaluator.evaluator_config(config), prefix="evaluator.")
 
 
-CROSS_CHECKS = (check_sizes, check_windows, check_families, check_evaluator)
+CROSS_CHECKS = (check_sizes, check_backbone, check_windows, check_families, check_evaluator)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -13,8 +13,12 @@ held out (:func:`core.data.text.load_corpus`).
 
 import ml_collections
 
+from algorithms.lm import training
 from core import config as cfg_lib
 from core import report
+from core.data.text import ByteTokenizer
+from models.attention import IMPLEMENTATIONS
+from models.transformer import COMPUTE_DTYPES, REMAT_POLICIES
 
 
 def base() -> ml_collections.ConfigDict:
@@ -71,31 +75,32 @@ VARIANTS = {
 }
 
 
+def model_rules(prefix: str = "model.", names: tuple[str, ...] | None = None
+                ) -> dict[str, cfg_lib.Rule]:
+    """Rules of the ``TransformerConfig`` fields of an LM config's ``model`` group under
+    ``prefix`` (``names``: the group's fields, default all): the kind of each value, and the
+    choices the library lists. Bounds and how the fields fit together are the library's own
+    checks, applied by :func:`check_model` (which builds the ``TransformerConfig``)."""
+    rules = {
+        "d_model": cfg_lib.integer(), "num_layers": cfg_lib.integer(),
+        "num_heads": cfg_lib.integer(),
+        "num_kv_heads": cfg_lib.integer(lo=1),  # the library reads 0 as "= num_heads"
+        "max_len": cfg_lib.integer(),
+        "mlp_dim": cfg_lib.integer(lo=0),  # 0 = the default width
+        "dtype": cfg_lib.one_of(*COMPUTE_DTYPES), "attention": cfg_lib.one_of(*IMPLEMENTATIONS),
+        "attention_block": cfg_lib.integer(), "remat": cfg_lib.one_of(*REMAT_POLICIES),
+        "scan_layers": cfg_lib.boolean(),
+    }
+    return {prefix + n: r for n, r in rules.items() if names is None or n in names}
+
+
 # What each field accepts (checked once every override is in, before any work).
 RULES = {
     "seed": cfg_lib.integer(lo=0),
     "data_path": cfg_lib.path_or_empty(several=True),
     "val_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
-    "model.d_model": cfg_lib.integer(lo=1),
-    "model.num_layers": cfg_lib.integer(lo=1),
-    "model.num_heads": cfg_lib.integer(lo=1),
-    "model.num_kv_heads": cfg_lib.integer(lo=1),
-    "model.max_len": cfg_lib.integer(lo=2),
-    "model.mlp_dim": cfg_lib.integer(lo=0),  # 0 = the default width
-    "model.dtype": cfg_lib.one_of("float32", "bfloat16", "float16"),
-    "model.attention": cfg_lib.one_of("reference", "blockwise", "cudnn", "splash", "auto"),
-    "model.attention_block": cfg_lib.integer(lo=1),
-    "model.remat": cfg_lib.one_of("none", "full", "minimal", "dots"),
-    "model.scan_layers": cfg_lib.boolean(),
-    "seq_len": cfg_lib.integer(lo=2),  # next-token loss needs two positions
-    "batch_size": cfg_lib.integer(lo=1),
-    "steps": cfg_lib.integer(lo=1),
-    "learning_rate": cfg_lib.number(lo=0, lo_open=True),
-    "warmup_steps": cfg_lib.integer(lo=0),
-    "weight_decay": cfg_lib.number(lo=0),
-    "grad_clip": cfg_lib.number(lo=0, lo_open=True),
-    "log_every": cfg_lib.integer(lo=1),
-    "checkpoint_every": cfg_lib.integer(lo=1),
+    **model_rules(),
+    **cfg_lib.training_rules(),
     "eval_windows": cfg_lib.integer(lo=1),
     "sample_len": cfg_lib.integer(lo=1),
     "model_parallelism": cfg_lib.integer(lo=1),
@@ -110,22 +115,31 @@ FIELD_HELP = {
 }
 
 
-def check_heads(config: ml_collections.ConfigDict) -> None:
-    """Grouped-query attention needs num_kv_heads to divide num_heads, and RoPE an even head
-    dimension d_model / num_heads.
+def check_model(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+    """Builds the run's ``TransformerConfig`` (:func:`algorithms.lm.training.model_config`), so
+    that the model's own checks apply (e.g. num_kv_heads divides num_heads, an even head
+    dimension d_model / num_heads for RoPE), and checks that ``model_parallelism`` divides
+    what tensor parallelism splits.
+
+    Args:
+      config: an LM config (this module's, or ``algorithms.diffusion_lm.evaluator``'s
+        ``evaluator_config``).
+      prefix: where ``config`` sits in the config being validated (``"evaluator."``), for
+        the field paths of the message.
 
     Raises:
-      ValueError: naming the fields.
+      ValueError: one line naming the refused fields' paths (:func:`core.config.check_built`).
     """
-    m = config.model
-    if m.num_heads % m.num_kv_heads:
-        raise ValueError(f"config fields model.num_heads={m.num_heads} and model.num_kv_heads="
-                         f"{m.num_kv_heads}: expected num_kv_heads to divide num_heads "
-                         "(grouped-query attention)")
-    if m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2:
-        raise ValueError(f"config fields model.d_model={m.d_model} and model.num_heads="
-                         f"{m.num_heads}: expected d_model / num_heads to be an even integer "
-                         "(the head dimension, rotated in pairs by RoPE)")
+    fields = {n: (f"{prefix}model.{n}", v) for n, v in config.model.items()}
+    fields["model_parallelism"] = ("model_parallelism", config.model_parallelism)
+
+    def build():
+        mcfg = training.model_config(config, ByteTokenizer().vocab_size)
+        mcfg.check_model_parallelism(config.model_parallelism)
+        return mcfg
+
+    cfg_lib.check_built(build, fields, "TransformerConfig",
+                        derived={"head_dim": ("d_model", "num_heads")})
 
 
 def check_seq_len(config: ml_collections.ConfigDict) -> None:
@@ -139,7 +153,7 @@ def check_seq_len(config: ml_collections.ConfigDict) -> None:
                          f"{config.model.max_len}: expected seq_len <= model.max_len")
 
 
-CROSS_CHECKS = (check_heads, check_seq_len)
+CROSS_CHECKS = (check_model, check_seq_len)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -24,6 +24,7 @@ import ml_collections
 
 from core import config as cfg_lib
 from core import report
+from models.transformer import COMPUTE_DTYPES, REMAT_POLICIES
 
 
 def base() -> ml_collections.ConfigDict:
@@ -132,8 +133,8 @@ RULES = {
     "model.num_layers": cfg_lib.integer(lo=1),
     "model.num_heads": cfg_lib.integer(lo=1),
     "model.mlp_dim": cfg_lib.integer(lo=1),
-    "model.dtype": cfg_lib.one_of("float32", "bfloat16", "float16"),
-    "model.remat": cfg_lib.one_of("none", "full", "minimal", "dots"),
+    "model.dtype": cfg_lib.one_of(*COMPUTE_DTYPES),
+    "model.remat": cfg_lib.one_of(*REMAT_POLICIES),
     "warmup.batch_size": cfg_lib.integer(lo=1),
     "warmup.learning_rate": _POSITIVE,
     "warmup.warmup_steps": cfg_lib.integer(lo=0),

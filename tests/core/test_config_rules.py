@@ -269,32 +269,82 @@ def test_another_experiments_config_file_names_both():
 
 
 def test_config_choices_match_the_library_constants():
-    """The configs name their choices without importing JAX; they must match the code's."""
-    from algorithms.diffusion_lm.families import FAMILIES
+    """The configs of forecasting, rl_scaling (advantage, aggregation) and spf name their choices
+    without importing the libraries; they must match the code's."""
     from algorithms.forecasting.data import FILL_GAPS, SPLITS
     from algorithms.forecasting.metrics import OUT_OF_RANGE
     from algorithms.rl_scaling.grpo import ADVANTAGE_MODES, AGGREGATIONS
     from algorithms.spf.problems import DRIFTS, KINDS
-    from models.attention import IMPLEMENTATIONS
-    from models.transformer import REMAT_POLICIES
 
     def choices(name, path, probe):
         rule = MODULES[name].RULES[path]
         return {c for c in probe if rule.accepts(c)}
 
-    many = ("reference", "blockwise", "cudnn", "splash", "auto", "flash", "none", "full", "minimal",
-            "dots", "all")
-    assert choices("lm", "model.attention", many) == set(IMPLEMENTATIONS)
-    assert choices("diffusion_lm", "backbone.attention", many) == set(IMPLEMENTATIONS)
-    assert choices("diffusion_lm", "evaluator.model.attention", many) == set(IMPLEMENTATIONS)
-    assert choices("lm", "model.remat", many) == set(REMAT_POLICIES)
-    assert set(MODULES["diffusion_lm"].FAMILIES) == set(FAMILIES)
     assert choices("rl_scaling", "advantage", ADVANTAGE_MODES + ("ppo",)) == set(ADVANTAGE_MODES)
     assert choices("rl_scaling", "aggregation", AGGREGATIONS + ("sum",)) == set(AGGREGATIONS)
     assert choices("forecasting", "split", SPLITS + ("x",)) == set(SPLITS)
     assert choices("forecasting", "fill_gaps", FILL_GAPS + ("x",)) == set(FILL_GAPS)
     assert choices("forecasting", "qice_out_of_range", OUT_OF_RANGE + ("x",)) == set(OUT_OF_RANGE)
     assert set(MODULES["spf"].PROBLEMS) == {f"{k}_{d}" for k in KINDS for d in DRIFTS}
+
+
+# -- model fields: the library's own checks and choices ------------------------------------------
+
+@pytest.mark.parametrize("name, path, value, named, reason", [
+    # TransformerConfig.__post_init__'s refusals, reworded with the config's field paths
+    ("lm", "model.num_kv_heads", 3, ("model.num_heads=2", "model.num_kv_heads=3"), "multiple"),
+    ("lm", "model.d_model", 30, ("model.d_model=30", "model.num_heads=2"), "head_dim=15"),
+    ("lm", "model.d_model", -1, ("model.d_model=-1",), "must be >= 1"),
+    ("lm", "model.attention_block", 0, ("model.attention_block=0",), "must be >= 1"),
+    ("lm", "model_parallelism", 4, ("model_parallelism=4",), "does not divide"),
+    ("diffusion_lm", "sizes", ((8, 1, 1), (12, 1, 1), (30, 1, 2)), ("sizes[2]=(30, 1, 2)",),
+     "head_dim=15"),
+    ("diffusion_lm", "sizes", ((8, 1, 1), (12, 0, 1), (16, 1, 1)), ("sizes[1]=(12, 0, 1)",),
+     "num_layers=0"),
+    ("diffusion_lm", "backbone.attention_block", 0, ("backbone.attention_block=0",), ">= 1"),
+    ("diffusion_lm", "evaluator.model.num_kv_heads", 3,
+     ("evaluator.model.num_heads=2", "evaluator.model.num_kv_heads=3"), "multiple"),
+    ("diffusion_lm", "evaluator.model.d_model", 6,
+     ("evaluator.model.d_model=6", "evaluator.model.num_heads=2"), "head_dim=3"),
+])
+def test_a_bad_model_field_is_refused_once_naming_its_path(name, path, value, named, reason):
+    config = _with(MODULES[name].get_config("smoke"), path, value)
+    cfg_lib.validate(config, MODULES[name].RULES)  # the field alone passes its rule
+    message = _refused(name, config, path.split(".")[-1])
+    assert message.startswith(f"config field{'s' if len(named) > 1 else ''} {named[0]}"), message
+    assert all(n in message for n in named) and reason in message, message
+    assert "TransformerConfig" in message and message.count("config field") == 1, message
+
+
+@pytest.mark.parametrize("name, paths", [
+    ("lm", ("model.",)), ("diffusion_lm", ("backbone.", "evaluator.model.")),
+    ("rl_scaling", ("model.",)),
+])
+def test_every_choice_the_library_lists_is_accepted(name, paths):
+    """The model's choices are read from the library: each one it lists validates (the config
+    is built with it), and a name it does not list is refused naming the field."""
+    from algorithms.diffusion_lm.families import FAMILIES
+    from models.attention import IMPLEMENTATIONS
+    from models.transformer import COMPUTE_DTYPES, REMAT_POLICIES
+
+    listed = {"attention": IMPLEMENTATIONS, "remat": tuple(REMAT_POLICIES),
+              "dtype": COMPUTE_DTYPES}
+    config = MODULES[name].get_config("smoke")
+    seen = 0
+    for prefix in paths:
+        for field, values in listed.items():
+            if prefix + field not in MODULES[name].RULES:
+                continue
+            seen += 1
+            for value in values:
+                cfg_lib.validate_module_config(_with(config, prefix + field, value), MODULES[name])
+            _refused(name, _with(config, prefix + field, "flash"), prefix + field)
+    assert seen >= 2
+    if name == "diffusion_lm":
+        for family in FAMILIES:  # each family alone beside the three the claim needs
+            families = tuple(dict.fromkeys(("ar", "mdlm", "duo", family)))
+            cfg_lib.validate_module_config(_with(config, "families", families), MODULES[name])
+        _refused(name, _with(config, "families", ("ar", "mdlm", "duo", "bert")), "families")
 
 
 # -- the entry points: one line, exit status 2, before any work ------------------------------------
