@@ -35,7 +35,6 @@ from algorithms.rl_scaling import (
     warmstart,
 )
 from core import figures as style
-from core import figures as style
 from core import report
 from core.timing import Stopwatch
 from experiments import common

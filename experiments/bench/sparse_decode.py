@@ -76,10 +76,10 @@ def run(size: str = "cpu") -> str:
         f"{c.max_density:.0%} of the pages. Size `{size}` (config variant `{variant}`): "
         f"median (min-max) over {c.timing_reps} interleaved rounds after a warm-up (every method "
         "once per round, the order reversed every other round); FFD's time is the sum of its two "
-        "stages in every round, shown for the round of median FFD time. Ratios are taken round by round against the faster dense variant (by "
-        "median). Bytes ratio: dense bf16 bytes over FFD's, in the accelerator format (2-bit "
-        "codes) / the CPU path's own (one byte per code). BW frac: analytic bytes / median time "
-        "over the measured read bandwidth.", "",
+        "stages in every round, shown for the round of median FFD time. Ratios are taken round by "
+        "round against the faster dense variant (by median). Bytes ratio: dense bf16 bytes over "
+        "FFD's, in the accelerator format (2-bit codes) / the CPU path's own (one byte per "
+        "code). BW frac: analytic bytes / median time over the measured read bandwidth.", "",
         table, "", f"Command: `python -m experiments.bench.sparse_decode {size}`"])
 
 

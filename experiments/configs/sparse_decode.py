@@ -183,7 +183,8 @@ CROSS_CHECKS = (check_layout, check_max_density, check_lm)
 
 
 FIELD_HELP = {
-    "data_path": "the text to capture keys, values and queries on: a UTF-8 text file; '' = the held-out Shakespeare plays",
+    "data_path": "the text to capture keys, values and queries on: a UTF-8 text file; '' = the "
+                 "held-out Shakespeare plays",
     "checkpoint": "a local Hugging Face Llama / Qwen2 / Mistral directory to measure instead of the "
                   "trained byte-level lm; '' = the lm experiment's checkpoint",
 }

@@ -182,12 +182,12 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
       median), ``ffd`` (= ``ffd_scan`` + ``ffd_attend`` in every round), ``ffd_budget``,
       ``quest``, ``int8_scan`` (the int8 selection alone, to set beside ``ffd_scan``);
       ``ffd_median_round``: {"total", "scan", "attend"} ms of the round whose FFD time
-      is the (lower) median, whose parts add up to its total. Ratios round by round, each a :func:`summary`: ``ffd_over_dense`` (FFD time over
-      dense time), ``speedup`` (dense over FFD), ``budget_speedup``, ``quest_speedup``. Scalars:
-      ``dense_variant`` ("f32" or "bf16"), ``rounds``, ``rule_kept_fraction`` and
-      ``kept_fraction`` (the rule's pages and the pages attended, as fractions of the full
-      pages), ``kept_mass`` (exact softmax mass on the rule's pages and the tail, minimum over
-      rows and heads; the attended superset holds at least as much), ``slots``, ``bytes_ratio``
+      is the (lower) median, whose parts add up to its total. Ratios round by round, each a
+      :func:`summary`: ``ffd_over_dense`` (FFD time over dense time), ``speedup`` (dense over
+      FFD), ``budget_speedup``, ``quest_speedup``. Scalars: ``dense_variant`` ("f32" or "bf16"),
+      ``rounds``, ``rule_kept_fraction`` and ``kept_fraction`` (the rule's pages and the pages
+      attended, as fractions of the full pages), ``kept_mass`` (exact softmax mass on the rule's
+      pages and the tail, minimum over rows and heads), ``slots``, ``bytes_ratio``
       (dense bf16 bytes over FFD's accelerator-format bytes), ``cpu_bytes_ratio`` (the same over
       the CPU path's own bytes), ``dense_bw_fraction`` / ``ffd_bw_fraction`` (bytes read over the
       median time, as a fraction of ``bandwidth_gbs``).

@@ -217,7 +217,7 @@ def _attend_kernel(idx_ref, count_ref, len_ref, q_ref, tail_ref, codes_hbm, scal
     def each_page(r, slot, action):
         for c in range(cpr):
             @pl.when(r * cpr + c < count)
-            def _():
+            def _(c=c):  # run at once by pl.when; c bound for clarity
                 for cp in copies(r, c, slot):
                     getattr(cp, action)()
 
@@ -249,7 +249,7 @@ def _attend_kernel(idx_ref, count_ref, len_ref, q_ref, tail_ref, codes_hbm, scal
         each_page(r, slot, "wait")
         for c in range(cpr):
             @pl.when(r * cpr + c < count)
-            def _attend():
+            def _attend(c=c):
                 qs = q * sbuf[slot, c]  # [G, D] * [1, D]
                 codes = _unpack(cbuf[slot, c], axis=0)  # [D, p]
                 resid = rbuf[slot, c].astype(jnp.float32)  # [p, D]
@@ -305,7 +305,7 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
         (0, 1].
     """
     b, kh, g, d = qg.shape
-    n, w, p = codes.shape[2], codes.shape[3], codes.shape[4]
+    w, p = codes.shape[3], codes.shape[4]
     m_slots = idx.shape[-1]
     if not isinstance(pages_per_round, int) or pages_per_round < 1:
         raise ValueError(f"ffd_pages_attention: pages_per_round must be an int >= 1, got "

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from kernels.kv_quant import api
-from kernels.kv_quant import reference as ref
 from kernels.kv_quant.cache import QVGCache
 from kernels.kv_quant.reference import QVGConfig
 

@@ -21,9 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.sparse_decode import api
+from kernels.sparse_decode import api, xla_select
 from kernels.sparse_decode import reference as ref
-from kernels.sparse_decode import xla_select
 from tests.hypothesis_budget import examples
 from tests.kernels import oracles
 

@@ -91,7 +91,7 @@ def _assert_superset(q, cache, lengths, delta):
 def test_superset_on_random_caches_and_deltas():
     b, kh, g, d, p, n = 3, 2, 4, 64, 16, 8
     rng = np.random.default_rng(0)
-    for trial in range(6):
+    for _ in range(6):
         scale = 10.0 ** rng.uniform(-2, 3)
         k = jnp.asarray(rng.standard_normal((b, kh, n * p, d)) * scale, jnp.float32)
         q = jnp.asarray(rng.standard_normal((b, kh * g, d)) * 2.0 / scale, jnp.float32)
