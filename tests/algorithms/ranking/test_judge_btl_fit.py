@@ -57,17 +57,23 @@ def test_derivatives_match_autodiff_and_finite_differences(tie_model):
     with jax.enable_x64(True):
         t = table.astype(np.float64)
         x = jnp.asarray(np.random.default_rng(4).normal(size=N + J + 1) * 0.5)
-        f, g, h = btl.derivatives(x, t, cfg)
         obj = lambda y: btl.objective(y, t, cfg)
-        np.testing.assert_allclose(f, obj(x), rtol=1e-12)
-        np.testing.assert_allclose(g, jax.jit(jax.grad(obj))(x), rtol=1e-9, atol=1e-9)
-        if tie_model == "half":  # one full autodiff Hessian (its compilation is the slow part)
-            np.testing.assert_allclose(h, jax.jit(jax.hessian(obj))(x), rtol=1e-9, atol=1e-9)
         eps = 1e-6
         steps = eps * jnp.eye(x.shape[0])
-        fd = jax.jit(jax.vmap(lambda e: (obj(x + e) - obj(x - e)) / (2 * eps)))(steps)
-        grad = jax.jit(jax.vmap(lambda y: btl.derivatives(y, t, cfg)[1]))
-        fd_h = (grad(x + steps) - grad(x - steps)) / (2 * eps)
+
+        @jax.jit
+        def everything(x):  # one compilation for all the values compared below
+            f, g, h = btl.derivatives(x, t, cfg)
+            fd = jax.vmap(lambda e: (obj(x + e) - obj(x - e)) / (2 * eps))(steps)
+            grad = jax.vmap(lambda y: btl.derivatives(y, t, cfg)[1])
+            fd_h = (grad(x + steps) - grad(x - steps)) / (2 * eps)
+            return f, g, h, obj(x), jax.grad(obj)(x), fd, fd_h
+
+        f, g, h, f_ad, g_ad, fd, fd_h = everything(x)
+        np.testing.assert_allclose(f, f_ad, rtol=1e-12)
+        np.testing.assert_allclose(g, g_ad, rtol=1e-9, atol=1e-9)
+        if tie_model == "half":  # one full autodiff Hessian (its compilation is the slow part)
+            np.testing.assert_allclose(h, jax.jit(jax.hessian(obj))(x), rtol=1e-9, atol=1e-9)
         np.testing.assert_allclose(h, fd_h, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-5)
 
