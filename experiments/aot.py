@@ -221,20 +221,17 @@ def lm_decode(backend_name: str, context: int = DECODE_CONTEXT, batch: int = DEC
         mcfg = dc.replace(lm.model_config(config, ByteTokenizer().vocab_size), max_len=context)
         d = mcfg.dim_per_head
         if backend_name == "dense":
-            backend, what = kvc.DenseKVCache(), "dense"
+            backend, what = kvc.get_backend("dense"), "dense"
         elif backend_name == "ffd":
             from experiments.configs import sparse_decode as sd_config
-            from kernels.sparse_decode import api as sd_api
 
             sd = sd_config.get_config("paper")
-            backend = sd_api.FFDCache(page_size=sd.page_size, delta=sd.delta, implementation="xla",
-                                      scan_copy=False)
+            backend = kvc.get_backend("ffd", page_size=sd.page_size, delta=sd.delta,
+                                      implementation="xla", scan_copy=False)
             what = f"FFD (page {sd.page_size}, delta {sd.delta} nats, XLA path)"
         elif backend_name == "qvg":
-            from kernels.kv_quant import api as kq_api
-
             qcfg = qvg_paper_config(d)
-            backend = kq_api.QVGCache(config=qcfg, rope_base=mcfg.rope_base,
+            backend = kvc.get_backend("qvg", config=qcfg, rope_base=mcfg.rope_base,
                                       implementation="reference")
             what = (f"QVG ({qcfg.bits}-bit, block {qcfg.block}, {qcfg.num_centroids} centroids, "
                     f"chunk {qcfg.chunk}, XLA path)")
@@ -362,22 +359,20 @@ def llama_decode(backend_name: str, batch: int, context: int = LLAMA_CONTEXT) ->
         kernel = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu"}.get(
             devices[0].platform, "xla")
         if backend_name == "dense":
-            backend, what = kvc.DenseKVCache(), "dense bf16"
+            backend, what = kvc.get_backend("dense"), "dense bf16"
         elif backend_name == "ffd":
             from experiments.configs import sparse_decode as sd_config
-            from kernels.sparse_decode.sharded import ShardedFFDCache
 
             sd = sd_config.get_config("paper")
             f = FFD_KEPT_FRACTION
-            backend = ShardedFFDCache(page_size=sd.page_size, delta=sd.delta, implementation=kernel,
-                                      scan_copy=False, mesh=mesh, assumed_kept_fraction=f)
+            backend = kvc.get_backend("ffd_sharded", page_size=sd.page_size, delta=sd.delta,
+                                      implementation=kernel, scan_copy=False, mesh=mesh,
+                                      assumed_kept_fraction=f)
             what = (f"FFD (page {sd.page_size}, delta {sd.delta} nats, {kernel} in shard_map; "
                     f"kernel costs at kept fraction {f}, {ffd_analytic(batch, context, f, mesh)})")
         elif backend_name == "qvg":
-            from kernels.kv_quant.sharded import ShardedQVGCache
-
             qcfg = qvg_paper_config(cfg.dim_per_head)
-            backend = ShardedQVGCache(config=qcfg, rope_base=cfg.rope, mesh=mesh,
+            backend = kvc.get_backend("qvg_sharded", config=qcfg, rope_base=cfg.rope, mesh=mesh,
                                       implementation="reference" if kernel == "xla" else kernel)
             what = (f"QVG ({qcfg.bits}-bit, block {qcfg.block}, {qcfg.num_centroids} centroids, "
                     f"chunk {qcfg.chunk}, {kernel} in shard_map)")

@@ -148,7 +148,7 @@ def check_qvg(key, size: Size, interpret: bool) -> tuple[list[dict], list[dict]]
         v = jax.random.normal(kv, (b, kh, context, d), jnp.bfloat16)
         q = jax.random.normal(kq, (b, h, 1, d), jnp.bfloat16)
         start = jnp.full((b,), context - 1, jnp.int32)
-        ref_backend = api.QVGCache(config=cfg, implementation="reference")
+        ref_backend = kvc.get_backend("qvg", config=cfg, implementation="reference")
         c = jax.jit(ref_backend.update)(ref_backend.init(b, context, kh, d, jnp.bfloat16),
                                         k[:, :, :-1], v[:, :, :-1], jnp.zeros((b,), jnp.int32))
         qr = q.reshape(b, kh, h // kh, d)
@@ -158,13 +158,13 @@ def check_qvg(key, size: Size, interpret: bool) -> tuple[list[dict], list[dict]]
         checks.append({"kernel": "QVG pallas_gpu", "vs": "jnp reference",
                        "shape": f"B {b}, S {context}", "rel_err": _rel_err(
                            attend(qr, c, "pallas_gpu")[0], attend(qr, c, "reference")[0])})
-        dense = kvc.DenseKVCache()
+        dense = kvc.get_backend("dense")
         full = dense.update(dense.init(b, context, kh, d, jnp.bfloat16), k, v,
                             jnp.zeros((b,), jnp.int32))
         if interpret:  # the backend's own kernel call is not in interpret mode; time the chunks
             qvg_step = functools.partial(attend, qr, c, "pallas_gpu")
         else:  # the backend's whole attend: quantized chunks, the window, the merge
-            backend = api.QVGCache(config=cfg, implementation="pallas_gpu")
+            backend = kvc.get_backend("qvg", config=cfg, implementation="pallas_gpu")
             qvg_step = functools.partial(jax.jit(backend.attend), c, q, start)
         t = timing.best_seconds({"dense": functools.partial(jax.jit(dense.attend), full, q, start),
                                  "qvg": qvg_step}, size.reps)

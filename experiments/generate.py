@@ -38,7 +38,9 @@ from models import kv_cache as kvc
 from models import llama
 from models.sampling import sample_logits
 
-BACKENDS = ("dense", "ffd", "quest", "qvg", "kivi", "entrokv")
+# ``--kv_cache`` names beyond the registered backends': "entrokv" is the "budgeted" backend with
+# the keep masks EntroKV's budgets choose at prefill.
+ALIASES = {"entrokv": "budgeted"}
 logger = logging.getLogger(__name__)
 
 
@@ -63,40 +65,53 @@ class GenerateOptions:
     progress: bool = True
 
 
+def backend_names() -> list[str]:
+    """The ``--kv_cache`` choices: every registered backend (:func:`models.kv_cache.get_backend`)
+    and the aliases."""
+    return sorted(set(kvc.registered_names()) | set(ALIASES))
+
+
+def _qvg_options(opts: GenerateOptions, cfg: llama.LlamaConfig) -> dict:
+    from kernels.kv_quant.reference import QVGConfig
+    return dict(config=QVGConfig(bits=opts.quant_bits, stages=1, block=math.gcd(cfg.dim_per_head, 64),
+                                 num_centroids=min(16, opts.quant_chunk), chunk=opts.quant_chunk))
+
+
+def _kivi_options(opts: GenerateOptions, cfg: llama.LlamaConfig) -> dict:
+    from kernels.kv_quant.reference import KIVIConfig
+    return dict(config=KIVIConfig(bits=opts.quant_bits, group=math.gcd(opts.quant_chunk, 32),
+                                  block=math.gcd(cfg.dim_per_head, 32), residual=opts.quant_chunk))
+
+
+# The flags that configure each backend, as get_backend options (a backend not listed takes none).
+_FLAG_OPTIONS = {
+    "ffd": lambda o, cfg: dict(page_size=o.page_size, delta=o.ffd_delta),
+    "ffd_sharded": lambda o, cfg: dict(page_size=o.page_size, delta=o.ffd_delta),
+    "quest": lambda o, cfg: dict(page_size=o.page_size, top_k=o.quest_top_k),
+    "qvg": _qvg_options,
+    "qvg_sharded": _qvg_options,
+    "kivi": _kivi_options,
+}
+
+
 def make_backend(opts: GenerateOptions, cfg: llama.LlamaConfig) -> kvc.KVCacheBackend:
-    """The KV-cache backend named by ``opts.kv_cache`` for a model with config ``cfg``.
+    """The KV-cache backend named by ``opts.kv_cache`` for a model with config ``cfg``, built by
+    :func:`models.llama.backend_for` with the options its flags give.
 
     Raises:
-      ValueError: unknown name or invalid backend settings.
+      ValueError: unknown name (the message lists :func:`backend_names`) or invalid backend
+        settings.
     """
-    name = opts.kv_cache
-    if name not in BACKENDS:
-        raise ValueError(f"--kv_cache={name}: expected one of {', '.join(BACKENDS)}")
-    if name == "dense":
-        return kvc.DenseKVCache()
-    if name == "ffd":
-        return llama.backend_for("ffd", cfg, page_size=opts.page_size, delta=opts.ffd_delta)
-    if name == "quest":
-        return llama.backend_for("quest", cfg, page_size=opts.page_size, top_k=opts.quest_top_k)
-    if name == "qvg":
-        from kernels.kv_quant.reference import QVGConfig
-        d = cfg.dim_per_head
-        qcfg = QVGConfig(bits=opts.quant_bits, stages=1, block=math.gcd(d, 64),
-                         num_centroids=min(16, opts.quant_chunk), chunk=opts.quant_chunk)
-        return llama.backend_for("qvg", cfg, config=qcfg)
-    if name == "kivi":
-        from kernels.kv_quant.reference import KIVIConfig
-        group = math.gcd(opts.quant_chunk, 32)
-        return llama.backend_for("kivi", cfg, config=KIVIConfig(
-            bits=opts.quant_bits, group=group, block=math.gcd(cfg.dim_per_head, 32),
-            residual=opts.quant_chunk))
-    from algorithms.kv_budget.cache import BudgetedKVCache
-    return BudgetedKVCache()
+    if opts.kv_cache not in backend_names():
+        raise ValueError(f"--kv_cache={opts.kv_cache}: expected one of {', '.join(backend_names())}")
+    name = ALIASES.get(opts.kv_cache, opts.kv_cache)
+    options = _FLAG_OPTIONS.get(name, lambda o, c: {})(opts, cfg)
+    return llama.backend_for(name, cfg, **options)
 
 
-def _capacity(opts: GenerateOptions, needed: int, max_len: int) -> int:
-    """Cache slots: ``needed`` rounded up to the backend's page / chunk size."""
-    unit = {"ffd": opts.page_size, "quest": opts.page_size}.get(opts.kv_cache, 1)
+def _capacity(backend: kvc.KVCacheBackend, needed: int, max_len: int) -> int:
+    """Cache slots: ``needed`` rounded up to the backend's page size (FFD, Quest; else 1)."""
+    unit = getattr(backend, "page_size", 1)
     cap = -(-needed // unit) * unit
     if cap > max_len:
         raise ValueError(f"prompt + max_new_tokens = {needed} tokens (cache {cap}) exceed the "
@@ -147,7 +162,7 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
                          f"{cfg.vocab_size}")
     backend = make_backend(opts, cfg)
     p, n = len(ids), opts.max_new_tokens
-    capacity = _capacity(opts, p + n, cfg.max_len)
+    capacity = _capacity(backend, p + n, cfg.max_len)
     model = nnx.merge(ck.graphdef, ck.params)
     model.check_backend(backend, capacity)  # sliding windows: refuse before compiling anything
     if opts.kv_cache == "entrokv" and p < opts.entrokv_window:
@@ -216,7 +231,7 @@ def main() -> None:
     defaults = GenerateOptions()
     f_checkpoint = flags.DEFINE_string("checkpoint", None, "Hugging Face model directory")
     f_prompt = flags.DEFINE_string("prompt_file", None, "text file holding the prompt")
-    f_kv = flags.DEFINE_enum("kv_cache", defaults.kv_cache, BACKENDS, "KV-cache backend")
+    f_kv = flags.DEFINE_enum("kv_cache", defaults.kv_cache, backend_names(), "KV-cache backend")
     f_n = flags.DEFINE_integer("max_new_tokens", defaults.max_new_tokens, "tokens to generate")
     f_t = flags.DEFINE_float("temperature", defaults.temperature, "0 = greedy")
     f_seed = flags.DEFINE_integer("seed", defaults.seed, "sampling seed")

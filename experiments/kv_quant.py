@@ -35,7 +35,6 @@ from core import figures as style
 from core import report, timing
 from experiments import common, measured_model
 from experiments.configs import kv_quant as kv_quant_config
-from kernels.kv_quant import cache as kvq_cache
 from kernels.kv_quant import reference as ref
 from models import capture
 from models import kv_cache as kvc
@@ -89,9 +88,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     bar.update()
 
     # 2. Held-out bits per byte decoding through each cache, and the decode time.
-    backends = {"full": kvc.DENSE,
-                "qvg": kvq_cache.QVGCache(config=cfgs["qvg"], rope_base=rope, seed=config.seed),
-                "kivi": kvq_cache.KIVICache(config=cfgs["kivi"])}
+    backends = {"full": kvc.get_backend("dense"),
+                "qvg": kvc.get_backend("qvg", config=cfgs["qvg"], rope_base=rope, seed=config.seed),
+                "kivi": kvc.get_backend("kivi", config=cfgs["kivi"])}
     seconds = {}
     for m, be in backends.items():
         metrics[f"bpb_{m}"] = _bpb(graphdef, params, windows, be, config.prompt_len)  # compiles
@@ -99,8 +98,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
             graphdef, params, windows, be, config.prompt_len), repeats=1, warmup=0)
     # QVG-Pro decodes through the same cache class with its own quantizer (held-out bpb only: it
     # is not timed, the decode-time ratio reported is QVG's)
-    metrics["bpb_qvg_pro"] = _bpb(graphdef, params, windows, kvq_cache.QVGCache(
-        config=cfgs["qvg_pro"], rope_base=rope, seed=config.seed), config.prompt_len)
+    metrics["bpb_qvg_pro"] = _bpb(graphdef, params, windows, kvc.get_backend(
+        "qvg", config=cfgs["qvg_pro"], rope_base=rope, seed=config.seed), config.prompt_len)
     metrics["seconds"] = seconds
     metrics["dequant_overhead"] = seconds["qvg"] / seconds["full"]
     metrics["kivi_time_ratio"] = seconds["kivi"] / seconds["full"]
@@ -113,7 +112,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     budgets, pct = {}, round(100 * config.budget_fraction)
     for m in ("entrokv", "uniform"):
         budgets[m], keep = budget_cache.budgets_and_keep(prompt_qk, ecfg, config.budget_fraction, m)
-        bpb = _bpb(graphdef, params, windows, budget_cache.BudgetedKVCache(), config.prompt_len,
+        bpb = _bpb(graphdef, params, windows, kvc.get_backend("budgeted"), config.prompt_len,
                    keep)
         metrics[f"bpb_{m}_{pct}pct"] = bpb
         # quality relative to the full cache: ratio of bits per byte (1 = as good as full)

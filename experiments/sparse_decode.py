@@ -28,7 +28,6 @@ from core import report, timing
 from experiments import common, measured_model
 from kernels.sparse_decode import benchmark, workload
 from kernels.sparse_decode import reference as ref
-from kernels.sparse_decode.cache import FFDCache
 from models import capture
 from models import kv_cache as kvc
 from models.sampling import generate
@@ -122,7 +121,7 @@ def greedy_match(config, model: measured_model.MeasuredModel) -> dict:
     dense, _ = generate(model.graphdef, model.params, prompt, jax.random.key(0),
                         backend=kvc.DENSE, **kw)
     ffd, _ = generate(model.graphdef, model.params, prompt, jax.random.key(0),
-                      backend=FFDCache(page_size=page, delta=50.0), **kw)
+                      backend=kvc.get_backend("ffd", page_size=page, delta=50.0), **kw)
     return {"greedy_token_match": float(jnp.mean(dense == ffd)), "greedy_tokens": int(dense.size)}
 
 

@@ -33,7 +33,8 @@ R query rows per kv head, L positions, N heads (RoPE), W packed words per vector
   share a buffer.
 
   Each backend module registers its classes by name with ``@register_backend("name")``;
-  ``models.kv_cache.get_backend`` imports the kernel packages and looks the name up.
+  ``models.kv_cache.get_backend`` (the one lookup) imports every backend module by an explicit
+  list and builds a backend from its name and options.
 * Dense attention: :func:`grouped_attention` (GQA softmax over a cache), :func:`causal_cache_mask`,
   :class:`DenseKVCache` (the reference backend, ``"dense"``).
 * Partials of attention over disjoint key sets (split-K / flash decoding): unnormalised
@@ -89,8 +90,9 @@ def register_backend(name: str):
     Registering the same class twice under one name is a no-op (module reloads).
 
     Raises:
-      ValueError: ``name`` not a non-empty string, the class lacks ``init``/``update``/``attend``,
-        or ``name`` is already taken by another class.
+      ValueError: ``name`` not a non-empty string, the class lacks ``init``/``update``/``attend``
+        or is not a dataclass (its fields are the options ``get_backend`` accepts), or ``name`` is
+        already taken by another class.
     """
     if not isinstance(name, str) or not name:
         raise checks.error("register_backend", "name", "a non-empty string", repr(name))
@@ -100,6 +102,9 @@ def register_backend(name: str):
         if missing:
             raise checks.error("register_backend", name, "a class with init, update and attend",
                                f"{cls.__name__} without {', '.join(missing)}")
+        if not dataclasses.is_dataclass(cls):
+            raise checks.error("register_backend", name, "a (frozen) dataclass: its fields are "
+                               "the backend's options", f"{cls.__name__}, not a dataclass")
         old = _REGISTRY.get(name)
         if old is not None and old.__qualname__ != cls.__qualname__:
             raise ValueError(f"register_backend: name {name!r} is taken by {old.__module__}."

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kernels import checks
+from kernels import checks, common
 from models import kv_cache as kvc
 from models.rope import RotaryEmbedding, apply_rope
 from models.transformer import SwiGLU
@@ -377,11 +377,13 @@ class Llama(nnx.Module):
 
 def backend_for(name: str, cfg: LlamaConfig, **kwargs) -> kvc.KVCacheBackend:
     """:func:`models.kv_cache.get_backend` with the model's RoPE passed to the backends that
-    re-apply it to stored keys (QVG: ``rope_base=cfg.rope``, scaling included).
+    re-apply it to stored keys (those with a ``rope_base`` field, QVG: ``rope_base=cfg.rope``,
+    scaling included) unless ``kwargs`` sets it.
 
     Raises:
       ValueError: as ``get_backend``.
     """
-    if name == "qvg":
+    cls = common.registered_backends().get(name)
+    if cls is not None and "rope_base" in {f.name for f in dataclasses.fields(cls)}:
         kwargs.setdefault("rope_base", cfg.rope)
     return kvc.get_backend(name, **kwargs)

@@ -3,59 +3,22 @@
 Dimensions: B batch, K kv heads, H query heads, P prompt tokens, S cache slots, D head dim,
 L layers (in :func:`teacher_forced_nll`, L is the window length).
 
-:class:`BudgetedKVCache` is the dense cache plus a keep mask ``[B, K, S]``: evicted prompt slots
-are masked out of attention, new tokens are always kept. It measures the quality of a budget
-(which tokens each head may see) exactly; the memory saving itself would come from compacting the
-kept slots, which this reference does not do.
+:class:`BudgetedKVCache` (``models.kv_cache.get_backend("budgeted")``, defined in
+:mod:`models.kv_cache` with the other backends so that the one lookup knows it) is the dense cache
+plus a keep mask ``[B, K, S]``: evicted prompt slots are masked out of attention, new tokens are
+always kept. This module fills the masks (:func:`with_keep`, :func:`budgets_and_keep`).
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from algorithms.kv_budget import entrokv
-from kernels import checks, common
 from models import kv_cache as kvc
 
-
-@common.register_backend("budgeted")
-@dataclasses.dataclass(frozen=True)
-class BudgetedKVCache:
-    """Dense ``[B, K, S, D]`` cache with a per-head keep mask bool ``[B, K, S]`` (see the module
-    docstring), registered as ``"budgeted"`` once this module is imported.
-
-    It follows the backend protocol of :class:`kernels.common.KVCacheBackend`, its capacity rule
-    included (S = ``max_len``; a row out of capacity raises ``ValueError`` outside ``jit`` and,
-    inside it, is left unchanged by ``update`` and NaN in ``attend``): ``update`` and the checks
-    are the dense backend's. A row whose keep mask hides every slot it may see attends to nothing
-    and is NaN as well (:func:`kernels.common.grouped_attention` needs one key per query).
-    """
-
-    def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
-        checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype,
-                          "BudgetedKVCache.init")
-        cache = kvc.DENSE.init(batch_size, max_len, num_kv_heads, head_dim, dtype)
-        cache["keep"] = jnp.ones((batch_size, num_kv_heads, max_len), bool)
-        return cache
-
-    def update(self, layer_cache, k, v, start):
-        b, kh, s, d = layer_cache["k"].shape
-        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
-                            where="BudgetedKVCache.update")
-        new = kvc.DENSE.update({"k": layer_cache["k"], "v": layer_cache["v"]}, k, v, start)
-        return {**new, "keep": layer_cache["keep"]}
-
-    def attend(self, layer_cache, q, start):
-        b, kh, s, d = layer_cache["k"].shape
-        checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
-                            where="BudgetedKVCache.attend")
-        mask = kvc.causal_cache_mask(start, q.shape[2], s) & layer_cache["keep"][:, :, None, None, :]
-        out = kvc.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
-        return common.poison_rows(out, common.rows_in_capacity(start, q.shape[2], s))
+BudgetedKVCache = kvc.BudgetedKVCache  # the "budgeted" backend; defined with the others
 
 
 def with_keep(cache: list[dict], keep: list[jax.Array]) -> list[dict]:

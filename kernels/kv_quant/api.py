@@ -166,11 +166,3 @@ def quantized_mask(start: jax.Array, num_quantized: jax.Array, rows: int, num_ne
     s = jnp.arange(slots)
     return ((s[None, None, :] < num_quantized[:, None, None])
             & (s[None, None, :] <= pos[:, :, None]))[:, None]
-
-
-def __getattr__(name: str):
-    """The cache backends, importable from here as before they moved to ``cache``."""
-    if name in ("QVGCache", "KIVICache", "cache_bytes"):
-        from kernels.kv_quant import cache
-        return getattr(cache, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

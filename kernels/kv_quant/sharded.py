@@ -12,7 +12,7 @@ over another is therefore exact, with any implementation of
 :func:`kernels.kv_quant.api.qvg_chunk_attention`, and needs no communication.
 
 * :func:`qvg_chunk_attention_sharded` -- the partitioned attention.
-* :class:`ShardedQVGCache` -- :class:`kernels.kv_quant.api.QVGCache` whose quantized attention runs
+* :class:`ShardedQVGCache` -- :class:`kernels.kv_quant.cache.QVGCache` whose quantized attention runs
   partitioned; :meth:`ShardedQVGCache.cache_sharding` places a layer's cache to match.
 """
 
@@ -24,10 +24,11 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from kernels import checks
+from kernels import checks, common
 from kernels.common import mesh_axis
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
+from kernels.kv_quant.cache import QVGCache
 
 
 def qvg_chunk_attention_sharded(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode,
@@ -70,9 +71,10 @@ def qvg_chunk_attention_sharded(q: jax.Array, k_code: ref.QVGCode, v_code: ref.Q
         q, k_code, v_code, start, num_quantized)
 
 
+@common.register_backend("qvg_sharded")
 @dataclasses.dataclass(frozen=True)
-class ShardedQVGCache(api.QVGCache):
-    """:class:`~kernels.kv_quant.api.QVGCache` whose attention over the quantized chunks runs on
+class ShardedQVGCache(QVGCache):
+    """:class:`~kernels.kv_quant.cache.QVGCache` whose attention over the quantized chunks runs on
     ``mesh`` with :func:`qvg_chunk_attention_sharded` (the full-precision window, the merge and
     the cache updates are ordinary jitted code, which XLA partitions itself).
 

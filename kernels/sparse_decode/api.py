@@ -33,9 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from kernels import checks
-from kernels.sparse_decode import cost
+from kernels.sparse_decode import cost, xla_select
 from kernels.sparse_decode import reference as ref
-from kernels.sparse_decode import xla_select
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas_tpu", "pallas_gpu")
 XLA_SCANS = ("float32", "int8")  # the XLA path's page scan (:func:`ffd_decode`'s ``xla_scan``)
@@ -273,13 +272,3 @@ def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret
                              jnp.concatenate([m, tm[:, :, None]], 2),
                              jnp.concatenate([l, tl[:, :, None]], 2), 2)
     return out.reshape(b, h, d).astype(q.dtype)
-
-
-def __getattr__(name: str):
-    """``FFDCache`` and ``QuestCache`` moved to :mod:`kernels.sparse_decode.cache` (which imports this
-    module); they stay reachable here by name."""
-    if name in ("FFDCache", "QuestCache"):
-        from kernels.sparse_decode import cache
-
-        return getattr(cache, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

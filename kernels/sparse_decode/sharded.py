@@ -15,7 +15,7 @@ communication is needed; the output keeps the operands' sharding.
 * :func:`ffd_decode_sharded` -- the partitioned decode.
 * :func:`partition_specs` -- the ``PartitionSpec``s it uses for given shapes (an axis that does not
   divide its dimension is not used: that dimension is replicated).
-* :class:`ShardedFFDCache` -- :class:`kernels.sparse_decode.api.FFDCache` whose cache update and
+* :class:`ShardedFFDCache` -- :class:`kernels.sparse_decode.cache.FFDCache` whose cache update and
   one-token decode run partitioned; place its cache leaves with :meth:`ShardedFFDCache.cache_sharding`.
 """
 
@@ -32,6 +32,7 @@ from kernels import checks, common
 from kernels.common import mesh_axis
 from kernels.sparse_decode import api
 from kernels.sparse_decode import reference as ref
+from kernels.sparse_decode.cache import FFDCache
 
 
 def partition_specs(mesh: Mesh, batch: int, kv_heads: int, *, batch_axis: str | None = "data",
@@ -89,9 +90,10 @@ def ffd_decode_sharded(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, 
                          out_specs=out_specs, check_vma=False)(q, cache, lengths)
 
 
+@common.register_backend("ffd_sharded")
 @dataclasses.dataclass(frozen=True)
-class ShardedFFDCache(api.FFDCache):
-    """:class:`~kernels.sparse_decode.api.FFDCache` whose one-token decode runs on ``mesh`` with
+class ShardedFFDCache(FFDCache):
+    """:class:`~kernels.sparse_decode.cache.FFDCache` whose one-token decode runs on ``mesh`` with
     :func:`ffd_decode_sharded` and whose cache updates run blockwise in ``shard_map`` too
     (prefill attention is ordinary jitted code, which XLA partitions itself).
 

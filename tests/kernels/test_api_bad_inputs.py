@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kernels.kv_quant import api as kvq
+from kernels.kv_quant import cache as kvq_cache
 from kernels.kv_quant import reference as kvq_ref
 from kernels.sparse_decode import api as sd
 from kernels.sparse_decode import cache as sd_cache
@@ -40,10 +41,10 @@ FFD = sd_cache.FFDCache(page_size=P_SIZE)
 FFD_CACHE = sd_ref.init_ffd_cache(B, S, K, D, jnp.float32, P_SIZE)
 QUEST = sd_cache.QuestCache(page_size=P_SIZE, top_k=2)
 QUEST_CACHE = QUEST.init(B, S, K, D, jnp.float32)
-QVG = kvq.QVGCache(config=kvq_ref.QVGConfig(bits=4, stages=1, block=16, num_centroids=2, chunk=4,
+QVG = kvq_cache.QVGCache(config=kvq_ref.QVGConfig(bits=4, stages=1, block=16, num_centroids=2, chunk=4,
                                             kmeans_iters=1))
 QVG_CACHE = QVG.init(B, S, K, D, jnp.float32)
-KIVI = kvq.KIVICache(config=kvq_ref.KIVIConfig(bits=4, group=4, block=16, residual=4))
+KIVI = kvq_cache.KIVICache(config=kvq_ref.KIVIConfig(bits=4, group=4, block=16, residual=4))
 KIVI_CACHE = KIVI.init(B, S, K, D, jnp.float32)
 Q4 = _f32(B, H, 1, D)
 
@@ -161,9 +162,9 @@ def _cases():
         add(be.attend, (cache, _f32(B, H, 1, 32), START), {}, "q must", f"{name}.attend-head-dim")
         add(be.attend, (cache, Q, START), {}, "q must", f"{name}.attend-rank3")
         add(be.attend, (cache, Q4.astype(jnp.int32), START), {}, "q must", f"{name}.attend-int-q")
-    add(kvq.QVGCache, (), {"implementation": "bogus"}, "implementation", "QVGCache-bogus-impl")
-    add(kvq.QVGCache, (), {"rope_base": -1.0}, "rope_base must", "QVGCache-negative-rope")
-    add(kvq.QVGCache, (), {"seed": 1.5}, "seed must", "QVGCache-float-seed")
+    add(kvq_cache.QVGCache, (), {"implementation": "bogus"}, "implementation", "QVGCache-bogus-impl")
+    add(kvq_cache.QVGCache, (), {"rope_base": -1.0}, "rope_base must", "QVGCache-negative-rope")
+    add(kvq_cache.QVGCache, (), {"seed": 1.5}, "seed must", "QVGCache-float-seed")
     add(kvq_ref.QVGConfig, (), {"chunk": 2.5, "num_centroids": 2}, "chunk must", "QVGConfig-float-chunk")
     add(kvq_ref.QVGConfig, (), {"stages": np.float32(1.0)}, "stages must", "QVGConfig-float-stages")
     add(kvq_ref.QVGConfig, (), {"block": 0}, "block must", "QVGConfig-zero-block")

@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import algorithms.kv_budget.cache  # noqa: F401  (registers the "budgeted" backend)
 from kernels import common
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
 from models import kv_cache as kvc
@@ -41,7 +40,9 @@ OPTIONS = {
                                  kmeans_iters=1)),
     "kivi": dict(config=KIVIConfig(bits=4, group=4, block=16, residual=8)),
 }
-NAMES = sorted(common.registered_backends())
+OPTIONS["ffd_sharded"] = OPTIONS["ffd"]  # no mesh: the FFD backend's own paths
+OPTIONS["qvg_sharded"] = OPTIONS["qvg"]
+NAMES = kvc.registered_names()
 
 _rng = np.random.default_rng(0)
 _U = _rng.standard_normal(D)
@@ -94,7 +95,48 @@ def _filled(name):
 def test_every_registered_backend_has_options():
     missing = sorted(set(NAMES) - set(OPTIONS))
     assert not missing, f"registered backends without test options: {missing}"
-    assert {"dense", "budgeted", "ffd", "quest", "qvg", "kivi"} <= set(NAMES)
+    assert {"dense", "budgeted", "ffd", "quest", "qvg", "kivi", "ffd_sharded",
+            "qvg_sharded"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_get_backend_builds_each_registered_name_with_its_options(name):
+    be = kvc.get_backend(name, **OPTIONS[name])
+    assert type(be) is common.registered_backends()[name]
+    assert isinstance(be, common.KVCacheBackend)
+    for field, value in OPTIONS[name].items():
+        assert getattr(be, field) == value
+    hash(be)  # a static argument of jit
+    # a config's dict selects the same backend
+    assert kvc.get_backend(**dict(name=name, **OPTIONS[name])) == be
+
+
+def test_get_backend_unknown_name_lists_the_registered_names():
+    with pytest.raises(ValueError, match="unknown KV-cache backend 'ffdd'") as err:
+        kvc.get_backend("ffdd", delta=6.0)
+    for name in NAMES:
+        assert repr(name)[1:-1] in str(err.value)
+
+
+def test_get_backend_unknown_option_names_the_backend_fields():
+    with pytest.raises(ValueError, match="no option bogus, deltaa") as err:
+        kvc.get_backend("ffd", deltaa=6.0, bogus=1)
+    assert "page_size" in str(err.value) and "delta" in str(err.value)
+    with pytest.raises(ValueError, match="'dense' backend .* no option delta; its fields are: none"):
+        kvc.get_backend("dense", delta=6.0)
+
+
+def test_register_backend_refuses_a_class_that_is_not_a_dataclass():
+    class Plain:
+        def init(self): ...
+
+        def update(self): ...
+
+        def attend(self): ...
+
+    with pytest.raises(ValueError, match="not a dataclass"):
+        common.register_backend("plain")(Plain)
+    assert "plain" not in common.registered_backends()
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -114,7 +156,9 @@ def test_fresh_cache_can_be_donated(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_outside_jit_a_write_past_capacity_raises(name):
     be = _backend(name)
-    cls = type(be).__name__
+    # the message names the class, or the class it extends (a sharded backend without a mesh
+    # runs its base class's paths and checks)
+    cls = "(?:" + "|".join(c.__name__ for c in type(be).__mro__[:-1]) + ")"
     cache = _filled(name)
     for method, args in (("update", (K1, V1)), ("attend", (Q,))):
         call = getattr(be, method)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from kernels import common
-from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
+from kernels.kv_quant.cache import KIVICache, QVGCache
 from models import kv_cache as kvc
 
 
@@ -111,7 +111,7 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="multiple of group"):
         ref.KIVIConfig(group=32, residual=48)
     with pytest.raises(ValueError, match="implementation"):
-        api.QVGCache(implementation="cuda")
+        QVGCache(implementation="cuda")
 
 
 def _dense_of_qvg(layer, cfg, length, rope_base):
@@ -129,7 +129,7 @@ def _dense_of_qvg(layer, cfg, length, rope_base):
 def test_qvg_cache_attention_matches_dequantize_then_dense():
     b, kh, h, d, n = 2, 2, 4, 16, 8
     cfg = ref.QVGConfig(bits=4, stages=1, block=8, num_centroids=4, chunk=n, kmeans_iters=3)
-    be = api.QVGCache(config=cfg, implementation="reference")
+    be = QVGCache(config=cfg, implementation="reference")
     ks = jax.random.split(jax.random.key(0), 3)
     k = jax.random.normal(ks[0], (b, kh, 19, d))
     v = jax.random.normal(ks[1], (b, kh, 19, d))
@@ -152,7 +152,7 @@ def test_qvg_cache_attention_matches_dequantize_then_dense():
 def test_kivi_cache_streaming_equals_prefill_and_int8_is_close_to_dense():
     b, kh, h, d = 1, 2, 2, 16
     cfg = ref.KIVIConfig(bits=8, group=4, block=8, residual=8)
-    be = api.KIVICache(config=cfg)
+    be = KIVICache(config=cfg)
     ks = jax.random.split(jax.random.key(1), 3)
     k = jax.random.normal(ks[0], (b, kh, 12, d))
     v = jax.random.normal(ks[1], (b, kh, 12, d))
@@ -179,7 +179,7 @@ def test_kivi_values_keep_a_sliding_exact_window(length):
     chunked scheme had values 8-9 exact only)."""
     b, kh, h, d, r = 2, 2, 4, 16, 8
     cfg = ref.KIVIConfig(bits=2, group=4, block=8, residual=r)
-    be = api.KIVICache(config=cfg)
+    be = KIVICache(config=cfg)
     ks = jax.random.split(jax.random.key(length), 3)
     k = jax.random.normal(ks[0], (b, kh, length, d))
     v = jax.random.normal(ks[1], (b, kh, length, d))

@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec
 from core import sharding
 from kernels.kv_quant import api, sharded
 from kernels.kv_quant import reference as ref
+from kernels.kv_quant.cache import QVGCache
 
 pytestmark = pytest.mark.multidevice
 
@@ -30,7 +31,7 @@ def _filled(seed):
     """A QVG layer cache filled by the backend's own update with random keys/values (ragged rows:
     two, one and no chunks quantized, plus a partial window) and random query rows."""
     cfg = ref.qvg_preset("qvg", bits=2, block=16, num_centroids=4, chunk=N, kmeans_iters=2)
-    backend = api.QVGCache(config=cfg, rope_base=10_000.0, implementation="reference")
+    backend = QVGCache(config=cfg, rope_base=10_000.0, implementation="reference")
     rng = np.random.default_rng(seed)
     cache = backend.init(B, N * NC, K, D, jnp.float32)
     k = jnp.asarray(rng.standard_normal((B, K, 2 * N + 5, D)), jnp.float32)
@@ -66,7 +67,7 @@ def test_sharded_chunk_attention_equals_unsharded(impl):
 def test_sharded_backend_attends_like_the_plain_backend():
     mesh = _mesh()
     cfg, cache, q, start = _filled(0)
-    plain = api.QVGCache(config=cfg, rope_base=10_000.0, implementation="reference")
+    plain = QVGCache(config=cfg, rope_base=10_000.0, implementation="reference")
     part = sharded.ShardedQVGCache(config=cfg, rope_base=10_000.0, implementation="pallas_tpu",
                                    mesh=mesh, interpret=True)
     placed = jax.device_put(cache, part.cache_sharding(cache))

@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from core import sharding
 from kernels.sparse_decode import api, sharded
 from kernels.sparse_decode import reference as ref
+from kernels.sparse_decode.cache import FFDCache
 
 pytestmark = pytest.mark.multidevice
 
@@ -86,7 +87,7 @@ def test_sharded_backend_decodes_like_the_plain_backend_in_a_transformer():
     cfg = TransformerConfig(vocab_size=32, max_len=64, d_model=128, num_layers=1, num_heads=8,
                             num_kv_heads=4)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
-    plain = api.FFDCache(page_size=16, delta=2.0, implementation="xla")
+    plain = FFDCache(page_size=16, delta=2.0, implementation="xla")
     part = sharded.ShardedFFDCache(page_size=16, delta=2.0, implementation="pallas_tpu",
                                    mesh=mesh, interpret=True)
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, 32, (B, 40)), jnp.int32)
@@ -112,7 +113,7 @@ def test_sharded_backend_poisons_a_row_past_capacity_inside_jit():
     backend's output."""
     mesh = _mesh(2)
     q, cache, _ = _filled_cache(3, [PAGES * P] * B)
-    plain = api.FFDCache(page_size=P, delta=2.0, implementation="xla")
+    plain = FFDCache(page_size=P, delta=2.0, implementation="xla")
     part = sharded.ShardedFFDCache(page_size=P, delta=2.0, implementation="xla", mesh=mesh)
     start = jnp.asarray([PAGES * P, PAGES * P - 1, 5, 2**31 - 1], jnp.int32)  # rows 0, 3 past
     good = jnp.where(start >= PAGES * P, 0, start)
