@@ -17,7 +17,7 @@ from kernels.kv_quant.cache import QVGCache
 
 pytestmark = pytest.mark.multidevice
 
-B, K, G, D, N, NC = 4, 4, 2, 32, 16, 3  # rows, kv heads, group, head dim, chunk, chunks
+B, K, G, D, N, NC = 4, 4, 2, 32, 128, 3  # rows, kv heads, group, head dim, chunk (TPU: 128 lanes), chunks
 
 
 def _mesh():
