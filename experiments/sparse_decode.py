@@ -258,12 +258,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "recent window and 6% of the pages with retrieval tokens, aligned with the query (logits "
         "11-15 nats) over N(0, 1) background logits; FFD's top-delta rule (delta "
         f"{config.delta:g} nats) on the XLA path with its default float32 scan (the rule's "
-        "pages; the int8 scan's time, for comparison, in its own column); the budget variant (top-k) and Quest attend {config.max_density:.0%} of the "
-        f"pages. Times: median (min-max) over {top['rounds']} interleaved rounds (dense, FFD, "
-        "budget, Quest, then the reverse order); FFD = scan + attend in every round (two "
-        "programs back to back), broken down for the round of median FFD time; ratios are taken round by round against the faster dense "
-        "variant (f32 or bf16, by median). Bytes ratio: dense bf16 over FFD in the accelerator "
-        "format (2-bit codes) / in the CPU path's own format (byte codes).", "",
+        "pages; the int8 scan's time, for comparison, in its own column); the budget variant "
+        f"(top-k) and Quest attend {config.max_density:.0%} of the pages. Times: median "
+        f"(min-max) over {top['rounds']} interleaved rounds (dense, FFD, budget, Quest, int8 "
+        "scan, then the reverse order); FFD = scan + attend in every round (two programs back to "
+        "back), broken down for the round of median FFD time; ratios are taken round by round "
+        "against the faster dense variant (f32 or bf16, by median). Bytes ratio: dense bf16 over "
+        "FFD in the accelerator format (2-bit codes) / in the CPU path's own format (byte "
+        "codes).", "",
         table, "",
         f"Quality on q/k/v captured from {who} ({real['layers']} layers, "
         f"{real['context']} tokens of held-out text, pages of {real['page_size']}), at our delta "

@@ -21,7 +21,8 @@ byte-per-code copy (``init_ffd_cache(..., scan_copy=True)``) in float32 and atte
 pages; with ``xla_scan="int8"`` it selects with an int8 scan (:mod:`kernels.sparse_decode.xla_select`)
 whose proven margin makes it keep a superset: every page of the rule, plus the few pages whose
 estimate lies within the scan's quantization margin (a fraction of a nat) of the threshold; with
-``top_k``, or without the scan copy, it uses the rule's mask as is. ``return_keep=True`` returns the pages actually attended.
+``top_k``, or without the scan copy, it uses the rule's mask as is. ``return_keep=True`` returns
+the pages actually attended.
 """
 
 from __future__ import annotations
