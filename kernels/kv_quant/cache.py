@@ -122,7 +122,12 @@ class _ChunkedQuantCache(abc.ABC):
         cache["max_len"] = jnp.full((batch_size,), max_len, jnp.int32)
         return cache
 
-    def update(self, layer_cache, k, v, start):
+    def update(self, layer_cache, k, v, start, *, head_offset: Any = 0):
+        """Writes ``k, v [B, K, T, D]`` at slots ``start[b] ..`` (the backend protocol); a chunk that
+        fills is quantized here (k-means seeded per (chunk, kv head)). ``head_offset`` (an int or
+        a traced int32 scalar) is the global index of the first kv head of ``k``: a partitioned
+        update (``ShardedQVGCache``) passes its block's offset so that every kv head draws the
+        same k-means keys as in the unpartitioned cache."""
         where = f"{type(self).__name__}.update"
         b, kh, cap, d = self._layout(layer_cache, where)
         checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=cap, head_dim=d,
@@ -154,7 +159,7 @@ class _ChunkedQuantCache(abc.ABC):
             xk = xk.reshape(b, kh, nj, n, d)
             base = jax.random.key(getattr(self, "seed", 0))
             chunk_id = first[:, None, None] + jnp.arange(nj)[None, None, :]  # [B, 1, nj]
-            head_id = jnp.arange(kh)[None, :, None]
+            head_id = jnp.arange(kh)[None, :, None] + head_offset
             keys = jax.vmap(jax.vmap(jax.vmap(lambda c, h: jax.random.fold_in(
                 jax.random.fold_in(base, c), h))))(
                 jnp.broadcast_to(chunk_id, (b, kh, nj)), jnp.broadcast_to(head_id, (b, kh, nj)))

@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from kernels import checks, common
@@ -75,8 +76,11 @@ def qvg_chunk_attention_sharded(q: jax.Array, k_code: ref.QVGCode, v_code: ref.Q
 @dataclasses.dataclass(frozen=True)
 class ShardedQVGCache(QVGCache):
     """:class:`~kernels.kv_quant.cache.QVGCache` whose attention over the quantized chunks runs on
-    ``mesh`` with :func:`qvg_chunk_attention_sharded` (the full-precision window, the merge and
-    the cache updates are ordinary jitted code, which XLA partitions itself).
+    ``mesh`` with :func:`qvg_chunk_attention_sharded` and whose cache updates run blockwise in
+    ``jax.shard_map`` (rows on ``batch_axis``, kv heads on ``head_axis``): the update writes a
+    filled chunk row by row, which XLA's SPMD partitioner would otherwise turn into gathers of
+    whole cache arrays across ``batch_axis``. The full-precision window's attention and the merge
+    are ordinary jitted code, which XLA partitions itself.
 
     Attributes (besides ``QVGCache``'s):
       mesh: the device mesh (None: no partitioning, as ``QVGCache``).
@@ -109,6 +113,29 @@ class ShardedQVGCache(QVGCache):
             return NamedSharding(self.mesh, spec if lead == (b, kh) else PartitionSpec(
                 spec[0] if x.shape[:1] == (b,) else None))
         return jax.tree.map(leaf, layer_cache)
+
+    def update(self, layer_cache, k, v, start):
+        """:meth:`QVGCache.update` on each (rows, kv heads) block of ``mesh``; equal to the
+        unpartitioned update (each block passes its first kv head's global index, so k-means draws
+        the same keys)."""
+        if self.mesh is None:
+            return super().update(layer_cache, k, v, start)
+        where = "ShardedQVGCache.update"
+        b, kh, cap, d = self._layout(layer_cache, where)
+        checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=cap, head_dim=d,
+                            where=where)
+        specs = jax.tree.map(lambda s: s.spec, self.cache_sharding(layer_cache))
+        bax, hax = specs["wk"][0], specs["wk"][1]
+        rows = PartitionSpec(bax, hax)
+        plain = QVGCache(**{f.name: getattr(self, f.name) for f in dataclasses.fields(QVGCache)})
+
+        def block(cache, kb, vb, sb):
+            offset = 0 if hax is None else jax.lax.axis_index(hax) * kb.shape[1]
+            return plain.update(cache, kb, vb, sb, head_offset=offset)
+
+        return jax.shard_map(block, mesh=self.mesh,
+                             in_specs=(specs, rows, rows, PartitionSpec(bax)), out_specs=specs,
+                             check_vma=False)(layer_cache, k, v, jnp.asarray(start, jnp.int32))
 
     def _attend_quantized(self, qr, layer_cache, start, nq, t):
         if self.mesh is None:

@@ -81,3 +81,32 @@ def test_sharded_backend_attends_like_the_plain_backend():
     with pytest.raises(ValueError, match="mesh axis 'rows' is not one of"):
         sharded.qvg_chunk_attention_sharded(q, cache["k"], cache["v"], cfg, start, start, 1, None,
                                             mesh, batch_axis="rows")
+
+
+def test_sharded_update_equals_the_plain_update():
+    """The update in shard_map (rows on data, kv heads on model) writes what the plain update
+    writes, k-means codes included (each block seeds with its kv heads' global indices), over a
+    prefill that fills two chunks and one more token that completes nothing, on ragged rows."""
+    mesh = _mesh()
+    cfg = ref.qvg_preset("qvg", bits=2, block=16, num_centroids=4, chunk=N, kmeans_iters=2)
+    plain = QVGCache(config=cfg, rope_base=10_000.0, implementation="reference")
+    part = sharded.ShardedQVGCache(config=cfg, rope_base=10_000.0, implementation="reference",
+                                   mesh=mesh)
+    rng = np.random.default_rng(1)
+    cache = plain.init(B, N * NC, K, D, jnp.float32)
+    k = jnp.asarray(rng.standard_normal((B, K, 2 * N + 5, D)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((B, K, 2 * N + 5, D)), jnp.float32)
+    start = jnp.asarray([0, 3, N, 2], jnp.int32)
+    fits = start + k.shape[2] <= N * NC  # row 2 overflows: left unchanged by both
+    want = jax.jit(plain.update)(cache, k, v, start)
+    placed = jax.device_put(cache, part.cache_sharding(cache))
+    got = jax.jit(part.update)(placed, k, v, start)
+    assert not fits.all()
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 got, want)
+    assert got["wk"].sharding.spec[:2] == ("data", "model")
+    one_k, one_v = k[:, :, :1], v[:, :, :1]
+    nxt = jnp.where(fits, start + k.shape[2], 0).astype(jnp.int32)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 jax.jit(part.update)(got, one_k, one_v, nxt),
+                 jax.jit(plain.update)(want, one_k, one_v, nxt))
