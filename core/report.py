@@ -177,6 +177,19 @@ class Section:
     def __post_init__(self):
         self.figures = [files.display(f) for f in self.figures]
 
+    def without_verdict(self, variant: str) -> Section:
+        """This section for a variant whose numbers are meaningless (``"smoke"``): its headline's
+        "reproduces" cell reads ``n/a (<variant>)`` (a failed experiment stays ``failed``) and the
+        body's verdict line (written by :func:`finish`) says the same, so table and section agree."""
+        row = self.headline
+        if row and row.get("reproduces") == "failed":
+            return self
+        body = re.sub(r"^\*\*Verdict — .*$",
+                      f"**Verdict — n/a ({variant}: the numbers are meaningless; no claim is "
+                      "judged).**", self.body, flags=re.M)
+        return dataclasses.replace(
+            self, body=body, headline=None if row is None else {**row, "reproduces": f"n/a ({variant})"})
+
     def to_markdown(self, report_dir: str) -> str:
         """The section as markdown; image links are relative to ``report_dir`` (the folder of the
         report file), so they resolve wherever the report and its folder are opened from."""
@@ -224,21 +237,17 @@ def write_report(path: str, title: str, sections: Sequence[Section], preamble: s
       preamble: markdown placed under the title.
       no_verdict: the name of a variant whose numbers are meaningless (e.g. ``"smoke"``), or
         ``None``. When given, the report opens with a notice saying so, and the table's
-        "reproduces" column reads ``n/a (<no_verdict>)`` instead of a verdict, except for
-        experiments that failed. The sections are not modified.
+        "reproduces" column and each section's verdict line read ``n/a (<no_verdict>)`` instead
+        of a verdict (:meth:`Section.without_verdict`), except for experiments that failed.
 
     Returns:
       ``path``.
     """
     report_dir = files.parent(path)
-    rows = []
-    for s in sections:
-        if not s.headline:
-            continue
-        row = [s.headline.get(k, "") for k in ("method", "claim", "ours", "reproduces")]
-        if no_verdict and row[3] != "failed":
-            row[3] = f"n/a ({no_verdict})"
-        rows.append(row)
+    if no_verdict:
+        sections = [s.without_verdict(no_verdict) for s in sections]
+    rows = [[s.headline.get(k, "") for k in ("method", "claim", "ours", "reproduces")]
+            for s in sections if s.headline]
     parts = [f"# {title}", ""]
     if no_verdict:
         parts += [f"> **Variant `{no_verdict}`: the numbers in this report are meaningless.** "

@@ -29,7 +29,6 @@ its numbers are meaningless and judges no claim.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import os
 import signal
@@ -389,10 +388,7 @@ def write_main_report(workdir: str, variant: str, names, sections: list[report.S
     else:  # a mixed report: only the rows of meaningless variants lose their verdict
         marked = []
         for s, kind in zip(sections, kinds, strict=True):
-            row = s.headline
-            if row and kind in cfg_lib.NO_VERDICT_VARIANTS and row.get("reproduces") != "failed":
-                s = dataclasses.replace(s, headline={**row, "reproduces": f"n/a ({kind})"})
-            marked.append(s)
+            marked.append(s.without_verdict(kind) if kind in cfg_lib.NO_VERDICT_VARIANTS else s)
         sections = marked
     preamble = f"Variant `{variant}`, experiments: {', '.join(names)}; total {seconds:.0f} s."
     if earlier:

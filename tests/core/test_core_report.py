@@ -189,3 +189,23 @@ def test_claim_resolved_checks_are_parsed_and_a_config_without_them_still_loads(
     old = {"method": "m", "statement": "s", "checks": ("a < 1",), "ours": "x"}
     assert Claim.from_config(old).resolved == ()
     assert Claim.from_config(old).verdict({"a": 0.0}) == "yes"
+
+
+def test_a_meaningless_variant_has_no_verdict_in_table_or_section(tmp_path):
+    """At smoke the opening table and the section's own verdict line both read n/a; a failed
+    experiment stays failed; a tiny section keeps its verdict."""
+    claim = report.Claim(method="M", statement="x >= 1", checks=("x >= 1",), ours="{x}")
+    smoke = report.finish(str(tmp_path / "a"), title="A", metrics={"x": 2}, body="text",
+                          claim=claim)
+    assert "**Verdict — yes" in smoke.body  # finish writes the verdict line
+    failed = dataclasses.replace(smoke, title="B", headline={**smoke.headline,
+                                                             "reproduces": "failed"})
+    md = (tmp_path / "r.md")
+    report.write_report(str(md), "R", [smoke, failed], no_verdict="smoke")
+    text = md.read_text()
+    assert "**Verdict — yes" not in text.split("## B")[0]
+    assert "**Verdict — n/a (smoke: the numbers are meaningless" in text
+    rows = [r for r in text.splitlines() if r.startswith("| M |")]
+    assert [r.rsplit("|", 2)[1].strip() for r in rows] == ["n/a (smoke)", "failed"]
+    kept = report.write_report(str(tmp_path / "t.md"), "T", [smoke])
+    assert "**Verdict — yes" in open(kept).read()
