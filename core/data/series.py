@@ -106,7 +106,9 @@ def _datetime_clock(stamps: list[str], source: str, line_no: np.ndarray) -> _Clo
             raise ValueError(
                 f"{source}, line {no}: timestamp {t!r} is not understood; expected ISO 8601 "
                 "(2016-07-01 00:00:00, 1959-01-01, 2016-07), YYYYMMDD, YYYYQn or plain numbers, so "
-                "that the rows can be checked to lie at one step") from None
+                "that the rows can be checked to lie at one step (a file with a header row reads its "
+                "first column as the timestamps; a file without timestamps has no header row)"
+                ) from None
     finest = np.array(parsed)
     unit = np.datetime_data(finest.dtype)[0]
     secs = finest.astype("datetime64[s]")
@@ -269,6 +271,8 @@ def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | No
         missing = [c for c in columns if c not in names]
         if missing:
             raise ValueError(f"{source}: missing column(s) {missing}; the header has {list(names)}"
+                             + (f" after its first column {head[0].strip()!r}, read as the "
+                                "timestamps" if has_time else "")
                              + (f" (set {columns_option}=<name>,... to some of them, or leave it "
                                 "empty for all)" if columns_option else ""))
         keep = [names.index(c) for c in columns]

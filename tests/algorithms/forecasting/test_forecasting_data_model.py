@@ -42,9 +42,17 @@ def test_missing_column_error():
     with pytest.raises(ValueError, match=r"missing column\(s\) \['OT'\]"):
         data.parse_table(ETT_TEXT, "x.csv", columns=("OT",))
     # the experiment's option to set is named
-    with pytest.raises(ValueError, match=r"\['OT'\]; the header has \['A', 'B'\] \(set "
+    with pytest.raises(ValueError, match=r"\['OT'\]; the header has \['A', 'B'\] after its first "
+                                         r"column 'date', read as the timestamps \(set "
                                          r"--config\.columns=<name>,\.\.\. to some of them"):
         data.parse_table(ETT_TEXT, "x.csv", columns=("OT",), columns_option="--config.columns")
+    # a file without its timestamp column: the first channel is named as read as the timestamps
+    with pytest.raises(ValueError, match=r"the header has \['HULL'\] after its first column "
+                                         r"'HUFL', read as the timestamps"):
+        data.parse_table("HUFL,HULL\n5.8,2.0\n5.7,2.1\n", "x.csv", columns=("OT",))
+    with pytest.raises(ValueError, match=r"a file with a header row reads its first column as the "
+                                         r"timestamps"):
+        data.parse_table("HUFL,HULL\n5.8,2.0\n5.7,2.1\n", "x.csv")
     with pytest.raises(ValueError, match=r"cannot be selected \(leave --config\.columns empty\)"):
         data.parse_table("0.5,1\n0.6,2\n", "x.txt", columns=("A",),
                          columns_option="--config.columns")
