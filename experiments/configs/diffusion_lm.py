@@ -270,5 +270,11 @@ def check_evaluator(config: ml_collections.ConfigDict) -> None:
 CROSS_CHECKS = (check_sizes, check_backbone, check_windows, check_families, check_evaluator)
 
 
+FIELD_HELP = {
+    "data_path": "the text to train on: a text file, or comma-separated files / folders of *.txt; "
+                 "'' = the bundled Shakespeare plays",
+}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)

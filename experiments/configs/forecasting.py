@@ -156,5 +156,13 @@ def check_seasonal_order(config: ml_collections.ConfigDict) -> None:
 CROSS_CHECKS = (check_seasonal_order,)
 
 
+FIELD_HELP = {
+    "data_path": "your series: comma-separated CSV files (header row, first column the timestamps, "
+                 "then numeric channels) or headerless numeric rows; '' = statsmodels' "
+                 "mstl_elec_vic.csv",
+    "columns": "comma-separated channel names to keep, e.g. --config.columns=OT,HUFL; '' = all",
+}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)

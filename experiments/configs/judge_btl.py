@@ -164,5 +164,13 @@ def check_outcome_values(config: ml_collections.ConfigDict) -> None:
 CROSS_CHECKS = (check_outcome_values,)
 
 
+FIELD_HELP = {
+    "data_path": "your pairwise judgements: a CSV, JSON-lines or JSON-array file (column names in "
+                 "--config.columns.*); '' = simulated judgements only",
+    "data_only": "with a data_path: fit your comparisons only (True) or also run the simulation, "
+                 "coverage, choix and timing studies (False); ignored without a data_path",
+}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)
