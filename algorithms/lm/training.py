@@ -88,7 +88,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
       ValueError: ``seq_len`` above ``model.max_len``, a checkpoint of another run in
         ``workdir`` (settings fingerprint), a ``model_parallelism`` that does not divide the heads
         or MLP width, an attention implementation the platform lacks, or unreadable or unsplittable
-        text at ``data_path`` (naming the file, :func:`core.data.text.load_corpus`).
+        text at ``data_path`` (naming the file, :func:`core.data.text.load_corpus`), or a split
+        shorter than one window of ``seq_len + 1`` tokens.
       FileNotFoundError: a ``data_path`` entry does not exist.
     """
     if config.seq_len > config.model.max_len:
@@ -97,6 +98,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     tokenizer = ByteTokenizer()
     corpus = load_corpus(config.data_path or None, val_fraction=config.val_fraction,
                          tokenizer=tokenizer)
+    for split, ids, names in (("training", corpus.train, corpus.train_docs),
+                              ("held-out", corpus.val, corpus.val_docs)):
+        if ids.shape[0] < config.seq_len + 1:
+            raise ValueError(
+                f"lm: the {split} split of data_path={config.data_path or 'the plays'!r} "
+                f"({', '.join(names)}) has {ids.shape[0]} tokens, fewer than one window of "
+                f"seq_len + 1 = {config.seq_len + 1}; give a longer text (or several files), or "
+                "lower --config.seq_len")
     mcfg = model_config(config, tokenizer.vocab_size)
     mcfg.check_model_parallelism(config.model_parallelism)
     check_attention_platform(mcfg.attention)

@@ -64,6 +64,16 @@ def test_lm_missing_data_path_names_the_path(tmp_path):
         lm.run(config, str(tmp_path))
 
 
+def test_lm_text_shorter_than_one_window_names_the_file_split_and_fix(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("a short note\n" * 3)  # 39 bytes: the held-out tenth is far below 33 tokens
+    config = lm_config.get_config(f"smoke,data_path={path}")
+    with pytest.raises(ValueError, match=r"lm: the held-out split of data_path='.*short.txt' "
+                                         r"\(short: last \d+%\) has \d+ tokens, fewer than one window "
+                                         r"of seq_len \+ 1 = \d+; .* lower --config.seq_len"):
+        lm.run(config, str(tmp_path / "wd"))
+
+
 def test_lm_sequence_longer_than_model_raises(tmp_path):
     config = lm_config.get_config("tiny,seq_len=512")
     with pytest.raises(ValueError, match="seq_len=512 exceeds model.max_len=256"):
