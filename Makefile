@@ -102,10 +102,8 @@ run: $(STAMP)
 # Single-device tests, then the multi-device tests in their own process with 8 fake CPU devices, then
 # the compile tests (TPU and GPU targets, compile-only) in .venv-aot.
 # pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
-# --dist loadfile: a file's tests share one worker, so module-scoped fixtures and per-module caches
-# of built models and compiled functions are made once, not once per worker.
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not multidevice and not aot" tests
+	$(PY) -m pytest -q -n 2 -m "not multidevice and not aot" tests
 	$(MAKE) --no-print-directory test-multidevice
 	$(MAKE) --no-print-directory test-aot
 
