@@ -497,10 +497,10 @@ def test_bad_kept_fraction_is_refused(f):
     with pytest.raises(ValueError, match=r"ffd_floor_bytes: .*got " + re.escape(repr(f))):
         sd_cost.ffd_floor_bytes(CTX, kept_fraction=f, **LLAMA)
     structs = _ffd_structs(1, 1, 2, 32, 16, 4, 4)
-    for mod in (sd_tpu, sd_gpu):
+    for kernel, args in ((functools.partial(sd_tpu.ffd_pages_attention), _tpu_args(structs)),
+                         (functools.partial(sd_gpu.ffd_pages_attention, num_splits=1), structs)):
         with pytest.raises(ValueError, match="assumed_kept_fraction"):
-            jax.make_jaxpr(functools.partial(mod.ffd_pages_attention, num_splits=1,
-                                             assumed_kept_fraction=f))(*structs)
+            jax.make_jaxpr(functools.partial(kernel, assumed_kept_fraction=f))(*args)
 
 
 @pytest.mark.parametrize("f", [0, -0.1, 1.5, math.nan])
