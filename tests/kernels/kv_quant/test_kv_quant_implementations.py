@@ -183,7 +183,10 @@ class TestQVGPallasGPUInterpret(QVGContract):
     def rejects(self, config):
         """Triton tiles need a power-of-two chunk and head dim (``auto`` raises on a GPU too)."""
         d, n = config[4], config[5]
-        return None if (d & (d - 1)) == 0 and (n & (n - 1)) == 0 else "powers of two"
+        if (d & (d - 1)) == 0 and (n & (n - 1)) == 0:
+            return None
+        bad = "head dim" if d & (d - 1) else "chunk"  # the API names the first that fails
+        return rf"qvg_chunk_attention: the GPU kernel .* needs a power-of-two {bad} .*got {bad}"
 
 
 # -- KIVI -------------------------------------------------------------------------------------
