@@ -89,8 +89,20 @@ def _kernel(idx_ref, count_ref, q_ref, codes_ref, scale_ref, resid_ref, v_ref,
     l_ref[...] = l
 
 
+def _query_and_cache_specs(d: int, n: int, w: int, p: int) -> list[pl.BlockSpec]:
+    """BlockSpecs of the padded queries [B, K, ROWS, D] and the whole cache of one (row, kv head):
+    codes [B, K, P, W, p], scales [B, K, P, D], residuals and values [B, K, P, p, D], on a
+    (row, kv head, split) grid."""
+    return [pl.BlockSpec((None, None, ROWS, d), lambda bi, ki, si: (bi, ki, 0, 0)),
+            pl.BlockSpec((None, None, n, w, p), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
+            pl.BlockSpec((None, None, n, d), lambda bi, ki, si: (bi, ki, 0, 0)),
+            pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
+            pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0))]
+
+
 @functools.partial(jax.jit, static_argnames=("num_splits", "interpret", "num_warps",
                                              "assumed_kept_fraction"))
+
 def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid: jax.Array,
                         v: jax.Array, idx: jax.Array, count: jax.Array, *, num_splits: int = 8,
                         interpret: bool = False, num_warps: int = 4,
@@ -139,11 +151,7 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
         in_specs=[
             pl.BlockSpec((None, None, m_slots), lambda bi, ki, si: (bi, ki, 0)),
             pl.BlockSpec((None, None, 1), lambda bi, ki, si: (bi, ki, 0)),
-            pl.BlockSpec((None, None, ROWS, d), lambda bi, ki, si: (bi, ki, 0, 0)),
-            pl.BlockSpec((None, None, n, w, p), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
-            pl.BlockSpec((None, None, n, d), lambda bi, ki, si: (bi, ki, 0, 0)),
-            pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
-            pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
+            *_query_and_cache_specs(d, n, w, p),
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, ROWS, d), lambda bi, ki, si: (bi, ki, si, 0, 0)),
@@ -284,11 +292,7 @@ def ffd_decode_fused(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid: j
         grid=(b, kh, ns),
         in_specs=[
             pl.BlockSpec((b,), lambda bi, ki, si: (0,)),
-            pl.BlockSpec((None, None, ROWS, d), lambda bi, ki, si: (bi, ki, 0, 0)),
-            pl.BlockSpec((None, None, n, w, p), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
-            pl.BlockSpec((None, None, n, d), lambda bi, ki, si: (bi, ki, 0, 0)),
-            pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
-            pl.BlockSpec((None, None, n, p, d), lambda bi, ki, si: (bi, ki, 0, 0, 0)),
+            *_query_and_cache_specs(d, n, w, p),
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, slots), lambda bi, ki, si: (bi, ki, si, 0)),
