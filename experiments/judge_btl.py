@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from algorithms.ranking import data, speed, studies
+from algorithms.ranking import btl, data, speed, studies
 from core import figures as style
 from core import report, timing
 from core.data import judgments
@@ -241,10 +241,73 @@ def judge_table(names, r, level: float) -> list[dict]:
     return sorted(rows, key=lambda e: -e["gamma"])
 
 
+def mle_diagnosis(d: dict) -> dict:
+    """Why the unpenalised judge-aware MLE of the comparisons ``d`` (all of them) is not finite, or
+    that it is.
+
+    The model's log-likelihood in one judge's discrimination ``gamma_k``, the scores held fixed, is
+    concave, ``sum_c log sigmoid(gamma_k y_c m_c)`` over the judge's comparisons ``c`` (``m_c`` the
+    fitted score lead of the first model, ``y_c`` +1 / -1 / a half of each for a win / loss / tie).
+    So the unpenalised fit sends ``gamma_k`` to infinity when the judge has no tie and agrees with
+    the fitted order in every comparison (separation: a larger ``gamma_k`` always fits better), and
+    to 0 when the judge's comparisons lean against the fitted order, ``sum_c y_c m_c <= 0`` (the
+    slope at ``gamma_k = 0``; ties add 0). A judge whose every comparison is a tie has its maximum
+    at ``gamma_k = 0`` whatever the scores. This function fits the MLE (:func:`btl.solve`, float64),
+    takes the parameters :func:`btl.diverging` flags and sorts them by those conditions, evaluated
+    where the fit stopped.
+
+    Args:
+      d: :func:`load_comparisons`'s dict (int arrays [C] ``left``, ``right``, ``judge``,
+        ``outcome``; name lists ``models`` [N], ``judges`` [J]).
+
+    Returns:
+      dict: ``exists`` (bool); ``only_ties`` (judges, by name, with only tied comparisons; the fit
+      is not run then), ``to_infinity`` (``{"judge", "comparisons"}`` per judge that agrees with the
+      fitted order in every comparison, none tied), ``to_zero`` (``{"judge", "comparisons",
+      "lead_sum"}`` per judge with ``sum_c y_c m_c <= 0``), ``other_judges`` (flagged, neither
+      condition), ``models`` (models whose score the fit flags).
+    """
+    comps = studies.Comparisons(d["left"], d["right"], d["judge"], d["outcome"])
+    n, nj = len(d["models"]), len(d["judges"])
+    table = studies.table_of(comps, np.arange(d["left"].shape[0]), n, nj)
+    out = dict(exists=True, only_ties=[], to_infinity=[], to_zero=[], other_judges=[], models=[])
+    k = np.asarray(table.judge)
+    wins, losses, ties = (np.asarray(a, np.float64) for a in (table.wins, table.losses, table.ties))
+    decisive = np.bincount(k, wins + losses, nj)
+    if nj > 1 and np.any(decisive <= 0):
+        out.update(exists=False, only_ties=[str(d["judges"][j]) for j in np.flatnonzero(decisive <= 0)])
+        return out
+    config = btl.FitConfig()
+    with jax.enable_x64(True):
+        t = table.astype(np.float64)
+        params, conv = btl.solve(t, config)
+        flat_s, flat_a, _ = (np.asarray(a) for a in btl.diverging(t, config, conv.information))
+        scores = np.asarray(params.scores)
+    lead = scores[np.asarray(table.i)] - scores[np.asarray(table.j)]   # [M], first model's lead
+    agree = np.bincount(k, wins * (lead > 0) + losses * (lead < 0), nj)
+    total = np.bincount(k, wins + losses + ties, nj)
+    lead_sum = np.bincount(k, (wins - losses) * lead, nj)
+    for j in np.flatnonzero(flat_a):
+        name, count = str(d["judges"][j]), int(total[j])
+        if agree[j] == total[j]:  # every comparison decisive and won by the fitted leader
+            out["to_infinity"].append(dict(judge=name, comparisons=count))
+        elif lead_sum[j] <= 0:
+            out["to_zero"].append(dict(judge=name, comparisons=count, lead_sum=float(lead_sum[j])))
+        else:
+            out["other_judges"].append(name)
+    out["models"] = [str(d["models"][m]) for m in np.flatnonzero(flat_s)]
+    out["exists"] = not (out["to_infinity"] or out["to_zero"] or out["other_judges"] or out["models"])
+    return out
+
+
 def _real_metrics(d, r, level: float) -> dict:
     """The real-data part's metrics: counts, held-out numbers, the leaderboard (best first) and
-    each judge's discrimination by name (most discriminating first)."""
+    each judge's discrimination by name (most discriminating first); where the judge-aware MLE's
+    held-out number is not finite on some split, ``mle_diagnosis`` (:func:`mle_diagnosis`, else
+    None)."""
+    failed = any(not np.isfinite(float(s["judge_aware_mle"])) for s in r["splits"])
     return dict(judges=judge_table(d["judges"], r, level),
+                mle_diagnosis=mle_diagnosis(d) if failed else None,
                 name=d["name"], path=d["path"], num_comparisons=int(d["left"].shape[0]),
                 num_models=len(d["models"]), num_judges=len(d["judges"]),
                 dropped_outcomes=dict(d["dropped"]), num_dropped=int(sum(d["dropped"].values())),
@@ -313,6 +376,67 @@ def _body(config, m) -> str:
     return "\n".join(lines + ["", *_real_lines(config, llm)])
 
 
+def _names(items: list, limit: int = 6) -> str:
+    shown = ", ".join(f"'{x}'" for x in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _mle_failures(splits: list) -> str:
+    """After the judge-aware MLE's held-out number: on how many splits it has no finite value."""
+    bad = sum(not np.isfinite(float(s["judge_aware_mle"])) for s in splits)
+    if not bad:
+        return ""
+    if bad == len(splits):
+        return (" (no finite MLE on the training part of " + ("the split" if bad == 1 else
+                f"any of the {bad} splits") + ")")
+    return f" (the mean over the {len(splits) - bad} of {len(splits)} splits with a finite MLE)"
+
+
+def _mle_reason(llm: dict) -> str:
+    """Why the unpenalised judge-aware MLE has no finite value (:func:`mle_diagnosis` on the whole
+    file), one or two sentences ending in a space; "" when it was finite on every split."""
+    g = llm.get("mle_diagnosis")
+    if g is None:
+        return ""
+    where = "Each split's reason is in metrics.json (real_data.splits, mle_error). "
+    if g["exists"]:
+        return ("The unpenalised judge-aware MLE exists on the whole file but not on the training "
+                "part of a split. " + where)
+    if g["only_ties"]:
+        return (f"The unpenalised judge-aware MLE does not exist: judges {_names(g['only_ties'])} "
+                "have only tied comparisons, so their likelihood is highest at discrimination "
+                "gamma = 0 (log-discrimination at -inf). " + where)
+    parts = []
+    if g["to_infinity"]:
+        inf = g["to_infinity"]
+        counts = sorted(e["comparisons"] for e in inf)
+        span = f"{counts[0]}-{counts[-1]}" if counts[0] != counts[-1] else f"{counts[0]}"
+        one = len(inf) == 1
+        parts.append(f"{'judge' if one else f'{len(inf)} judges'} {_names([e['judge'] for e in inf])} "
+                     f"({span} comparisons{'' if one else ' each'}) "
+                     f"agree{'s' if one else ''} with the fitted order in every comparison, none tied, "
+                     "so a larger discrimination gamma always fits those votes better and it runs to "
+                     "infinity (the data separate)")
+    if g["to_zero"]:
+        zero = sorted(g["to_zero"], key=lambda e: -e["comparisons"])
+        one = len(zero) == 1
+        parts.append(f"{'judge' if one else f'{len(zero)} judges'} {_names([e['judge'] for e in zero])} "
+                     f"({', '.join(str(e['comparisons']) for e in zero[:6])}"
+                     f"{', ...' if len(zero) > 6 else ''} comparisons) vote{'s' if one else ''} against "
+                     "the fitted order on balance (the fitted score lead of the winner sums to <= 0 "
+                     "over the comparisons), so the likelihood is highest at gamma = 0 and the "
+                     f"discrimination{'' if one else 's'} fall{'s' if one else ''} to 0")
+    if g["other_judges"]:
+        parts.append(f"judges {_names(g['other_judges'])} have a vanishing information where the fit "
+                     "stopped")
+    if g["models"]:
+        parts.append(f"the scores of models {_names(g['models'])} run to infinity")
+    ridge = (" The MAP's ridge on the log-discriminations keeps every discrimination finite."
+             if g["to_infinity"] or g["to_zero"] or g["other_judges"] else "")
+    return ("The unpenalised judge-aware MLE does not exist: on the whole file " + "; ".join(parts)
+            + "." + ridge + " " + where)
+
+
 def _real_lines(config, llm) -> list[str]:
     """The report's lines on the real comparisons: counts, held-out numbers, the leaderboard's
     top 10 and the judges' discriminations."""
@@ -327,8 +451,9 @@ def _real_lines(config, llm) -> list[str]:
         f"{llm['name']} ({llm['num_comparisons']:,} comparisons, {llm['num_models']} models, "
         f"{llm['num_judges']} judges{dropped}), {config.num_splits} random {1 - config.heldout_fraction:.0%}/"
         f"{config.heldout_fraction:.0%} splits, ties as half wins. Held-out log-likelihood per comparison: "
-        f"plain BTL {llm['heldout_btl']:.4f}, judge-aware MLE {llm['heldout_judge_aware_mle']:.4f}, "
-        f"judge-aware MAP (ridge on alpha by {config.cv_folds}-fold CV) {llm['heldout_judge_aware_map']:.4f}. "
+        f"plain BTL {llm['heldout_btl']:.4f}, judge-aware MLE {llm['heldout_judge_aware_mle']:.4f}"
+        f"{_mle_failures(llm['splits'])}, judge-aware MAP (ridge on alpha by {config.cv_folds}-fold CV) "
+        f"{llm['heldout_judge_aware_map']:.4f}. " + _mle_reason(llm) +
         f"The leaderboard uses the MAP with ridge {llm['leaderboard_ridge_alpha']:g}; Kendall tau with the "
         f"plain-BTL order {llm['kendall_tau_vs_btl']:.3f}; mean rank-interval width "
         f"{llm['rank_ci_width']:.1f}; score standard errors, observed over expected information "

@@ -178,6 +178,11 @@ def test_data_only_fits_the_file_alone_and_reports_judges_by_name(tmp_path, no_s
     assert checks["sim_rmse_judge_aware < sim_rmse_btl"] == "not measured here"
     held = checks["headline.heldout_loglik_judge_aware > headline.heldout_loglik_btl"]
     assert held in (True, False) and m["claim"]["verdict"] == ("yes" if held else "no")
+    # three judges of ~130 comparisons each from one BTL truth: the unpenalised MLE is a number
+    mle = m["real_data"]["heldout_judge_aware_mle"]
+    assert isinstance(mle, float) and -0.7 < mle < -0.5 and m["real_data"]["mle_diagnosis"] is None
+    assert f"judge-aware MLE {mle:.4f}, judge-aware MAP" in section.body
+    assert "does not exist" not in section.body and "no finite MLE" not in section.body
     assert "not run (data only)" in section.headline["ours"]
     # one row per judge of the file's judge column, named, with its interval around gamma
     judges = m["real_data"]["judges"]
@@ -220,3 +225,39 @@ def test_ctrl_c_outside_training_names_no_checkpoint(monkeypatch, capsys):
     assert e.value.code == 130
     err = capsys.readouterr().err.strip()
     assert err == "judge_btl: interrupted; rerun the same command to run it again"
+
+
+def test_data_only_report_says_why_the_judge_aware_mle_is_nan(tmp_path, no_simulation):
+    # Judge 'sep' prefers the better model in all of its 4 comparisons (none tied): a larger
+    # discrimination always fits it better, so the unpenalised MLE has gamma_sep = inf. Judge 'adv'
+    # prefers the worse model in all of its 4: its likelihood peaks at gamma_adv = 0.
+    good = [("alpha", "eps"), ("beta", "delta"), ("alpha", "gamma"), ("beta", "eps")]
+    rows = _rows(n=400) + [dict(left=a, right=b, worker="sep", winner="left") for a, b in good] + [
+        dict(left=a, right=b, worker="adv", winner="right") for a, b in good]
+    path = _csv(tmp_path / "votes.csv", rows)
+    section = judge_btl.run(_config(path), str(tmp_path))
+    real = json.load(open(tmp_path / "judge_btl" / "metrics.json"))["real_data"]
+    assert real["heldout_judge_aware_mle"] == "nan" and real["splits"][0]["judge_aware_mle"] == "nan"
+    diag = real["mle_diagnosis"]
+    assert diag["exists"] is False and diag["to_infinity"] == [dict(judge="sep", comparisons=4)]
+    assert [(e["judge"], e["comparisons"]) for e in diag["to_zero"]] == [("adv", 4)]
+    assert diag["to_zero"][0]["lead_sum"] < 0 and diag["other_judges"] == diag["models"] == []
+    assert "judge-aware MLE nan (no finite MLE on the training part of the split), judge-aware MAP" \
+        in section.body
+    assert ("The unpenalised judge-aware MLE does not exist: on the whole file judge 'sep' (4 "
+            "comparisons) agrees with the fitted order in every comparison, none tied, so a larger "
+            "discrimination gamma always fits those votes better and it runs to infinity (the data "
+            "separate); judge 'adv' (4 comparisons) votes against the fitted order on balance") \
+        in section.body
+    assert real["heldout_judge_aware_map"] > -0.7  # the MAP, with its ridge, is a number
+
+
+def test_mle_diagnosis_names_a_judge_with_only_ties(tmp_path):
+    rows = _rows(n=60) + [dict(left="alpha", right="beta", worker="calm", winner="tie")] * 3
+    path = _csv(tmp_path / "votes.csv", rows)
+    d = judge_btl.load_comparisons(path, _config(path))  # valid: the leaderboard has a ridge
+    diag = judge_btl.mle_diagnosis(d)
+    assert diag["exists"] is False and diag["only_ties"] == ["calm"]
+    text = judge_btl._mle_reason(dict(mle_diagnosis=diag))
+    assert text.startswith("The unpenalised judge-aware MLE does not exist: judges 'calm' have only "
+                           "tied comparisons")
