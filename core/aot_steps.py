@@ -18,6 +18,13 @@ of a ``while`` loop (``lax.scan``, ``fori_loop``) once, so the FLOPs used are th
 count and the analytic model FLOPs per chip, and XLA's byte count is a lower bound whenever the
 program loops (the table says which was used). XLA:GPU reports no cost analysis: GPU rows give
 memory only.
+
+Each experiment exports its own ``paper`` steps (``paper_steps()`` in ``experiments/<name>.py``,
+mapping a step name to a builder ``devices -> StepSpec`` and a description): a builder makes the
+step with the same factory the experiment runs (optimizer, loss, grouping, cache backend) and
+places abstract arguments on the pod's mesh; :class:`StepSpec` and the shared placement of a
+train state (:func:`train_step_spec`) are here, so that experiments need not import the
+orchestrator (``experiments.aot``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any
 
 import jax
 
-from core import aot, timing
+from core import aot, sharding, timing
 
 GIB = 1024 ** 3
 
@@ -295,3 +302,92 @@ def abstract(tree: Any, shardings: Any) -> Any:
                             tree)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         tree, shardings)
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps as the experiments export them (``paper_steps()``; compiled by ``experiments.aot``)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """A step ready to compile for a pod (:func:`compile_step`).
+
+    Attributes:
+      fn: the step function (not jitted): the function the experiment itself jits.
+      args: pytrees of ``ShapeDtypeStruct`` with ``NamedSharding``s on the pod's mesh.
+      donate_argnums: donated arguments (the train state).
+      model_flops: useful FLOPs of one call over the whole pod (``3 F_fwd tokens`` for training);
+        None where there is no analytic count (then no MFU).
+      params: parameter count.
+      shape: one line describing the sizes (batch, sequence, model).
+      x64: the step computes in float64 (it is compiled under ``jax.enable_x64``).
+      fallback: (what differs from the experiment's own step, why) when the builder had to
+        change the step for this target; None otherwise. Shown in ``AOT.md``.
+      layer_loop: the layers run in one loop (``scan_layers``): XLA's cost analysis counts one
+        block, so the row gets no roofline.
+    """
+
+    fn: Callable
+    args: tuple
+    donate_argnums: tuple[int, ...]
+    model_flops: float | None
+    params: int
+    shape: str
+    x64: bool = False
+    fallback: tuple[str, str] | None = None
+    layer_loop: bool = False
+
+
+# What an experiment's ``paper_steps()`` returns: step name -> (builder(devices) -> StepSpec,
+# description), in the order of the AOT table.
+PaperSteps = dict[str, tuple[Callable[[Any], StepSpec], str]]
+
+
+def count_params(tree: Any) -> int:
+    """Number of scalars in a pytree of arrays or ``ShapeDtypeStruct``s."""
+    return int(sum(int(x.size) for x in jax.tree.leaves(tree)))
+
+
+def abstract_key(placement: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
+    """An abstract PRNG key (``jax.random.key``'s dtype) placed by ``placement``."""
+    return abstract(jax.eval_shape(lambda: jax.random.key(0)), placement)
+
+
+def train_step_spec(devices: Any, *, graphdef: Any, params: Any, param_axes: Any,
+                    make_step: Callable, init_state: Callable, tx: Any, batch: Any,
+                    model_flops: float | None, shape: str, model_parallelism: int = 1,
+                    param_sharding: str = "fsdp", logical_sizes: Any = None,
+                    layer_loop: bool = False) -> StepSpec:
+    """A sharded train step ``(state, batch, key) -> (state, metrics)`` on ``devices``, placed as
+    the experiments train: a (data, model) mesh of ``model_parallelism`` (``core.sharding``),
+    parameters by ``param_axes`` under the rule set ``param_sharding``, the optimizer state like
+    its parameters (``sharding.train_state_shardings``), the step wrapped by
+    ``sharding.constrain_step``, every batch leaf split over ``data`` (scalars replicated) and
+    the key replicated. The state (argument 0) is donated.
+
+    Args:
+      devices: the pod's (compile-only) devices.
+      graphdef, params: ``nnx.split`` of the model built under ``nnx.eval_shape`` (abstract).
+      param_axes: the model's parameter table (logical axis names per parameter path).
+      make_step: ``graphdef -> step``, the experiment's own step factory.
+      init_state: ``(params, tx) -> train state``, the experiment's own.
+      tx: the experiment's optimizer.
+      batch: pytree of ``ShapeDtypeStruct`` without sharding.
+      model_flops, shape, layer_loop: as :class:`StepSpec`.
+      logical_sizes: the model's logical axis sizes (``TransformerConfig.logical_sizes``).
+
+    Raises:
+      ValueError: as ``core.sharding.make_mesh`` and ``param_shardings``.
+    """
+    state = jax.eval_shape(lambda p: init_state(p, tx), params)
+    mesh = sharding.make_mesh(model_parallelism, devices=devices)
+    p_sh = sharding.param_shardings(params, param_axes, mesh, sharding.rules_named(param_sharding),
+                                    logical_sizes=logical_sizes)
+    st_sh = sharding.train_state_shardings(state, p_sh, tx, mesh)
+    step = sharding.constrain_step(make_step(graphdef), st_sh)
+    a_batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=(
+            sharding.batch_sharding(mesh, len(x.shape)) if len(x.shape) else
+            sharding.replicated(mesh))), batch)
+    return StepSpec(step, (abstract(state, st_sh), a_batch, abstract_key(sharding.replicated(mesh))),
+                    (0,), model_flops, count_params(params), shape, layer_loop=layer_loop)
