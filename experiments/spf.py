@@ -58,13 +58,26 @@ def problem_label(name: str) -> str:
     return f"{style.readable(kind, _KIND_LABELS)}, {style.readable(drift, _DRIFT_LABELS)}"
 
 
+def train_settings(config: ml_collections.ConfigDict) -> TrainSettings:
+    """How the config trains SPF (``train_*``, ``learning_rate``, ``grad_clip``, ``seed``)."""
+    return TrainSettings(steps=config.train_steps, episodes=config.train_episodes,
+                         episode_steps=config.train_episode_steps,
+                         learning_rate=config.learning_rate, grad_clip=config.grad_clip,
+                         seed=config.seed)
+
+
+def spf_config(config: ml_collections.ConfigDict, step: float | None = None) -> S.SPFConfig:
+    """The SPF network of the config; ``step``: the tuned step size (None: the default, which
+    changes no shape)."""
+    fields = dict(hidden=config.hidden, depth=config.depth,
+                  residual_weight=config.residual_weight, burn_in=config.burn_in)
+    return S.SPFConfig(**fields) if step is None else S.SPFConfig(step=step, **fields)
+
+
 def train(problem, cfg: S.SPFConfig, config, out: str, name: str):
     """Trains SPF on fresh episodes (resuming from its checkpoints); returns (graphdef, host
     params, loop result, seconds)."""
-    settings = TrainSettings(steps=config.train_steps, episodes=config.train_episodes,
-                             episode_steps=config.train_episode_steps,
-                             learning_rate=config.learning_rate, grad_clip=config.grad_clip,
-                             seed=config.seed)
+    settings = train_settings(config)
     fingerprint = config_fingerprint(dataclasses.asdict(cfg), dataclasses.asdict(settings),
                                      dataclasses.asdict(problem))
     t = spf_training(problem, cfg, settings)
@@ -91,8 +104,7 @@ def run_problem(name: str, config, out: str, key) -> dict:
         edges[m] = tuning.on_grid_edge(chosen[m], g, m)
         methods[m], curves[m] = EV.evaluate_runner(
             lambda a, y, x0, run=runner, c=chosen[m]: run(a, y, x0, c), problem.kind, test_eps, start)
-    cfg = S.SPFConfig(step=chosen["sgd"].step, hidden=config.hidden, depth=config.depth,
-                      residual_weight=config.residual_weight, burn_in=config.burn_in)
+    cfg = spf_config(config, chosen["sgd"].step)
     graphdef, params, result, seconds = train(problem, cfg, config, out, name)
     methods["spf"], curves["spf"] = EV.evaluate_runner(
         lambda a, y, x0: S.spf(graphdef, params, a, y, x0, problem.kind, cfg), problem.kind,
@@ -240,6 +252,55 @@ def _body(config, results, scale) -> str:
                  f"limit; {scale['spf_params']} SPF parameters at every d):", "",
                  report.markdown_table(["method"] + [f"d = {d}" for d in scale["dims"]], srows)]
     return "\n".join(body)
+
+
+# ----------------------------------------------------------------------------------------------
+# Ahead-of-time compile of the paper step (``experiments.aot``)
+
+
+def train_step_spec(config: ml_collections.ConfigDict, devices, problem_name: str = "lsq_rotation"):
+    """The SPF train step :func:`train` runs for ``config`` on ``problem_name`` (its network,
+    optimizer and episode loss, :func:`algorithms.spf.training.train_step`): the coordinate
+    network unrolled over ``train_episode_steps`` of ``train_episodes`` simulated episodes, on
+    ``devices`` with abstract arguments; parameters replicated and episodes split over ``data``
+    when it divides them (as :func:`data_parallel_mesh`), else replicated. The step size (tuned
+    on data in the experiment) is the default: it changes no shape. No analytic FLOP count (no
+    MFU). Returns a ``core.aot_steps.StepSpec``."""
+    from flax import nnx
+
+    from algorithms.spf import training
+    from core import aot_steps, sharding
+    from core.training import init_train_state
+
+    settings = train_settings(config)
+    problem = training.training_problem(make_problem(problem_name, config), settings)
+    cfg = spf_config(config)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: S.CoordinateMLP(cfg, rngs=nnx.Rngs(0))))
+    step, tx = training.train_step(graphdef, problem.kind, cfg, settings)
+    state = jax.eval_shape(lambda p: init_train_state(p, tx), params)
+    e = settings.episodes
+    batch = jax.eval_shape(lambda k: tuple(P.sample_episodes(k, problem, e)[:3]),
+                           jax.random.key(0))
+    mesh = sharding.make_mesh(1, devices=devices)
+    rep = sharding.replicated(mesh)
+    split = e % mesh.shape[sharding.DATA] == 0
+    a_batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=(
+        sharding.batch_sharding(mesh, len(x.shape)) if split else rep)), batch)
+    k = aot_steps.count_params(params)
+    return aot_steps.StepSpec(
+        step, (aot_steps.abstract(state, rep), a_batch, aot_steps.abstract_key(rep)), (0,), None,
+        k, f"{e} episodes x {problem.steps} steps x batch {problem.batch}, d {problem.dim}, "
+        f"hidden {cfg.hidden} x depth {cfg.depth}, {k} params")
+
+
+def paper_steps():
+    """The AOT row of ``spf``: the ``paper`` train step on drifting least squares (rotation
+    drift), as ``core.aot_steps.PaperSteps``."""
+    from experiments.configs import spf as spf_config_module
+
+    return {f"{NAME}/train": (
+        lambda devices: train_step_spec(spf_config_module.get_config("paper"), devices),
+        "SPF train step")}
 
 
 if __name__ == "__main__":

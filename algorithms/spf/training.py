@@ -148,6 +148,20 @@ class SPFTraining:
     key: jax.Array
 
 
+def training_problem(problem: P.Problem, settings: TrainSettings) -> P.Problem:
+    """``problem`` with the training episodes' length (``settings.episode_steps``)."""
+    return dataclasses.replace(problem, steps=settings.episode_steps)
+
+
+def train_step(graphdef: nnx.GraphDef, kind: str, cfg: S.SPFConfig, settings: TrainSettings):
+    """(train step, optimizer) of an SPF training run: Adam with global-norm clipping
+    (``settings``) on :func:`algorithms.spf.spf.make_episode_loss_fn` of problem ``kind``; the
+    step is ``(state, (theta, A, y), key) -> (state, metrics)`` (``core.training``)."""
+    tx = optax.chain(optax.clip_by_global_norm(settings.grad_clip),
+                     optax.adam(settings.learning_rate))
+    return make_train_step(graphdef, tx, S.make_episode_loss_fn(kind, cfg)), tx
+
+
 def spf_training(problem: P.Problem, cfg: S.SPFConfig, settings: TrainSettings) -> SPFTraining:
     """The train step, replicated initial state, episode stream and key of an SPF training run:
     Adam with global-norm clipping on :func:`algorithms.spf.spf.make_episode_loss_fn` over fresh
@@ -158,11 +172,9 @@ def spf_training(problem: P.Problem, cfg: S.SPFConfig, settings: TrainSettings) 
     Raises:
       ValueError: see :func:`data_parallel_mesh`.
     """
-    train_problem = dataclasses.replace(problem, steps=settings.episode_steps)
+    train_problem = training_problem(problem, settings)
     graphdef, params = S.init_spf(cfg, settings.seed)
-    tx = optax.chain(optax.clip_by_global_norm(settings.grad_clip),
-                     optax.adam(settings.learning_rate))
-    step = make_train_step(graphdef, tx, S.make_episode_loss_fn(problem.kind, cfg))
+    step, tx = train_step(graphdef, problem.kind, cfg, settings)
     mesh = data_parallel_mesh(settings.episodes)
     key = jax.random.key(settings.seed)
     batches = EpisodeBatches(train_problem, settings.episodes, key, mesh)
