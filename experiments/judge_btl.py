@@ -471,5 +471,58 @@ def _real_lines(config, llm) -> list[str]:
             for e in shown])]
 
 
+# ----------------------------------------------------------------------------------------------
+# Ahead-of-time compile of the paper step (``experiments.aot``)
+
+
+def aot_precision(platform: str) -> tuple[bool, tuple[str, str] | None]:
+    """(fit in float64, fallback) for the timed fit compiled for ``platform`` (a device's
+    ``platform``): float64 as the experiment fits, except on TPU, where the fit is compiled in
+    float32 with the stated reason (measured with libtpu 0.0.42: XLA:TPU refuses the float64
+    Newton fit on a 16-chip mesh with "A tuple parameter that is being flattened shouldn't have
+    frontend attributes"; TPUs have no float64 units and XLA:TPU emulates float64, without e.g. an
+    LU decomposition for it; the float32 fit compiles on the mesh in seconds)."""
+    if platform != "tpu":
+        return True, None
+    return False, ("float32 counts and Newton steps (the experiment fits in float64)",
+                   "TPUs have no float64 units: XLA:TPU emulates float64 and refuses this float64 "
+                   "fit on a pod mesh (\"A tuple parameter that is being flattened shouldn't have "
+                   "frontend attributes\"); the float32 fit compiles. Run the float64 fit on a CPU or "
+                   "GPU host: it is one small dense solve")
+
+
+def fit_step_spec(config: ml_collections.ConfigDict, devices):
+    """The Newton fit the timing study times (:func:`algorithms.ranking.speed.solve`: judge-aware
+    BTL, float64, :data:`~algorithms.ranking.speed.FIT_CONFIG`) at the config's timing scale:
+    every (i < j, judge) cell of ``timing.num_models`` models and ``timing.num_judges`` judges a
+    row (``speed.table_rows``). Replicated on ``devices`` (one small dense solve); in float32 on
+    TPU (:func:`aot_precision`). Returns a ``core.aot_steps.StepSpec``."""
+    import jax.numpy as jnp
+
+    from core import aot_steps, sharding
+
+    t = config.timing
+    n, nj = t.num_models, t.num_judges
+    rows = speed.table_rows(n, nj)
+    rep = sharding.replicated(sharding.make_mesh(1, devices=devices))
+    x64, fallback = aot_precision(devices[0].platform)
+    with jax.enable_x64(x64):
+        ints = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rep)
+        counts = jax.ShapeDtypeStruct((rows,), jnp.float64 if x64 else jnp.float32, sharding=rep)
+    table = data.ComparisonTable(ints, ints, ints, counts, counts, counts, n, nj)
+    return aot_steps.StepSpec(speed.solve, (table,), (), None, n + nj + 1,
+                              f"{n} models x {nj} judges, {rows} rows, "
+                              f"float{64 if x64 else 32} Newton", x64=x64, fallback=fallback)
+
+
+def paper_steps():
+    """The AOT row of ``judge_btl``: the ``paper`` timing study's fit, as
+    ``core.aot_steps.PaperSteps``."""
+    from experiments.configs import judge_btl as jb_config
+
+    return {f"{NAME}/fit": (lambda devices: fit_step_spec(jb_config.get_config("paper"), devices),
+                            "judge-aware BTL Newton fit")}
+
+
 if __name__ == "__main__":
     common.app_main(NAME, run)

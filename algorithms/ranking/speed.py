@@ -21,6 +21,20 @@ from core import timing
 CHOIX_ESTIMATORS = ("ilsr", "mm", "opt")
 
 
+FIT_CONFIG = btl.FitConfig()  # the fit the timing study times: maximum likelihood, defaults
+
+
+def solve(table: data.ComparisonTable) -> tuple[btl.Params, btl.Convergence]:
+    """The timed solve: :func:`algorithms.ranking.btl.solve` of ``table`` under
+    :data:`FIT_CONFIG` (float64 when the table is; no validation)."""
+    return btl.solve(table, FIT_CONFIG)
+
+
+def table_rows(num_models: int, num_judges: int) -> int:
+    """Rows of the timing study's table: one per (i < j, judge) cell, N (N - 1) / 2 J."""
+    return num_models * (num_models - 1) // 2 * num_judges
+
+
 def timing_data(num_models: int, num_judges: int, num_comparisons: int, seed: int
                 ) -> tuple[btl.Params, Comparisons]:
     """Scores ~ N(0, 1), discriminations log-uniform-ish on [0.2, 3] (random generator ``seed + 5``)
@@ -63,8 +77,7 @@ def speed_comparison(num_models: int, num_judges: int, num_comparisons: int,
         raise ValueError(f"speed_comparison: unknown choix estimators {bad}; expected names from "
                          f"{CHOIX_ESTIMATORS}")
     truth, c = timing_data(num_models, num_judges, num_comparisons, seed)
-    pad = num_models * (num_models - 1) // 2 * num_judges
-    cfg = btl.FitConfig()
+    pad = table_rows(num_models, num_judges)
     pairs = winner_loser_pairs(c)
     estimators = dict(ilsr=choix.ilsr_pairwise, mm=choix.mm_pairwise, opt=choix.opt_pairwise)
     with jax.enable_x64(True):
@@ -73,18 +86,18 @@ def speed_comparison(num_models: int, num_judges: int, num_comparisons: int,
                                   n_judges=num_judges, pad_to=pad)
 
         def fit():
-            return btl.solve(aggregate(), cfg)
+            return solve(aggregate())
 
         with timing.Stopwatch() as first:
             table = aggregate()
-            jax.block_until_ready(btl.solve(table, cfg))
+            jax.block_until_ready(solve(table))
         on_device = jax.device_put(table)
         fns = {"fit": fit, "aggregate": aggregate, "transfer": lambda: jax.device_put(table),
-               "solve": lambda: btl.solve(on_device, cfg)}
+               "solve": lambda: solve(on_device)}
         fns.update({f"choix_{name}": (lambda e=estimators[name]: e(num_models, pairs))
                     for name in choix_estimators})
         sec = timing.best_seconds(fns, repeats=repeats, warmup=0)
-        params, conv = jax.device_get(btl.solve(on_device, cfg))
+        params, conv = jax.device_get(solve(on_device))
     choix_times = {name: sec[f"choix_{name}"] for name in choix_estimators}
     fastest = min(choix_times.values()) if choix_times else float("nan")
     iters = int(conv.iterations)
