@@ -73,29 +73,40 @@ def _plot_designer(r, objective, cost_per_delta, label):
     return fig
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
-    out_dir = common.experiment_dir(workdir, NAME)
+def games(config: ml_collections.ConfigDict) -> dict[str, tuple]:
+    """The three games of the config, name -> (score family, contest, theta float64 [N], rewards
+    [N], Delta grid float64 [G]): ``"main"`` (additive score, N = len(theta)), ``"logit"`` (the
+    logit family on the same contest) and ``"five"`` (additive, the five-provider contest)."""
     additive = bg.AdditiveSaturating(config.amplitude, config.rate)
     logit = bg.LogitLogSteps(config.logit_slope)
     cost = bg.PowerCost(config.cost_scale, config.cost_power)
+    theta, theta5 = np.asarray(config.theta, np.float64), np.asarray(config.theta5, np.float64)
+    rewards = bg.named_rewards(config.rewards, len(theta))
+    rewards5 = bg.named_rewards(config.rewards5, len(theta5))
+    contest = bg.make_contest(theta, np.linspace(0.0, config.max_effort, config.levels), rewards,
+                              cost)
+    contest5 = bg.make_contest(theta5, np.linspace(0.0, config.max_effort, config.levels5),
+                               rewards5, cost)
+    return {
+        "main": (additive, contest, theta, rewards, np.linspace(0.0, config.max_delta, config.num_deltas)),
+        "logit": (logit, contest, theta, rewards,
+                  np.linspace(0.0, config.logit_max_delta, config.num_deltas)),
+        "five": (additive, contest5, theta5, rewards5,
+                 np.linspace(0.0, config.max_delta5, config.num_deltas5)),
+    }
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
+    out_dir = common.experiment_dir(workdir, NAME)
+    cost = bg.PowerCost(config.cost_scale, config.cost_power)
     labels = game_labels(config)
     with timing.Stopwatch() as total:
-        theta, theta5 = np.asarray(config.theta, np.float64), np.asarray(config.theta5, np.float64)
-        rewards = bg.named_rewards(config.rewards, len(theta))
-        rewards5 = bg.named_rewards(config.rewards5, len(theta5))
-        contest = bg.make_contest(theta, np.linspace(0.0, config.max_effort, config.levels), rewards,
-                                  cost)
-        contest5 = bg.make_contest(theta5, np.linspace(0.0, config.max_effort, config.levels5),
-                                   rewards5, cost)
-        games = {
-            "main": (additive, contest, theta, rewards, np.linspace(0.0, config.max_delta, config.num_deltas)),
-            "logit": (logit, contest, theta, rewards,
-                      np.linspace(0.0, config.logit_max_delta, config.num_deltas)),
-            "five": (additive, contest5, theta5, rewards5,
-                     np.linspace(0.0, config.max_delta5, config.num_deltas5)),
-        }
+        games_ = games(config)
+        additive, contest, theta, _, _ = games_["main"]
+        logit = games_["logit"][0]
+        contest5, theta5 = games_["five"][1], games_["five"][2]
         res = {k: bg.analyse(s, cost, c, th, rw, d, config.max_rounds, config.bisection_steps)
-               for k, (s, c, th, rw, d) in tqdm(games.items(), desc=NAME, leave=False)}
+               for k, (s, c, th, rw, d) in tqdm(games_.items(), desc=NAME, leave=False)}
         seconds = timing.best_seconds({
             f"n{len(theta)}_m{config.levels}": lambda: bg.pure_equilibria(additive, contest, 0.5),
             f"n{len(theta5)}_m{config.levels5}": lambda: bg.pure_equilibria(additive, contest5, 0.5),
@@ -172,6 +183,41 @@ def _body(config, labels, res, gaps, mixed, seconds, objective, best) -> str:
         "",
         f"Equilibrium search after compilation: {timed} on {jax.devices()[0].platform}.",
     ])
+
+
+# ----------------------------------------------------------------------------------------------
+# Ahead-of-time compile of the paper step (``experiments.aot``)
+
+
+def sweep_step_spec(config: ml_collections.ConfigDict, game: str, devices):
+    """The pure-equilibrium sweep over the Delta grid that :func:`run` computes for ``game`` (a
+    name of :func:`games`; ``bg.analyse`` -> ``designer.sweep_deltas``, float32 deltas): one payoff
+    tensor [N, M**N] per Delta. Replicated on ``devices``. Returns a
+    ``core.aot_steps.StepSpec``."""
+    from algorithms.benchmark_game import designer
+    from core import aot_steps, sharding
+
+    score, contest, theta, _, deltas = games(config)[game]
+    rep = sharding.replicated(sharding.make_mesh(1, devices=devices))
+    tree = (score, contest, deltas.astype(np.float32))
+    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.numpy.asarray(x).dtype,
+                                                       sharding=rep), tree)
+    n, levels = len(theta), contest.efforts.shape[0]
+    return aot_steps.StepSpec(designer.sweep_deltas, args, (), None, 0,
+                              f"N {n} providers x {levels} effort levels, {len(deltas)} deltas "
+                              f"(payoff tensor {n} x {levels}^{n} per delta)")
+
+
+def paper_steps():
+    """The AOT rows of ``benchmark_game``: the ``paper`` pure-equilibrium sweeps of the 3- and
+    5-provider games, as ``core.aot_steps.PaperSteps``."""
+    from experiments.configs import benchmark_game as bg_config
+
+    def build(game):
+        return lambda devices: sweep_step_spec(bg_config.get_config("paper"), game, devices)
+
+    return {f"{NAME}/n3": (build("main"), "pure-equilibrium sweep, 3 providers"),
+            f"{NAME}/n5": (build("five"), "pure-equilibrium sweep, 5 providers")}
 
 
 if __name__ == "__main__":
