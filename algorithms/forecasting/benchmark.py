@@ -104,6 +104,14 @@ class BenchmarkConfig:
             max_epochs=self.max_epochs, patience=self.patience,
             max_steps_per_epoch=self.max_steps_per_epoch, seed=self.seed, progress=self.progress)
 
+    def ppm(self, horizon: int) -> tuple[PPMConfig, Callable]:
+        """(network config, training objective) of PPM at ``horizon``: the hybrid KDE-NLL + MSE
+        loss (:func:`~algorithms.forecasting.training.ppm_loss_fn`) on ``train_samples`` prior
+        draws per window. Create the objective once per fit (it keys a jit cache)."""
+        return (PPMConfig(input_len=self.input_len, horizon=horizon, d_model=self.d_model,
+                          d_ff=self.d_ff),
+                training.ppm_loss_fn(self.tau, self.bandwidth, self.train_samples))
+
 
 @dataclasses.dataclass
 class HorizonResult:
@@ -186,13 +194,12 @@ def run_horizon(series: np.ndarray, timestamps: tuple[str, ...] | None, split: s
         return a + np.arange(0, data.num_windows(b - a, L, H), stride)
 
     tr, va, te = starts("train"), starts("val", config.val_stride), starts("test", config.test_stride)
-    cfg = PPMConfig(input_len=L, horizon=H, d_model=config.d_model, d_ff=config.d_ff)
+    cfg, ppm_loss = config.ppm(H)
     samplers, seconds, histories = {}, {}, {}
     k_ppm, k_gauss, k_eval = jax.random.split(key, 3)
 
     fit = training.fit_network(
-        PPM(cfg, rngs=nnx.Rngs(config.seed)),
-        training.ppm_loss_fn(config.tau, config.bandwidth, config.train_samples), series, tr, va,
+        PPM(cfg, rngs=nnx.Rngs(config.seed)), ppm_loss, series, tr, va,
         config.fit_config(H, config.learning_rate), k_ppm, f"{name} H={H} PPM")
     samplers["ppm"] = lambda x, k, g=fit.graphdef, p=fit.params: training.sample_ppm(g, p, x, k, S)
     seconds["ppm"], histories["ppm"] = fit.train_seconds, fit.history()

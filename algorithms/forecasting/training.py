@@ -47,6 +47,27 @@ def halving_schedule(base_lr: float, steps_per_epoch: int) -> optax.Schedule:
     return schedule
 
 
+def epoch_steps(num_train_windows: int, config: FitConfig) -> int:
+    """Optimizer steps per epoch of :func:`fit_network`: whole batches of the training windows,
+    capped at ``config.max_steps_per_epoch`` (when set); may be 0 (too few windows)."""
+    steps = num_train_windows // config.batch_size
+    if config.max_steps_per_epoch:
+        steps = min(steps, config.max_steps_per_epoch)
+    return steps
+
+
+def fit_step(graphdef: nnx.GraphDef, loss_fn, learning_rate: float, steps_per_epoch: int):
+    """(train step, optimizer) of :func:`fit_network`: Adam under :func:`halving_schedule` with
+    ``steps_per_epoch`` steps per epoch on ``loss_fn``; the step is
+    ``(state, (x, y), key) -> (state, metrics)`` (``core.training.make_train_step``).
+
+    Raises:
+      ValueError: as :func:`halving_schedule`.
+    """
+    tx = optax.adam(halving_schedule(learning_rate, steps_per_epoch))
+    return make_train_step(graphdef, tx, loss_fn), tx
+
+
 def ppm_loss_fn(tau: float, bandwidth: float, num_samples: int):
     """``loss_fn(model, (x, y), key) -> (loss, {"kde_nll", "mse"})`` with PPM's hybrid objective on
     ``num_samples`` draws per window."""
@@ -243,15 +264,13 @@ def fit_network(model: nnx.Module, loss_fn, series: np.ndarray, train_starts: np
       core.training.NonFiniteLossError: a NaN/inf training loss.
     """
     B = config.batch_size
-    steps = len(train_starts) // B
-    if config.max_steps_per_epoch:
-        steps = min(steps, config.max_steps_per_epoch)
+    steps = epoch_steps(len(train_starts), config)
     if steps < 1:
         raise ValueError(f"{desc}: {len(train_starts)} training windows, fewer than one batch of {B}")
     if len(val_starts) < 1:
         raise ValueError(f"{desc}: no validation window")
     graphdef, params = nnx.split(model)
-    tx = optax.adam(halving_schedule(config.learning_rate, steps))
+    step, tx = fit_step(graphdef, loss_fn, config.learning_rate, steps)
     mesh = sharding.make_mesh()  # data parallel over every device (one on a CPU run)
     L, H = config.input_len, config.horizon
 
@@ -265,7 +284,7 @@ def fit_network(model: nnx.Module, loss_fn, series: np.ndarray, train_starts: np
                       progress=config.progress, desc=desc, steps_per_epoch=steps,
                       eval_every_epoch=True,
                       early_stopping=EarlyStopping("val_loss", patience=config.patience))
-    result = train_loop(make_train_step(graphdef, tx, loss_fn),
+    result = train_loop(step,
                         sharding.replicate(init_train_state(params, tx), mesh),
                         EpochWindows(series, train_starts, L, H, B, steps, config.seed), key, loop,
                         put_batch=lambda b: sharding.shard_batch(b, mesh), evaluate=evaluate)
