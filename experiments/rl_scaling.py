@@ -63,6 +63,12 @@ def settings(config: ml_collections.ConfigDict):
     return warm, cfg
 
 
+def arithmetic_tasks(config: ml_collections.ConfigDict) -> tuple[tasks.ArithmeticTask, ...]:
+    """The (easy, hard) arithmetic tasks of the config."""
+    return (tasks.ArithmeticTask(config.easy.terms, config.easy.digits, "easy"),
+            tasks.ArithmeticTask(config.hard.terms, config.hard.digits, "hard"))
+
+
 def validate(config: ml_collections.ConfigDict) -> tuple[int, ...]:
     """The budget grid of ``config`` after checking every setting (ValueError otherwise)."""
     return settings(config)[1].budgets
@@ -115,10 +121,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     with Stopwatch() as total:
         out = common.experiment_dir(workdir, NAME)
         warm_cfg, cfg = settings(config)
-        easy_t = tasks.ArithmeticTask(config.easy.terms, config.easy.digits, "easy")
-        hard_t = tasks.ArithmeticTask(config.hard.terms, config.hard.digits, "hard")
         train, held, prompt_len, answer_len = tasks.problem_sets(
-            (easy_t, hard_t), config.num_train, config.num_heldout, config.seed)
+            arithmetic_tasks(config), config.num_train, config.num_heldout, config.seed)
         evals = {k: tuple(jnp.asarray(v[f]) for f in ("prompts", "targets", "lens"))
                  for k, v in held.items()}
         gd, params = nnx.split(Transformer(
@@ -261,6 +265,68 @@ def describe(config, cfg: sweep.SweepConfig, r: dict, warm_info: dict) -> str:
            + ", ".join(f"pass@{j} {r['sampled_check'][f'pass@{j}_unbiased']:.3f} vs "
                        f"{r['sampled_check'][f'pass@{j}_exact']:.3f}" for j in sorted({1, k}))
            + "."] if r["sampled_check"] else [])])
+
+
+# ----------------------------------------------------------------------------------------------
+# Ahead-of-time compile of the paper step (``experiments.aot``)
+
+
+def grpo_step_spec(config: ml_collections.ConfigDict, devices, rollouts_per_step: int | None = None):
+    """The sweep's step (``algorithms.rl_scaling.sweep.sweep_step_fn``) for the lanes sharing
+    R = ``rollouts_per_step`` (default the largest group), as ``run_sweep`` builds it from
+    :func:`settings`: its optimizer, grouping and ``RLSpec``; every (n, B_p, seed) lane of the
+    group (padded to a multiple of the ``data`` axis, lanes split over it) samples R rollouts
+    from the policy, scores them and takes ``inner_steps`` clipped-surrogate updates. Abstract
+    arguments on ``devices``; no analytic FLOP count (no MFU). Returns a
+    ``core.aot_steps.StepSpec``.
+
+    Raises:
+      ValueError: as :func:`settings`; R not a group of the sweep.
+    """
+    from core import aot_steps, sharding
+
+    _, cfg = settings(config)
+    groups = cfg.groups()
+    r = max(groups) if rollouts_per_step is None else rollouts_per_step
+    prompt_len, answer_len = tasks.geometry(arithmetic_tasks(config))
+    mcfg = trainer.policy_config(config.model, prompt_len, answer_len)
+    gd, params = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))
+    tx = sweep.optimizer(cfg)
+    spec = sweep.group_spec(cfg, r, answer_len)
+    mesh = sharding.make_mesh(1, devices=devices)
+    lanes = len(sweep.pad_lanes([(n, bp, s) for n, bp in groups[r] for s in range(cfg.num_seeds)],
+                                mesh.shape[sharding.DATA]))
+    stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((lanes, *x.shape), x.dtype), params)
+    opt = jax.eval_shape(jax.vmap(tx.init), stacked)
+    rep = sharding.replicated(mesh)
+
+    def split(t):  # the lane axis over `data`
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=sharding.batch_sharding(mesh, len(x.shape))), t)
+
+    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), lanes))
+    pool = {"prompts": jax.ShapeDtypeStruct((config.num_train, prompt_len), jnp.int32),
+            "targets": jax.ShapeDtypeStruct((config.num_train, answer_len), jnp.int32),
+            "lens": jax.ShapeDtypeStruct((config.num_train,), jnp.int32)}
+    ref = aot_steps.abstract(params, rep) if cfg.grpo.kl_beta > 0 else None
+    m = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep, weak_type=True)  # a Python int in run_sweep
+    args = (split(stacked), split(opt), split(keys), m,
+            split(jax.ShapeDtypeStruct((lanes,), jnp.int32)), aot_steps.abstract(pool, rep), ref)
+    k = param_count(params)
+    return aot_steps.StepSpec(
+        sweep.sweep_step_fn(gd, tx, spec), args, (0, 1), None, k,
+        f"{lanes} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x {cfg.num_seeds} seeds, "
+        f"padded), prompt {prompt_len} + {answer_len} tokens, d {mcfg.d_model} x "
+        f"{mcfg.num_layers} layers, {mcfg.dtype.name}, remat {mcfg.remat}, {k / 1e6:.0f}M params")
+
+
+def paper_steps():
+    """The AOT row of ``rl_scaling``: the ``paper`` sweep's GRPO step at its largest
+    rollouts-per-step group, as ``core.aot_steps.PaperSteps``."""
+    from experiments.configs import rl_scaling as rl_config
+
+    return {f"{NAME}/grpo": (lambda devices: grpo_step_spec(rl_config.get_config("paper"), devices),
+                             "GRPO step, largest rollouts-per-step group")}
 
 
 if __name__ == "__main__":

@@ -133,18 +133,48 @@ def lane_key(seed: int, n: int, bp: int, s: int) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed + 1 + s), n), bp)
 
 
-def make_sweep_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                    spec: trainer.RLSpec):
-    """The jitted, lane-vmapped step ``(params [L], opt_state [L], base_keys [L], m, n [L], pool,
-    ref) -> (params, opt_state, metrics [L])`` with params and optimizer state donated; lane i's
-    key at step m is ``fold_in(base_keys[i], m)``."""
+def optimizer(cfg: SweepConfig) -> optax.GradientTransformation:
+    """Every lane's optimizer: Adam at the constant ``learning_rate`` after global-norm clipping
+    at ``grad_clip`` (constant, so the budgets are prefixes of one run)."""
+    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), optax.adam(cfg.learning_rate))
+
+
+def group_spec(cfg: SweepConfig, rollouts_per_step: int, answer_len: int) -> trainer.RLSpec:
+    """The :class:`trainer.RLSpec` of the lanes with R = ``rollouts_per_step`` (a key of
+    ``cfg.groups()``): the loss, the temperature, ``answer_len`` new tokens, and room for the
+    distinct problems of the group's smallest n (R / min n rows).
+
+    Raises:
+      ValueError: R is not one of the sweep's groups.
+    """
+    groups = cfg.groups()
+    if rollouts_per_step not in groups:
+        raise ValueError(f"group_spec: R={rollouts_per_step} is not a group of the sweep; "
+                         f"groups: {sorted(groups)}")
+    return trainer.RLSpec(rollouts_per_step=rollouts_per_step, max_new_tokens=answer_len,
+                          grpo=cfg.grpo, temperature=cfg.temperature,
+                          max_problems=rollouts_per_step // min(
+                              n for n, _ in groups[rollouts_per_step]))
+
+
+def sweep_step_fn(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                  spec: trainer.RLSpec):
+    """The lane-vmapped step ``(params [L], opt_state [L], base_keys [L], m, n [L], pool, ref)
+    -> (params, opt_state, metrics [L])``, not jitted (:func:`make_sweep_step` jits it, donating
+    params and optimizer state); lane i's key at step m is ``fold_in(base_keys[i], m)``."""
     step = jax.vmap(trainer.make_rl_step(graphdef, tx, spec), in_axes=(0, 0, 0, 0, None, None))
 
     def sweep_step(params, opt_state, base_keys, m, ns, pool, ref):
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(base_keys, m)
         return step(params, opt_state, keys, ns, pool, ref)
 
-    return jax.jit(sweep_step, donate_argnums=(0, 1))
+    return sweep_step
+
+
+def make_sweep_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                    spec: trainer.RLSpec):
+    """:func:`sweep_step_fn` jitted, with params and optimizer state donated."""
+    return jax.jit(sweep_step_fn(graphdef, tx, spec), donate_argnums=(0, 1))
 
 
 def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
@@ -178,7 +208,7 @@ def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
     mesh = mesh or sharding.make_mesh()
     num_dev = mesh.shape[sharding.DATA]
     pool, evals = sharding.replicate((pool, evals), mesh)
-    tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), optax.adam(cfg.learning_rate))
+    tx = optimizer(cfg)
     answer_len = pool["targets"].shape[1]
     ref = sharding.replicate(params0, mesh) if cfg.grpo.kl_beta > 0 else None
     c_max, budgets = cfg.budgets[-1], set(cfg.budgets)
@@ -196,10 +226,7 @@ def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
     for r, pairs in groups.items():
         lanes = [(n, bp, s) for n, bp in pairs for s in range(cfg.num_seeds)]
         run_lanes = pad_lanes(lanes, num_dev)
-        spec = trainer.RLSpec(rollouts_per_step=r, max_new_tokens=answer_len, grpo=cfg.grpo,
-                              temperature=cfg.temperature,
-                              max_problems=r // min(n for n, _ in pairs))
-        step = make_sweep_step(graphdef, tx, spec)
+        step = make_sweep_step(graphdef, tx, group_spec(cfg, r, answer_len))
         params = sharding.shard_batch(stack(params0, len(run_lanes)), mesh)
         opt_state = jax.vmap(tx.init)(params)
         ns = sharding.shard_batch(np.asarray([n for n, _, _ in run_lanes], np.int32), mesh)

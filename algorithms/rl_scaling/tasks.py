@@ -211,6 +211,12 @@ def encode_problems(operands: np.ndarray, task: ArithmeticTask, prompt_len: int,
             "lens": lens}
 
 
+def geometry(tasks: tuple[ArithmeticTask, ...]) -> tuple[int, int]:
+    """(Lp, T) shared by ``tasks``: Lp = 1 + the longest prompt (a leading BOS), T = the longest
+    answer, in characters (tokens)."""
+    return 1 + max(t.prompt_chars for t in tasks), max(t.answer_chars for t in tasks)
+
+
 def problem_sets(tasks: tuple[ArithmeticTask, ...], num_train: int, num_heldout: int, seed: int
                  ) -> tuple[dict[str, dict], dict[str, dict], int, int]:
     """Encoded train and held-out problems of each task, in one shared geometry.
@@ -222,8 +228,7 @@ def problem_sets(tasks: tuple[ArithmeticTask, ...], num_train: int, num_heldout:
     Returns:
       (train {task.name: :func:`encode_problems` dict}, held-out {name: dict}, Lp, T).
     """
-    prompt_len = 1 + max(t.prompt_chars for t in tasks)
-    answer_len = max(t.answer_chars for t in tasks)
+    prompt_len, answer_len = geometry(tasks)
     train, heldout = {}, {}
     for i, t in enumerate(tasks):
         tr, ho = make_split(t, num_train, num_heldout, seed + i)
