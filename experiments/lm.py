@@ -120,5 +120,70 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                          claim=config.claim, figures={"loss": fig})
 
 
+# ----------------------------------------------------------------------------------------------
+# Ahead-of-time compile of the paper step (``experiments.aot``)
+
+# Larger models for the scale rows (memory): the paper batch (B 256 x L 1024) and one sequence per
+# chip of a 16-chip slice, the blocks fully rematerialised and scanned, as one would run them
+# (unrolled, the 1.1B step needs 18.9 GiB of temporaries on v5e against 6.1 GiB scanned). XLA's
+# cost analysis counts a scanned block once, so those rows have no roofline; the 4-block row at
+# the 1.1B model's width, unrolled, gives the roofline at that width.
+SCALE_ROWS = {
+    "lm/train@1.1B": {"model.d_model": 2048, "model.num_layers": 24, "model.num_heads": 16,
+                      "model.num_kv_heads": 4, "model.remat": "full", "model.scan_layers": True},
+    # the 1.1B model's width and batch over 4 unrolled blocks: its roofline (MFU by width)
+    "lm/train@d2048x4": {"model.d_model": 2048, "model.num_layers": 4, "model.num_heads": 16,
+                         "model.num_kv_heads": 4, "model.remat": "full"},
+    "lm/train@5.6B-b16": {"model.d_model": 4096, "model.num_layers": 32, "model.num_heads": 32,
+                          "model.num_kv_heads": 8, "model.remat": "full",
+                          "model.scan_layers": True, "batch_size": 16},
+}
+
+
+def train_step_spec(config: ml_collections.ConfigDict, devices):
+    """The train step :func:`algorithms.lm.training.train` runs for ``config`` (its optimizer,
+    loss and parameter sharding), on ``devices`` with abstract arguments: the state, int32
+    [batch_size, seq_len] tokens and a key. Returns a ``core.aot_steps.StepSpec``."""
+    from flax import nnx
+
+    from core import aot_steps
+    from core.training import init_train_state
+    from models.transformer import PARAM_AXES, Transformer
+
+    tx = training.optimizer(config)
+    mcfg = training.model_config(config, ByteTokenizer().vocab_size)
+    mcfg.check_model_parallelism(config.model_parallelism)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))
+    b, L = config.batch_size, config.seq_len
+    n = param_count(params)
+    return aot_steps.train_step_spec(
+        devices, graphdef=graphdef, params=params, param_axes=PARAM_AXES,
+        make_step=lambda g: training.train_step(g, tx), init_state=init_train_state, tx=tx,
+        batch=jax.ShapeDtypeStruct((b, L), jnp.int32),
+        model_flops=3.0 * forward_flops_per_token(mcfg, L) * b * L,
+        shape=(f"B {b} x L {L}, d {mcfg.d_model} x {mcfg.num_layers} "
+               f"{'scanned ' if mcfg.scan_layers else ''}layers, {mcfg.dtype.name}, "
+               f"{mcfg.attention} attention, remat {mcfg.remat}, {n / 1e6:.0f}M params"),
+        model_parallelism=config.model_parallelism, param_sharding=config.param_sharding,
+        logical_sizes=mcfg.logical_sizes, layer_loop=mcfg.scan_layers)
+
+
+def paper_steps():
+    """The AOT rows of ``lm``: the ``paper`` train step and larger models (:data:`SCALE_ROWS`),
+    as ``core.aot_steps.PaperSteps``."""
+    from experiments.configs import lm as lm_config
+
+    def build(overrides):
+        def builder(devices):
+            config = lm_config.get_config("paper")
+            config.update_from_flattened_dict(overrides)
+            return train_step_spec(config, devices)
+        return builder
+
+    return {"lm/train": (build({}), "byte LM train step"),
+            **{name: (build(o), "byte LM train step, larger model")
+               for name, o in SCALE_ROWS.items()}}
+
+
 if __name__ == "__main__":
     common.app_main(NAME, run)

@@ -54,6 +54,13 @@ def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation
                        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=config.weight_decay))
 
 
+def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
+    """The pure train step ``(state, batch, key) -> (state, metrics)`` that :func:`train` jits
+    (and ``paper_steps`` compiles for pods): :func:`lm_loss` under ``tx`` (:func:`optimizer`);
+    batch int32 [B, L] tokens."""
+    return make_train_step(graphdef, tx, lm_loss)
+
+
 def lm_loss(model: Transformer, tokens: jax.Array, key: jax.Array):
     """Mean next-token NLL (nats) of int32 [B, L] ``tokens``; ``key`` is unused (deterministic)."""
     del key
@@ -117,7 +124,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         logical_sizes=mcfg.logical_sizes)
     batches = TextBatcher(corpus.train, config.batch_size, config.seq_len, seed=config.seed)
     result = train_loop(
-        sharding.constrain_step(make_train_step(graphdef, tx, lm_loss), state_sharding), state,
+        sharding.constrain_step(train_step(graphdef, tx), state_sharding), state,
         batches, jax.random.key(config.seed),
         LoopConfig(num_steps=config.steps, log_every=config.log_every,
                    checkpoint_every=config.checkpoint_every, progress=progress, desc=desc),
