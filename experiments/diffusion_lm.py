@@ -305,5 +305,64 @@ def _body(config, m) -> str:
     ])
 
 
+# ----------------------------------------------------------------------------------------------
+# Ahead-of-time compile of the paper step (``experiments.aot``)
+
+
+def train_step_spec(config: ml_collections.ConfigDict, family: str, devices,
+                    size_index: int | None = None):
+    """The train step the grid runs for ``family`` at ``config.sizes[size_index]`` (default the
+    reference size): the :class:`~algorithms.diffusion_lm.grid.Runner`'s model config,
+    optimizer, objective and train state (EMA), on ``devices`` with abstract arguments
+    (``{"x": int32 [B, L], "train", "ce": f32 flags}`` as ``Runner.batch``). Returns a
+    ``core.aot_steps.StepSpec``."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from core import aot_steps
+    from models.transformer import PARAM_AXES, Transformer
+
+    runner = grid_lib.Runner(config, ByteTokenizer(), devices=devices)
+    size = config.sizes[config.reference_size if size_index is None else size_index]
+    spec, mcfg = runner.model_config(family, size)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))
+    b, L = config.batch_size, config.seq_len
+    batch = {"x": jax.ShapeDtypeStruct((b, L), jnp.int32),
+             "train": jax.ShapeDtypeStruct((), jnp.float32),
+             "ce": jax.ShapeDtypeStruct((), jnp.float32)}
+    return aot_steps.train_step_spec(
+        devices, graphdef=graphdef, params=params, param_axes=PARAM_AXES,
+        make_step=lambda g: runner.train_step(g, spec),
+        init_state=lambda p, _: runner.init_state(p), tx=runner.tx, batch=batch,
+        model_flops=3.0 * runner.flops_per_token(spec, mcfg) * b * L,
+        shape=(f"{family}, B {b} x L {L}, d {size[0]} x {size[1]} layers, {mcfg.dtype.name}, "
+               f"{mcfg.attention} attention, remat {mcfg.remat}, EMA, "
+               f"{aot_steps.count_params(params) / 1e6:.0f}M params"),
+        model_parallelism=config.model_parallelism, param_sharding=config.param_sharding,
+        logical_sizes=mcfg.logical_sizes, layer_loop=mcfg.scan_layers)
+
+
+def paper_steps():
+    """The AOT rows of ``diffusion_lm``: each family's ``paper`` train step at the reference
+    size, and MDLM's at the largest grid size (as run, and with its blocks fully
+    rematerialised), as ``core.aot_steps.PaperSteps``."""
+    from experiments.configs import diffusion_lm as dl_config
+
+    def build(family, size_index=None, **overrides):
+        def builder(devices):
+            config = dl_config.get_config("paper")
+            config.update_from_flattened_dict(overrides)
+            return train_step_spec(config, family, devices, size_index)
+        return builder
+
+    names = {"mdlm": "MDLM", "ar": "AR", "duo": "Duo", "gidd": "GIDD", "esolm": "Eso-LM"}
+    return {**{f"{NAME}/{f}": (build(f), f"{label} train step, reference size")
+               for f, label in names.items()},
+            f"{NAME}/mdlm@largest": (build("mdlm", -1), "MDLM train step, largest grid size"),
+            f"{NAME}/mdlm@largest-remat-full": (
+                build("mdlm", -1, **{"backbone.remat": "full"}),
+                "MDLM train step, largest grid size, blocks fully rematerialised (for v5e)")}
+
+
 if __name__ == "__main__":
     common.app_main(NAME, run)

@@ -48,7 +48,13 @@ from core.data import ByteTokenizer, TextBatcher
 from core.data.text import sequential_windows
 from core.training import LoopConfig, config_fingerprint, train_loop
 from models.attention import check_platform as check_attention_platform
-from models.transformer import PARAM_AXES, Transformer, forward_flops_per_token, param_count
+from models.transformer import (
+    PARAM_AXES,
+    Transformer,
+    TransformerConfig,
+    forward_flops_per_token,
+    param_count,
+)
 
 
 class ScheduleState(NamedTuple):
@@ -161,15 +167,22 @@ class Runner:
     """Builds, trains, evaluates and samples the models of one config on one mesh; compiled steps
     are shared between runs of the same graph and objective."""
 
-    def __init__(self, config: ml_collections.ConfigDict, tokenizer: ByteTokenizer | None = None):
+    def __init__(self, config: ml_collections.ConfigDict, tokenizer: ByteTokenizer | None = None,
+                 devices: Sequence[jax.Device] | None = None):
         self.config, self.tok = config, tokenizer or ByteTokenizer()
         self.tx = optimizer(config.optim)
-        self.mesh = sharding.make_mesh(config.model_parallelism)
+        self.mesh = sharding.make_mesh(config.model_parallelism, devices=devices)
         self._steps: dict[tuple, Any] = {}
         self._evals: dict[tuple, Any] = {}
 
-    def model(self, family: str, size: Sequence[int]) -> Model:
-        """A freshly initialised model (seed ``config.seed``) of ``family`` at ``size``."""
+    def model_config(self, family: str, size: Sequence[int]) -> tuple[FamilySpec,
+                                                                       TransformerConfig]:
+        """(family spec, backbone config) of ``family`` at ``size`` = (d_model, layers, heads).
+
+        Raises:
+          ValueError: an unknown family, or a ``model_parallelism`` that does not divide the
+            heads or MLP width.
+        """
         c = self.config
         spec = family_spec(c, family, self.tok)
         d, layers, heads = size
@@ -177,14 +190,37 @@ class Runner:
         cfg = transformer_config(spec, c.seq_len, d_model=d, num_layers=layers, num_heads=heads,
                                  **backbone)
         cfg.check_model_parallelism(c.model_parallelism)
+        return spec, cfg
+
+    def flops_per_token(self, spec: FamilySpec, cfg: TransformerConfig) -> float:
+        """Analytic forward FLOPs per data token, summed over a training example's passes
+        (:attr:`FamilySpec.train_passes`), as the grid counts a run's compute."""
+        return sum(forward_flops_per_token(cfg, n * self.config.seq_len) * n
+                   for n in spec.train_passes)
+
+    def init_state(self, params: nnx.State) -> dict[str, Any]:
+        """The train state of ``params`` (optimizer state, EMA when ``ema_decay`` > 0)."""
+        return init_state(params, self.tx, self.config.ema_decay)
+
+    def model(self, family: str, size: Sequence[int]) -> Model:
+        """A freshly initialised model (seed ``config.seed``) of ``family`` at ``size``."""
+        c = self.config
+        spec, cfg = self.model_config(family, size)
         check_attention_platform(cfg.attention)
         graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(c.seed)))
         state, state_sharding = sharding.shard_train_state(
-            init_state(params, self.tx, c.ema_decay), PARAM_AXES, self.mesh, self.tx,
+            self.init_state(params), PARAM_AXES, self.mesh, self.tx,
             rules=c.param_sharding, logical_sizes=cfg.logical_sizes)
-        fpt = sum(forward_flops_per_token(cfg, n * c.seq_len) * n for n in spec.train_passes)
         return Model(spec, tuple(size), graphdef, state, state_sharding, param_count(params),
-                     fpt)
+                     self.flops_per_token(spec, cfg))
+
+    def train_step(self, graphdef: nnx.GraphDef, spec: FamilySpec):
+        """The pure train-or-evaluate step ``(state, batch, key) -> (state, metrics)`` of
+        ``graphdef`` under ``spec``'s objective and this runner's optimizer, before sharding
+        constraints (what :meth:`step` wraps; ``mdlm_ce`` is ``mdlm``'s step)."""
+        if spec.name == "mdlm_ce":
+            spec = dataclasses.replace(spec, name="mdlm")
+        return make_step(graphdef, self.tx, spec, self.config.ema_decay)
 
     def step(self, model: Model, spec: FamilySpec | None = None):
         """The pure train-or-evaluate step of ``model`` (objective of ``spec``, default its own),
@@ -195,8 +231,8 @@ class Runner:
             spec = dataclasses.replace(spec, name="mdlm")
         key = (model.graphdef, spec)
         if key not in self._steps:
-            step = make_step(model.graphdef, self.tx, spec, self.config.ema_decay)
-            self._steps[key] = sharding.constrain_step(step, model.state_sharding)
+            self._steps[key] = sharding.constrain_step(self.train_step(model.graphdef, spec),
+                                                       model.state_sharding)
         return self._steps[key]
 
     def batch(self, x: np.ndarray, train: bool, ce: bool) -> dict[str, jax.Array]:
