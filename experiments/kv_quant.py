@@ -46,7 +46,7 @@ LABELS = {"qvg": "QVG", "qvg_pro": "QVG-Pro", "kivi": "KIVI"}
 COLORS = {**style.method_colors(("qvg", "qvg_pro", "kivi", "entrokv", "uniform")), "full": "0.55"}
 
 
-def _configs(config, head_dim):
+def quantizer_configs(config: ml_collections.ConfigDict, head_dim: int) -> dict:
     """The three quantizers of the config (blocks clamped to the head dim)."""
     common_qvg = dict(bits=config.bits, num_centroids=config.num_centroids, chunk=config.chunk,
                       kmeans_iters=config.kmeans_iters, seed=config.seed)
@@ -71,7 +71,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                                            f"the checkpoint {config.checkpoint}")
     graphdef, params, rope = model.graphdef, model.params, model.rope
     unit = "bits per token" if model.is_checkpoint else "bits per byte"
-    cfgs = _configs(config, d)
+    cfgs = quantizer_configs(config, d)
     windows = jnp.asarray(model.windows(seq, config.windows))
     key = jax.random.key(config.seed)
     metrics: dict = {"model": model.info, "nll_unit": unit}

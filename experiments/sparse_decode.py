@@ -282,5 +282,236 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         figures={NAME: speed_figure(rows, real, "checkpoint" if model.is_checkpoint else "lm")})
 
 
+# ----------------------------------------------------------------------------------------------
+# Ahead-of-time compile of the paper decode steps (``experiments.aot``): one new token per
+# sequence through ``Model.decode`` (the call ``models.sampling.generate`` makes each token) over a
+# cache of ``models.kv_cache.get_backend(name, **options)``: dense, FFD at this experiment's paper
+# page size and delta, QVG at kv_quant's paper quantizer (``kv_quant.quantizer_configs``).
+
+DECODE_CONTEXT = 65536  # cache slots: a sparse_decode paper context
+DECODE_BATCH = 16  # sequences per decode step: one per data shard on a 16-chip pod
+
+# Meta Llama 3.1 8B's config.json (the fields the decoder reads; no weights are needed to compile).
+LLAMA3_8B = {
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "hidden_act": "silu", "tie_word_embeddings": False,
+}
+LLAMA_CONTEXT = 131072  # cache slots: 128k, the model's longest context
+LLAMA_MODEL_PARALLELISM = 8  # the `model` axis: one kv head per device (mesh data 2 x model 8)
+
+# the fraction of the pages FFD's top-delta rule (delta 6 nats, pages of 128) keeps on
+# kernels.sparse_decode.workload.concentrated_workload at 131072 tokens: 63 of 1024 pages per kv
+# head (the same for two seeds)
+FFD_KEPT_FRACTION = 0.0615
+
+
+def qvg_paper_config(head_dim: int):
+    """The kv_quant ``paper`` variant's QVG config for keys of ``head_dim`` (block clamped to it),
+    as the kv_quant experiment builds it (``kv_quant.quantizer_configs``)."""
+    from experiments import kv_quant
+    from experiments.configs import kv_quant as kq_config
+
+    return kv_quant.quantizer_configs(kq_config.get_config("paper"), head_dim)["qvg"]
+
+
+def decode_step(graphdef, backend):
+    """``(params, cache, tokens int32 [B, T], start int32 [B]) -> (logits, cache)``: the model's
+    ``decode`` over a cache of ``backend``, as ``models.sampling.generate`` calls it per token."""
+    from flax import nnx
+
+    def step(params, cache, tokens, start):
+        return nnx.merge(graphdef, params).decode(tokens, cache, start, backend)
+
+    return step
+
+
+def lm_decode_spec(backend_name: str, devices, context: int = DECODE_CONTEXT,
+                   batch: int = DECODE_BATCH):
+    """One-token decode of the ``lm`` paper model over a ``context``-slot KV cache of backend
+    ``backend_name`` (``"dense"``, ``"ffd"``: this experiment's paper page size and delta,
+    ``"qvg"``: kv_quant's paper QVG), on ``devices``. Caches and rows are split over ``data``
+    when it divides ``batch`` (else replicated); parameters by the lm config's rules. The FFD and
+    QVG caches use their XLA paths: a Pallas kernel is partitioned only inside ``shard_map``, and
+    the kernels' own compiles are the single-device compile tests. Returns a
+    ``core.aot_steps.StepSpec``.
+
+    Raises:
+      ValueError: an unknown ``backend_name``.
+    """
+    import dataclasses as dc
+
+    from flax import nnx
+
+    from algorithms.lm import training as lm
+    from core import aot_steps, sharding
+    from core.data import ByteTokenizer
+    from experiments.configs import lm as lm_config
+    from experiments.configs import sparse_decode as sd_config
+    from models.transformer import PARAM_AXES, Transformer, forward_flops_per_token
+
+    config = lm_config.get_config("paper")
+    mcfg = dc.replace(lm.model_config(config, ByteTokenizer().vocab_size), max_len=context)
+    d = mcfg.dim_per_head
+    if backend_name == "dense":
+        backend, what = kvc.get_backend("dense"), "dense"
+    elif backend_name == "ffd":
+        sd = sd_config.get_config("paper")
+        backend = kvc.get_backend("ffd", page_size=sd.page_size, delta=sd.delta,
+                                  implementation="xla", scan_copy=False)
+        what = f"FFD (page {sd.page_size}, delta {sd.delta} nats, XLA path)"
+    elif backend_name == "qvg":
+        qcfg = qvg_paper_config(d)
+        backend = kvc.get_backend("qvg", config=qcfg, rope_base=mcfg.rope_base,
+                                  implementation="reference")
+        what = (f"QVG ({qcfg.bits}-bit, block {qcfg.block}, {qcfg.num_centroids} centroids, "
+                f"chunk {qcfg.chunk}, XLA path)")
+    else:
+        raise ValueError(f"lm_decode_spec: backend {backend_name!r} is not dense, ffd or qvg")
+    model = nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model)
+    cache = jax.eval_shape(lambda: model.init_cache(batch, context, backend))
+    mesh = sharding.make_mesh(config.model_parallelism, devices=devices)
+    p_sh = sharding.param_shardings(params, PARAM_AXES, mesh,
+                                    sharding.rules_named(config.param_sharding),
+                                    logical_sizes=mcfg.logical_sizes)
+    n_data = mesh.shape[sharding.DATA]
+
+    def rows(x):  # batch-leading leaves on `data` when it divides the batch
+        ok = len(x.shape) > 0 and x.shape[0] == batch and batch % n_data == 0
+        return sharding.batch_sharding(mesh, len(x.shape)) if ok else sharding.replicated(mesh)
+
+    args = (aot_steps.abstract(params, p_sh),
+            jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows(x)),
+                         cache),
+            jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=rows(jnp.zeros((batch, 1)))),
+            jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows(jnp.zeros((batch,)))))
+    n = aot_steps.count_params(params)
+    return aot_steps.StepSpec(
+        decode_step(graphdef, backend), args, (1,), forward_flops_per_token(mcfg, context) * batch,
+        n, f"{what} cache, B {batch} x 1 new token over {context} slots, lm paper model "
+        f"({n / 1e6:.0f}M params, {mcfg.kv_heads} kv heads x D {d})")
+
+
+def ffd_analytic(batch: int, context: int, kept_fraction: float, mesh) -> str:
+    """The FFD kernels' analytic bytes per chip and decode step (:mod:`kernels.sparse_decode.cost`,
+    both TPU kernels, every layer) beside dense bf16 attention's cache reads, as a phrase."""
+    from core import sharding
+    from kernels.sparse_decode import cost as sd_cost
+    from kernels.sparse_decode import pallas_tpu as sd_tpu
+
+    cfg = LLAMA3_8B
+    rows = batch // mesh.shape[sharding.DATA] if batch % mesh.shape[sharding.DATA] == 0 else batch
+    kv = cfg["num_key_value_heads"] // mesh.shape[sharding.MODEL]
+    d = cfg["hidden_size"] // cfg["num_attention_heads"]
+    g = cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+    p = ref.PAGE_SIZE
+    n = context // p
+    cache = jax.eval_shape(lambda: ref.init_ffd_cache(rows, context, kv, d, jnp.bfloat16, p))
+    qg = jax.ShapeDtypeStruct((rows, kv, g, d), jnp.float32)
+    pb = sd_tpu.scan_block(n)
+    scan = sd_cost.ffd_tpu_scan_cost(qg, cache["codes"], cache["scale"], num_slots=n,
+                                     pages_per_step=pb, sub=sd_tpu.sub_block(pb))
+    attend = sd_cost.ffd_tpu_attend_cost(qg, cache["codes"], cache["scale"], cache["resid"],
+                                         cache["v"], cache["tail"],
+                                         jax.ShapeDtypeStruct((rows, kv, n), jnp.int32),
+                                         kept_fraction=kept_fraction)
+    layers = cfg["num_hidden_layers"]
+    ffd = layers * (scan.bytes_accessed + attend.bytes_accessed)
+    dense = layers * rows * kv * 2 * context * d * 2
+    return (f"analytic kernel bytes per chip {ffd / 1e9:.2f} GB = {ffd / dense:.3f}x dense bf16 "
+            f"attention's {dense / 1e9:.2f} GB")
+
+
+def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLAMA_CONTEXT):
+    """One-token decode of a Llama-3-8B-shaped model (bfloat16, :data:`LLAMA3_8B`) over a
+    ``context``-slot cache of ``backend_name``: ``"dense"``, ``"ffd"`` (this experiment's paper
+    page size and delta) or ``"qvg"`` (kv_quant's paper QVG at head dim 128), on ``devices``.
+    Parameters are placed by ``core.sharding``'s FSDP + tensor-parallel rules on a (data,
+    model 8) mesh (data 2 on 16 chips; ``model`` the gcd of 8 and the device count); every cache
+    leaf [B, K, ...] has its rows on ``data`` (when it divides B) and its 8 kv heads on
+    ``model``. FFD and QVG run their Pallas kernel (TPU or GPU, by the topology; the XLA / jnp
+    path on CPU) inside ``shard_map`` (``kernels.*.sharded``): a ``pallas_call`` is not
+    partitioned by XLA itself. Returns a ``core.aot_steps.StepSpec``.
+
+    Raises:
+      ValueError: an unknown ``backend_name``.
+    """
+    import math
+
+    from flax import nnx
+
+    from core import aot_steps, sharding
+    from experiments.configs import sparse_decode as sd_config
+    from models.hf_checkpoint import config_from_hf
+    from models.llama import Llama
+    from models.transformer import PARAM_AXES
+
+    cfg = config_from_hf(LLAMA3_8B, where="Llama-3-8B config", dtype=jnp.bfloat16,
+                         max_len=context)
+    mesh = sharding.make_mesh(math.gcd(LLAMA_MODEL_PARALLELISM, len(devices)), devices=devices)
+    kernel = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu"}.get(
+        devices[0].platform, "xla")
+    if backend_name == "dense":
+        backend, what = kvc.get_backend("dense"), "dense bf16"
+    elif backend_name == "ffd":
+        sd = sd_config.get_config("paper")
+        f = FFD_KEPT_FRACTION
+        backend = kvc.get_backend("ffd_sharded", page_size=sd.page_size, delta=sd.delta,
+                                  implementation=kernel, scan_copy=False, mesh=mesh,
+                                  assumed_kept_fraction=f)
+        what = (f"FFD (page {sd.page_size}, delta {sd.delta} nats, {kernel} in shard_map; "
+                f"kernel costs at kept fraction {f}, {ffd_analytic(batch, context, f, mesh)})")
+    elif backend_name == "qvg":
+        qcfg = qvg_paper_config(cfg.dim_per_head)
+        backend = kvc.get_backend("qvg_sharded", config=qcfg, rope_base=cfg.rope, mesh=mesh,
+                                  implementation="reference" if kernel == "xla" else kernel)
+        what = (f"QVG ({qcfg.bits}-bit, block {qcfg.block}, {qcfg.num_centroids} centroids, "
+                f"chunk {qcfg.chunk}, {kernel} in shard_map)")
+    else:
+        raise ValueError(f"llama_decode_spec: backend {backend_name!r} is not dense, ffd or qvg")
+    model = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model)
+    cache = jax.eval_shape(lambda: model.init_cache(batch, context, backend))
+    p_sh = sharding.param_shardings(params, PARAM_AXES, mesh, sharding.PARAM_RULES,
+                                    logical_sizes={"heads": cfg.num_heads,
+                                                   "kv_heads": cfg.kv_heads})
+    rows = sharding.DATA if batch % mesh.shape[sharding.DATA] == 0 else None
+    heads = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(rows, sharding.MODEL))
+    per_row = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(rows))
+    # rows on data and kv heads on model for [B, K, ...] leaves; per-row leaves [B] (a backend's
+    # requested capacity) on data alone
+    cache_sh = jax.tree.map(lambda x: heads if x.ndim >= 2 else per_row, cache)
+    args = (aot_steps.abstract(params, p_sh), aot_steps.abstract(cache, cache_sh),
+            jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=per_row),
+            jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=per_row))
+    n = aot_steps.count_params(params)
+    flops = 2.0 * n + 4.0 * cfg.num_layers * cfg.num_heads * cfg.dim_per_head * context
+    return aot_steps.StepSpec(
+        decode_step(graphdef, backend), args, (1,), flops * batch, n,
+        f"{what} cache, B {batch} x 1 new token over {context} slots, Llama-3-8B shape "
+        f"({n / 1e9:.2f}B params, bf16, {cfg.kv_heads} kv heads x D {cfg.dim_per_head}), mesh "
+        f"data {mesh.shape[sharding.DATA]} x model {mesh.shape[sharding.MODEL]}")
+
+
+def paper_steps():
+    """The AOT rows of the decode steps: the ``lm`` paper model over a 64k cache (dense, FFD,
+    QVG) and a Llama-3-8B-shaped model over a 128k cache at batch 1 and 8, as
+    ``core.aot_steps.PaperSteps``."""
+    backends = ("dense", "ffd", "qvg")
+    return {
+        **{f"lm/decode-{b}": (lambda devices, b=b: lm_decode_spec(b, devices),
+                              f"lm decode step, {b.upper() if b != 'dense' else 'dense'} KV cache")
+           for b in backends},
+        **{f"llama3_8b/decode-{b}@128k-b{n}": (
+            lambda devices, b=b, n=n: llama_decode_spec(b, n, devices),
+            f"Llama-3-8B decode, {b} cache, batch {n}, 128k context")
+           for b in backends for n in (1, 8)},
+    }
+
+
 if __name__ == "__main__":
     common.app_main(NAME, run)
