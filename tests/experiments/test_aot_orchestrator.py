@@ -178,7 +178,7 @@ def test_run_writes_table_atomically_and_keeps_failures(tmp_path, monkeypatch):
         sh = jax.sharding.NamedSharding(jax.sharding.Mesh(np.asarray(devices), ("data",)),
                                         jax.sharding.PartitionSpec())
         x = jax.ShapeDtypeStruct((n, n), jnp.float32, sharding=sh)
-        return orchestrator.StepSpec(lambda a, b: a @ b, (x, x), (), 2.0 * n ** 3, n * n, "tiny")
+        return aot_steps.StepSpec(lambda a, b: a @ b, (x, x), (), 2.0 * n ** 3, n * n, "tiny")
 
     def broken(devices):
         raise ValueError("paper config: seq_len=7\nmore detail")
@@ -227,6 +227,42 @@ def test_run_writes_table_atomically_and_keeps_failures(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"--only: 'lm/\*' matches no row"):
         orchestrator.run(out, ["t/tiny"], ["v5e:4x4"], only=["lm/*"], log=lambda s: None)
     assert json.load(open(out + ".json")) == list(after.values()) or len(after) == 3
+
+
+# The table's rows by name (AOT.md and its store are keyed by them), grouped by the experiment
+# that exports them.
+EXPECTED_STEPS = {
+    "benchmark_game": ["benchmark_game/n3", "benchmark_game/n5"],
+    "diffusion_lm": ["diffusion_lm/mdlm", "diffusion_lm/ar", "diffusion_lm/duo", "diffusion_lm/gidd",
+                     "diffusion_lm/esolm", "diffusion_lm/mdlm@largest",
+                     "diffusion_lm/mdlm@largest-remat-full"],
+    "forecasting": ["forecasting/train"],
+    "judge_btl": ["judge_btl/fit"],
+    "lm": ["lm/train", "lm/train@1.1B", "lm/train@d2048x4", "lm/train@5.6B-b16"],
+    "rl_scaling": ["rl_scaling/grpo"],
+    "sparse_decode": ["lm/decode-dense", "lm/decode-ffd", "lm/decode-qvg",
+                      *(f"llama3_8b/decode-{b}@128k-b{n}" for b in ("dense", "ffd", "qvg")
+                        for n in (1, 8))],
+    "spf": ["spf/train"],
+}
+
+
+def test_steps_are_discovered_from_the_experiments_in_registry_order():
+    from experiments import registry
+
+    order = [n for n in registry.available() if n in EXPECTED_STEPS]
+    assert list(orchestrator.STEPS) == [s for n in order for s in EXPECTED_STEPS[n]]
+    assert orchestrator.STEPS["lm/decode-ffd"][1] == "lm decode step, FFD KV cache"
+    assert orchestrator.STEPS["rl_scaling/grpo"][1] == "GRPO step, largest rollouts-per-step group"
+
+
+def test_a_step_name_exported_twice_is_refused(monkeypatch):
+    from experiments import registry
+
+    monkeypatch.setattr(registry, "available", lambda: ("spf", "judge_btl", "spf"))
+    with pytest.raises(ValueError, match="'spf/train' is exported by both experiments.spf and "
+                                         "experiments.spf"):
+        orchestrator.discover_steps()
 
 
 def test_select_rows_matches_steps_and_rows():
@@ -348,9 +384,11 @@ def test_llama3_8b_decode_has_the_published_shape_and_shards_its_cache():
 
 
 def test_judge_btl_fits_in_float64_except_on_tpu_where_the_fallback_is_stated():
-    assert orchestrator.judge_btl_precision("cpu") == (True, None)
-    assert orchestrator.judge_btl_precision("gpu") == (True, None)
-    x64, (change, why) = orchestrator.judge_btl_precision("tpu")
+    from experiments.judge_btl import aot_precision
+
+    assert aot_precision("cpu") == (True, None)
+    assert aot_precision("gpu") == (True, None)
+    x64, (change, why) = aot_precision("tpu")
     assert not x64 and "float32" in change and "float64" in why and "\n" not in why
     spec = orchestrator.STEPS["judge_btl/fit"][0](jax.devices()[:1])  # CPU: the experiment's fit
     assert spec.x64 and spec.fallback is None and "float64 Newton" in spec.shape
