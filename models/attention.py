@@ -6,7 +6,8 @@ S key length, D head dim, N key blocks of size T (S = N * T after padding).
 
 Implementations (``TransformerConfig.attention``):
 
-* ``"reference"``: :func:`models.kv_cache.grouped_attention`, float32 scores [B, K, G, L, S] in
+* ``"reference"``: :func:`kernels.attention_math.grouped_attention`, float32 scores
+  [B, K, G, L, S] in
   memory; the specification, and the default on CPU.
 * ``"blockwise"``: :func:`blockwise_attention`, the memory-efficient exact attention of Rabe &
   Staats (2021, "Self-attention does not need O(n^2) memory") with the FlashAttention backward of
@@ -354,7 +355,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, implementation: str, 
     Raises:
       ValueError: an unknown implementation, or ``"cudnn"`` with a custom mask.
     """
-    from models.kv_cache import grouped_attention
+    from kernels.attention_math import grouped_attention
 
     check_implementation(implementation)
     fused = fallback_reason(implementation, mask_kind) is None

@@ -30,7 +30,7 @@ from models.rope import RotaryEmbedding
 def model_rope(cfg: Any) -> float | RotaryEmbedding:
     """The RoPE a decoder config applies: ``LlamaConfig.rope`` (theta and scaling) or
     ``TransformerConfig.rope_base`` (a base frequency). Either is accepted as the ``base`` of
-    :func:`models.rope.apply_rope` and as a QVG cache's ``rope_base``.
+    :func:`kernels.rope.apply_rope` and as a QVG cache's ``rope_base``.
 
     Raises:
       ValueError: ``cfg`` has neither attribute.

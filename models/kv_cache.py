@@ -2,17 +2,17 @@
 
 Dimensions: B batch, H query heads, K kv heads, G = H / K, S cache slots, T new tokens, D head dim.
 
-The protocol (:class:`KVCacheBackend`: ``init`` / ``update`` / ``attend``), the dense backend
-(:class:`DenseKVCache`), :func:`grouped_attention` and :func:`causal_cache_mask` live in
-:mod:`kernels.common` with the backend registry, and are re-exported here. Every backend class
-registers its name there (``@register_backend("ffd")``); this module imports, by an explicit list
+The protocol (:class:`kernels.cache_backend.KVCacheBackend`: ``init`` / ``update`` / ``attend``)
+and the dense backend (:class:`kernels.cache_backend.DenseKVCache`) live in
+:mod:`kernels.cache_backend` with the backend registry. Every backend class registers its name
+there (``@register_backend("ffd")``); this module imports, by an explicit list
 (:data:`BACKEND_MODULES`, ``models`` -> ``kernels``, the allowed direction), every module that
 defines one, and defines the one backend that lives at this layer, EntroKV's keep-mask cache
 (:class:`BudgetedKVCache`, ``"budgeted"``: the budgets and selection that fill its mask are in
 :mod:`algorithms.kv_budget`). So :func:`get_backend` is the one lookup, and it knows every name:
 
 ========================  ==============================================================
-``"dense"``               :class:`kernels.common.DenseKVCache`
+``"dense"``               :class:`kernels.cache_backend.DenseKVCache`
 ``"ffd"``, ``"quest"``    :mod:`kernels.sparse_decode.cache` (Faster Flash Decoding, Quest)
 ``"ffd_sharded"``         :mod:`kernels.sparse_decode.sharded` (FFD inside ``shard_map``)
 ``"qvg"``, ``"kivi"``     :mod:`kernels.kv_quant.cache` (Quant VideoGen, KIVI)
@@ -35,13 +35,10 @@ import importlib
 
 import jax.numpy as jnp
 
-from kernels import checks, common
-from kernels.common import (  # noqa: F401  (re-exported: the models' names for these)
-    DENSE,
-    DenseKVCache,
-    KVCacheBackend,
-    causal_cache_mask,
-    grouped_attention,
+from kernels import attention_math, cache_backend, checks
+from kernels.cache_backend import (
+    DENSE,  # also read as kv_cache.DENSE by experiments/sparse_decode.py
+    KVCacheBackend,  # also read by experiments/generate.py
 )
 
 # The modules that define (and register) KV-cache backends, imported here so that the registry
@@ -56,7 +53,7 @@ for _module in BACKEND_MODULES:
     importlib.import_module(_module)
 
 
-@common.register_backend("budgeted")
+@cache_backend.register_backend("budgeted")
 @dataclasses.dataclass(frozen=True)
 class BudgetedKVCache:
     """Dense ``[B, K, S, D]`` cache with a per-head keep mask bool ``[B, K, S]``, ``"budgeted"``.
@@ -66,11 +63,12 @@ class BudgetedKVCache:
     (which tokens each head may see) exactly; the memory saving itself would come from compacting
     the kept slots, which this reference does not do.
 
-    It follows the backend protocol of :class:`kernels.common.KVCacheBackend`, its capacity rule
+    It follows the backend protocol of :class:`kernels.cache_backend.KVCacheBackend`, its capacity
+    rule
     included (S = ``max_len``; a row out of capacity raises ``ValueError`` outside ``jit`` and,
     inside it, is left unchanged by ``update`` and NaN in ``attend``): ``update`` and the checks
     are the dense backend's. A row whose keep mask hides every slot it may see attends to nothing
-    and is NaN as well (:func:`kernels.common.grouped_attention` needs one key per query).
+    and is NaN as well (:func:`kernels.attention_math.grouped_attention` needs one key per query).
     """
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
@@ -91,14 +89,15 @@ class BudgetedKVCache:
         b, kh, s, d = layer_cache["k"].shape
         checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
                             where="BudgetedKVCache.attend")
-        mask = causal_cache_mask(start, q.shape[2], s) & layer_cache["keep"][:, :, None, None, :]
-        out = grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
-        return common.poison_rows(out, common.rows_in_capacity(start, q.shape[2], s))
+        mask = (attention_math.causal_cache_mask(start, q.shape[2], s)
+                & layer_cache["keep"][:, :, None, None, :])
+        out = attention_math.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
+        return cache_backend.poison_rows(out, cache_backend.rows_in_capacity(start, q.shape[2], s))
 
 
 def registered_names() -> list[str]:
     """The names :func:`get_backend` accepts, sorted."""
-    return sorted(common.registered_backends())
+    return sorted(cache_backend.registered_backends())
 
 
 def get_backend(name: str, **options) -> KVCacheBackend:
@@ -114,7 +113,7 @@ def get_backend(name: str, **options) -> KVCacheBackend:
         is not one of the backend's fields (the message lists them), or the backend's own checks
         refuse a value.
     """
-    backends = common.registered_backends()
+    backends = cache_backend.registered_backends()
     if not isinstance(name, str) or name not in backends:
         raise ValueError(f"get_backend: unknown KV-cache backend {name!r}; registered: "
                          f"{', '.join(sorted(backends))}")

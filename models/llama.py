@@ -40,9 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kernels import checks, common
+from kernels import attention_math, cache_backend, checks
+from kernels.rope import apply_rope
 from models import kv_cache as kvc
-from models.rope import RotaryEmbedding, apply_rope
+from models.rope import RotaryEmbedding
 from models.transformer import SwiGLU
 
 
@@ -187,12 +188,12 @@ class Attention(nnx.Module):
         wm = window_mask(positions, self.window)
         if wm is not None:
             mask = mask & wm
-        out = kvc.grouped_attention(q, k, v, mask[:, None, None, :, :])
+        out = attention_math.grouped_attention(q, k, v, mask[:, None, None, :, :])
         b, _, l, _ = out.shape
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, l, -1))
 
     def decode(self, x: jax.Array, positions: jax.Array, layer_cache: Any,
-               backend: kvc.KVCacheBackend) -> tuple[jax.Array, Any]:
+               backend: cache_backend.KVCacheBackend) -> tuple[jax.Array, Any]:
         """Appends the new keys/values and attends over the cache (protocol of
         :mod:`models.kv_cache`). x [B, T, E]; positions int32 [B, T] contiguous.
 
@@ -203,13 +204,13 @@ class Attention(nnx.Module):
         q, k, v = self.qkv(x, positions)
         start = positions[:, 0]
         layer_cache = backend.update(layer_cache, k, v, start)
-        if self.window is not None and isinstance(backend, kvc.DenseKVCache) and \
+        if self.window is not None and isinstance(backend, cache_backend.DenseKVCache) and \
                 layer_cache["k"].shape[2] > self.window:
             s = layer_cache["k"].shape[2]
-            mask = kvc.causal_cache_mask(start, q.shape[2], s)
+            mask = attention_math.causal_cache_mask(start, q.shape[2], s)
             pos = positions[:, :, None] - jnp.arange(s)[None, None, :]  # [B, T, S]
             mask = mask & (pos < self.window)[:, None, None]
-            out = kvc.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
+            out = attention_math.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask)
         else:
             out = backend.attend(layer_cache, q, start)
         b, _, t, _ = out.shape
@@ -303,11 +304,11 @@ class Llama(nnx.Module):
             x = block(x, positions, mask)
         return self._head(x)
 
-    def check_backend(self, backend: kvc.KVCacheBackend, cache_len: int) -> None:
+    def check_backend(self, backend: cache_backend.KVCacheBackend, cache_len: int) -> None:
         """Raises ValueError if ``backend`` cannot serve this model with ``cache_len`` slots: a
         sliding window shorter than the cache with a backend other than the dense one."""
         windows = [w for w in (self.cfg.layer_windows or ()) if w is not None and w < cache_len]
-        if windows and not isinstance(backend, kvc.DenseKVCache):
+        if windows and not isinstance(backend, cache_backend.DenseKVCache):
             raise ValueError(
                 f"KV-cache backend {type(backend).__name__} cannot honour the model's sliding "
                 f"window of {min(windows)} tokens with a cache of {cache_len} slots (it would "
@@ -315,7 +316,7 @@ class Llama(nnx.Module):
                 "longer than the window")
 
     def init_cache(self, batch_size: int, max_len: int | None = None,
-                   backend: kvc.KVCacheBackend | None = None) -> list[Any]:
+                   backend: cache_backend.KVCacheBackend | None = None) -> list[Any]:
         """An empty cache: one backend-specific pytree per layer.
 
         Raises:
@@ -324,7 +325,7 @@ class Llama(nnx.Module):
         """
         checks.integer(batch_size, "batch_size", "Llama.init_cache", minimum=1)
         checks.integer(max_len, "max_len", "Llama.init_cache", minimum=1, allow_none=True)
-        backend = backend or kvc.DenseKVCache()
+        backend = backend or cache_backend.DenseKVCache()
         max_len = max_len or self.cfg.max_len
         if max_len > self.cfg.max_len:
             raise ValueError(f"cache length {max_len} exceeds the model's max_len={self.cfg.max_len}")
@@ -333,7 +334,7 @@ class Llama(nnx.Module):
                              self.cfg.dtype) for _ in range(self.cfg.num_layers)]
 
     def decode(self, tokens: jax.Array, cache: list[Any], start: jax.Array,
-               backend: kvc.KVCacheBackend | None = None) -> tuple[jax.Array, list[Any]]:
+               backend: cache_backend.KVCacheBackend | None = None) -> tuple[jax.Array, list[Any]]:
         """Appends ``tokens`` at positions ``start .. start + T - 1`` and returns their logits.
 
         Prefill is ``decode`` of the prompt with ``start = 0``; generation then decodes one token
@@ -353,7 +354,7 @@ class Llama(nnx.Module):
             an int scalar or [B]; a concrete ``start`` that leaves no room for T tokens in the
             cache (raised by the backend's ``update``).
         """
-        backend = backend or kvc.DenseKVCache()
+        backend = backend or cache_backend.DenseKVCache()
         self._check_tokens(tokens, "Llama.decode")
         if len(cache) != self.cfg.num_layers:
             raise ValueError(f"Llama.decode: cache has {len(cache)} layers, the model "
@@ -375,7 +376,7 @@ class Llama(nnx.Module):
         return self._head(x), new_cache
 
 
-def backend_for(name: str, cfg: LlamaConfig, **kwargs) -> kvc.KVCacheBackend:
+def backend_for(name: str, cfg: LlamaConfig, **kwargs) -> cache_backend.KVCacheBackend:
     """:func:`models.kv_cache.get_backend` with the model's RoPE passed to the backends that
     re-apply it to stored keys (those with a ``rope_base`` field, QVG: ``rope_base=cfg.rope``,
     scaling included) unless ``kwargs`` sets it.
@@ -383,7 +384,7 @@ def backend_for(name: str, cfg: LlamaConfig, **kwargs) -> kvc.KVCacheBackend:
     Raises:
       ValueError: as ``get_backend``.
     """
-    cls = common.registered_backends().get(name)
+    cls = cache_backend.registered_backends().get(name)
     if cls is not None and "rope_base" in {f.name for f in dataclasses.fields(cls)}:
         kwargs.setdefault("rope_base", cfg.rope)
     return kvc.get_backend(name, **kwargs)

@@ -9,9 +9,9 @@ interpolation (Chen et al. 2023), Llama 3.1's smooth per-band rescaling, and YaR
 2023, Sec. 3.2-3.4). Every function here that takes ``base`` accepts either form, so a cache that
 re-applies RoPE to stored keys (QVG) uses exactly the model's frequencies.
 
-The rotation (:func:`apply_rope`, :func:`rope_angles`) lives in :mod:`kernels.common`, where the
-KV-cache kernels use it too; it accepts a float base or any object with an ``inv_freq(head_dim)``
-method, such as :class:`RotaryEmbedding`. It is re-exported here.
+The rotation itself (:func:`kernels.rope.apply_rope`, :func:`kernels.rope.rope_angles`) lives in
+:mod:`kernels.rope`, where the KV-cache kernels use it too; it accepts a float base or any object
+with an ``inv_freq(head_dim)`` method, such as :class:`RotaryEmbedding`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ import math
 
 import numpy as np
 
-from kernels.common import apply_rope, rope_angles  # the rotation itself; re-exported here
-
 ROPE_KINDS = ("default", "linear", "llama3", "yarn")
-__all__ = ["ROPE_KINDS", "RotaryEmbedding", "apply_rope", "rope_angles"]
+__all__ = ["ROPE_KINDS", "RotaryEmbedding"]
 
 
 @dataclasses.dataclass(frozen=True)

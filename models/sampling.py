@@ -13,8 +13,7 @@ import numpy as np
 from flax import nnx
 
 from core import sampling
-from kernels import checks
-from models import kv_cache as kvc
+from kernels import cache_backend, checks
 
 
 def sample_logits(key: jax.Array, logits: jax.Array, temperature: float) -> jax.Array:
@@ -39,7 +38,7 @@ def sample_logits(key: jax.Array, logits: jax.Array, temperature: float) -> jax.
 
 def generate(graphdef: nnx.GraphDef, params: nnx.State, prompt: jax.Array, key: jax.Array, *,
              max_new_tokens: int, temperature: float = 1.0,
-             backend: kvc.KVCacheBackend = kvc.DENSE,
+             backend: cache_backend.KVCacheBackend = cache_backend.DENSE,
              banned_ids: tuple[int, ...] = ()) -> tuple[jax.Array, jax.Array]:
     """Samples ``max_new_tokens`` continuations of ``prompt`` with the KV cache.
 

@@ -40,10 +40,9 @@ import numpy as np
 from flax import nnx
 
 from core import sharding as shd
-from kernels import checks
+from kernels import cache_backend, checks
+from kernels.rope import apply_rope
 from models import attention as attn_lib
-from models import kv_cache as kvc
-from models.rope import apply_rope
 
 # Rematerialisation policies for ``TransformerConfig.remat`` (None: no remat).
 REMAT_POLICIES: dict[str, Any] = {
@@ -307,7 +306,7 @@ class Attention(nnx.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, l, -1))
 
     def decode(self, x: jax.Array, positions: jax.Array, layer_cache: Any,
-               backend: kvc.KVCacheBackend) -> tuple[jax.Array, Any]:
+               backend: cache_backend.KVCacheBackend) -> tuple[jax.Array, Any]:
         """Incremental attention: appends the new keys/values and attends over the cache.
 
         x [B, T, E]; positions [B, T] int32 (absolute positions of the new tokens, contiguous).
@@ -497,7 +496,7 @@ class Transformer(nnx.Module):
     # -- KV-cache decoding ----------------------------------------------------------------------
 
     def init_cache(self, batch_size: int, max_len: int | None = None,
-                   backend: kvc.KVCacheBackend | None = None) -> Any:
+                   backend: cache_backend.KVCacheBackend | None = None) -> Any:
         """An empty cache: one backend-specific pytree per layer.
 
         Returns:
@@ -509,7 +508,7 @@ class Transformer(nnx.Module):
           ValueError: ``max_len`` exceeds the model's ``max_len``; with ``scan_layers``, the
             backend's layer cache has a leaf that is not an array (it cannot be stacked).
         """
-        backend = backend or kvc.DenseKVCache()
+        backend = backend or cache_backend.DenseKVCache()
         max_len = max_len or self.cfg.max_len
         if max_len > self.cfg.max_len:
             raise ValueError(f"cache length {max_len} exceeds the model's max_len={self.cfg.max_len}")
@@ -527,7 +526,7 @@ class Transformer(nnx.Module):
                              self.cfg.dtype) for _ in range(self.cfg.num_layers)]
 
     def decode(self, tokens: jax.Array, cache: Any, start: jax.Array,
-               backend: kvc.KVCacheBackend | None = None, cond: jax.Array | None = None
+               backend: cache_backend.KVCacheBackend | None = None, cond: jax.Array | None = None
                ) -> tuple[jax.Array, Any]:
         """Appends ``tokens`` at positions ``start .. start + T - 1`` and returns their logits.
 
@@ -550,7 +549,7 @@ class Transformer(nnx.Module):
           ValueError: as :meth:`__call__`; with ``scan_layers``, a cache that is a list or whose
             leaves do not lead with ``num_layers``.
         """
-        backend = backend or kvc.DenseKVCache()
+        backend = backend or cache_backend.DenseKVCache()
         self._check_tokens(tokens, "Transformer.decode")
         b, t = tokens.shape
         start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (b,))

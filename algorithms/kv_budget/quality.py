@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from algorithms.kv_budget.entrokv import check_finite
-from kernels import checks, common
+from kernels import attention_math, checks
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
+from kernels.rope import rope_slots
 
 
 def _check_qkv(q, k, v, where: str) -> None:
@@ -56,7 +57,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool = True) -> 
         raise checks.error("attention", "q", f"at most S = {s} query positions when causal",
                            f"L = {l}")
     mask = jnp.tril(jnp.ones((l, s), bool), s - l) if causal else jnp.ones((l, s), bool)
-    return common.grouped_attention(q.astype(jnp.float32), k, v, mask[None, None, None])
+    return attention_math.grouped_attention(q.astype(jnp.float32), k, v, mask[None, None, None])
 
 
 def relative_error(a: jax.Array, b: jax.Array) -> float:
@@ -95,10 +96,10 @@ def roundtrip(cfg: QVGConfig | KIVIConfig, k: jax.Array, v: jax.Array, key: jax.
     check_finite(v, "v", "roundtrip")
     if isinstance(cfg, KIVIConfig):
         return ref.kivi_roundtrip(k, v, cfg)
-    kk = k if pre_rope_base is None else common.rope_slots(k, pre_rope_base, 0, sign=-1)
+    kk = k if pre_rope_base is None else rope_slots(k, pre_rope_base, 0, sign=-1)
     k_hat = ref.qvg_roundtrip(kk, cfg, key)
     if pre_rope_base is not None:
-        k_hat = common.rope_slots(k_hat, pre_rope_base, 0)
+        k_hat = rope_slots(k_hat, pre_rope_base, 0)
     return k_hat, ref.qvg_roundtrip(v, cfg, jax.random.fold_in(key, 1))
 
 

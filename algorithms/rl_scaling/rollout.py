@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from core import sampling
-from models import kv_cache as kvc
+from kernels import cache_backend
 
 
 def completion_mask(tokens: jax.Array, end_id: int) -> jax.Array:
@@ -61,7 +61,8 @@ def _gather_rows(cache, prompt_rows: jax.Array | None):
 
 def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: jax.Array, *,
             max_new_tokens: int, end_id: int, temperature: float = 1.0,
-            backend: kvc.KVCacheBackend = kvc.DENSE, prompt_rows: jax.Array | None = None
+            backend: cache_backend.KVCacheBackend = cache_backend.DENSE,
+            prompt_rows: jax.Array | None = None
             ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Samples completions of ``prompts`` until the end token or ``max_new_tokens``.
 

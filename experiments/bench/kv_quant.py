@@ -7,7 +7,8 @@ attends to a full cache of S slots through :class:`kernels.kv_quant.cache.QVGCac
 k-means stage, keys stored before RoPE) and :class:`kernels.kv_quant.cache.KIVICache` (INT2), each
 with the fused XLA path (``implementation="xla"``, the CPU default: one chunk of packed codes
 dequantized per loop step) and with the jnp reference (dequantize the whole cache, then attend),
-and through the dense bf16 cache (:class:`kernels.common.DenseKVCache`), all timed in alternation
+and through the dense bf16 cache (:class:`kernels.cache_backend.DenseKVCache`), all timed in
+alternation
 in one run (:func:`core.timing.best_seconds`). On GPU / TPU ``auto`` picks the Pallas kernel for
 QVG. The caches are filled the way a model fills them, one chunk per ``update`` call.
 
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 from core.report import markdown_table
 from core.timing import best_seconds, read_bandwidth_gbs
 from experiments.bench.timing import pick_size
-from kernels import common
+from kernels import cache_backend
 from kernels.kv_quant import api, cache
 from kernels.kv_quant import reference as ref
 
@@ -60,7 +61,7 @@ def _fill(backend, b, slots, kv_heads, head_dim, k, v, step):
 def dense_bf16_products(q: jax.Array, layer: dict, start: jax.Array) -> jax.Array:
     """A second dense baseline: one query token q [B, H, 1, D] over the bf16 cache ``layer``
     (k, v [B, K, S, D]) with bf16 operands and float32 accumulation (no float32 copy of the
-    cache, unlike :class:`kernels.common.DenseKVCache`, which converts the cache to float32
+    cache, unlike :class:`kernels.cache_backend.DenseKVCache`, which converts the cache to float32
     first); slots ``s <= start[b]`` are attended. Returns float32 [B, H, 1, D]."""
     b, h, _, d = q.shape
     kh = layer["k"].shape[1]
@@ -91,7 +92,7 @@ def run(size: str = "cpu") -> str:
     q = jax.random.normal(ks[2], (b, h, 1, d), jnp.float32)
     start = jnp.full((b,), slots - 1, jnp.int32)
 
-    dense = common.DENSE
+    dense = cache_backend.DENSE
     backends = {
         "qvg_xla": cache.QVGCache(config=qcfg, implementation="xla"),
         "qvg_ref": cache.QVGCache(config=qcfg, implementation="reference"),

@@ -111,15 +111,15 @@ plt.show()
 
 # %% [markdown]
 # ## Decoding through the caches
-# `QVGCache` and `KIVICache` implement the cache protocol of `kernels.common` (`init`, `update`,
-# `attend`): a model writes new keys and values with `update` and attends with `attend`. QVG keeps
+# `QVGCache` and `KIVICache` implement the cache protocol of `kernels.cache_backend` (`init`,
+# `update`, `attend`): a model writes new keys and values with `update` and attends with `attend`. QVG keeps
 # the incomplete chunk exact and quantizes each chunk when it fills (keys before RoPE); KIVI keeps
 # the last `residual` values exact. `implementation="xla"` dequantizes one chunk of packed codes
 # per loop step inside the attention; `"reference"` dequantizes the whole cache first. Both give
 # the same answer; the fused path reads only the packed cache.
 
 # %%
-from kernels import common
+from kernels.cache_backend import DENSE
 from kernels.kv_quant import cache
 
 S = N
@@ -127,8 +127,7 @@ chunk = nbu.size(smoke=64, colab=512)
 kq, vq = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)  # the keys above, as a model's cache
 query = q[:, :, :4].reshape(1, 4 * K, 1, D)  # 4 query heads per kv head, one new token
 start, zero = jnp.array([S - 1], jnp.int32), jnp.zeros((1,), jnp.int32)
-dense = common.DENSE.attend(common.DENSE.update(common.DENSE.init(1, S, K, D, jnp.bfloat16),
-                                                kq, vq, zero), query, start)
+dense = DENSE.attend(DENSE.update(DENSE.init(1, S, K, D, jnp.bfloat16), kq, vq, zero), query, start)
 backends = {
     "QVG": lambda impl: cache.QVGCache(config=ref.qvg_preset("qvg", num_centroids=16, chunk=chunk,
                                                              kmeans_iters=4), implementation=impl),

@@ -1,4 +1,4 @@
-"""Quantized-KV attention: the dispatch table of the kv_quant op (QVG and KIVI).
+"""Quantized-KV attention: the public entry points and the op's implementation table (QVG, KIVI).
 
 Dimensions: B batch, K kv heads, R = G * T query rows per kv head, T new tokens, D head dim,
 N chunk tokens, NC chunks, SP = NC * N slots.
@@ -12,9 +12,15 @@ Implementations (``implementation=``):
 * ``"pallas_tpu"``, ``"pallas_gpu"``: QVG kernels that dequantize in VMEM / registers
   (:mod:`kernels.kv_quant.pallas_tpu`, :mod:`kernels.kv_quant.pallas_gpu`);
 * ``"auto"`` (or None): Pallas on TPU / GPU, ``"xla"`` elsewhere; KIVI has no Pallas kernel and
-  uses ``"xla"`` on every backend. A shape the picked kernel cannot tile is a ValueError (GPU:
-  chunk and head dim powers of two; TPU: :func:`kernels.kv_quant.pallas_tpu.check_layout`), never
-  a silent switch to another path; ``implementation="xla"`` serves any shape.
+  uses ``"xla"`` on every backend.
+
+One table (:data:`TABLE`) lists them with their platforms and the entry points they serve (the
+Pallas kernels serve QVG only), resolved by the shared :func:`kernels.dispatch.resolve`, as in
+every op: an implementation that is unknown, does not serve the entry point, or (on concrete
+arrays) does not run on the call's platform is one ValueError of the same wording. A shape the
+picked kernel cannot tile is a ValueError (GPU: chunk and head dim powers of two; TPU:
+:func:`kernels.kv_quant.pallas_tpu.check_layout`), never a silent switch to another path;
+``implementation="xla"`` serves any shape.
 
 The cache backends that call these live in :mod:`kernels.kv_quant.cache` (``QVGCache``,
 ``KIVICache``, registered as ``"qvg"`` and ``"kivi"``).
@@ -25,26 +31,38 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels import checks
+from kernels import checks, dispatch
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
 
-IMPLEMENTATIONS = ("auto", "reference", "xla", "pallas_tpu", "pallas_gpu")
-KIVI_IMPLEMENTATIONS = ("auto", "reference", "xla")
+QVG, KIVI = "QVG", "KIVI"  # the entry points an implementation may serve
+# The op's implementation table: where each runs, what it serves, what "auto" picks per platform.
+TABLE = dispatch.Table(
+    op="kv_quant",
+    implementations=(
+        dispatch.Implementation("reference"),
+        dispatch.Implementation("xla"),
+        dispatch.Implementation("pallas_tpu", ("tpu",), interpretable=True, serves=(QVG,)),
+        dispatch.Implementation("pallas_gpu", ("gpu",), interpretable=True, serves=(QVG,)),
+    ),
+    auto={"tpu": ("pallas_tpu", "xla"), "gpu": ("pallas_gpu", "xla"), "*": ("xla",)},
+)
+IMPLEMENTATIONS = TABLE.names
 
 
-def resolve_implementation(implementation: str | None) -> str:
-    """``"auto"`` / None -> Pallas on TPU / GPU, the fused XLA path elsewhere.
+def resolve_implementation(implementation: str | None, where: str = "kv_quant",
+                           entry: str = QVG) -> str:
+    """``"auto"`` / None -> what ``TABLE.auto`` picks for ``entry`` on this platform (QVG: Pallas
+    on TPU / GPU, the fused XLA path elsewhere; KIVI: the fused XLA path); otherwise one of
+    :data:`IMPLEMENTATIONS` that serves ``entry`` (:func:`kernels.dispatch.resolve` without a
+    platform: the name only; the attention functions also refuse one that cannot run on the
+    platform of their call).
 
     Raises:
-      ValueError: unknown name.
+      ValueError: an unknown name, or one that does not serve ``entry`` (the message lists those
+        that do and every implementation's platforms).
     """
-    implementation = "auto" if implementation is None else implementation
-    checks.one_of(implementation, "implementation", "kv_quant", IMPLEMENTATIONS)
-    if implementation != "auto":
-        return implementation
-    platform = jax.default_backend()
-    return {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(platform, "xla")
+    return dispatch.resolve(TABLE, implementation, where, entry=entry)
 
 
 def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, cfg: QVGConfig,
@@ -62,7 +80,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
       num_new: T.
       rope_base: RoPE base (a float or an object with ``inv_freq``) if keys were stored before
         RoPE, else None.
-      implementation: see :func:`resolve_implementation`.
+      implementation: see :func:`resolve_implementation`; on concrete arrays it must run on this
+        platform (a Pallas kernel runs on any platform with ``interpret=True``).
       interpret: run a Pallas kernel in interpret mode (CPU tests); ignored otherwise.
 
     Returns:
@@ -70,7 +89,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
 
     Raises:
       ValueError: ``q`` not float [B, K, R, D] matching the codes' B and K; ``start`` or
-        ``num_quantized`` not int [B]; an unknown implementation; a chunk or head dim the
+        ``num_quantized`` not int [B]; an unknown implementation or, on concrete arrays, one that
+        does not run on this platform (:func:`kernels.dispatch.resolve`); a chunk or head dim the
         resolved kernel cannot tile (:func:`check_kernel_shape`).
     """
     where = "qvg_chunk_attention"
@@ -79,7 +99,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     checks.array(start, "start", where, kind="int", shape=(b,))
     checks.array(num_quantized, "num_quantized", where, kind="int", shape=(b,))
     checks.integer(num_new, "num_new", where, minimum=1)
-    impl = resolve_implementation(implementation)
+    impl = dispatch.resolve(TABLE, implementation, where, entry=QVG, interpret=interpret,
+                            platform=dispatch.call_platform(q, k_code, v_code, start, num_quantized))
     nc, n = k_code.codes.shape[2], k_code.codes.shape[4]
     check_kernel_shape(impl, n, q.shape[-1], where)
     if impl == "reference":
@@ -110,24 +131,25 @@ def kivi_attention(q: jax.Array, k_code: ref.KIVICode, window_k: jax.Array,
       v_code: value codes, fields [B, K, SP, ...] (per token).
       ring: [B, K, N, D] the exact last N values (position p at slot p mod N).
       cfg: the KIVI config; start: int [B]; num_new: T.
-      implementation: ``"reference"``, ``"xla"``, or ``"auto"`` / None (= ``"xla"``).
+      implementation: ``"reference"``, ``"xla"``, or ``"auto"`` / None (= ``"xla"``, on every
+        platform); the Pallas kernels do not serve KIVI (:data:`TABLE`).
 
     Returns:
       float32 [B, K, R, D].
 
     Raises:
       ValueError: ``q`` not float [B, K, R, D] matching the codes, ``start`` not int [B], or an
-        unknown implementation.
+        implementation that is unknown or does not serve KIVI (:func:`kernels.dispatch.resolve`).
     """
     where = "kivi_attention"
     b, kh = k_code.codes.shape[:2]
     checks.array(q, "q", where, ndim=4, kind="float", shape=(b, kh, None, None), nonempty=True)
     checks.array(start, "start", where, kind="int", shape=(b,))
     checks.integer(num_new, "num_new", where, minimum=1)
-    implementation = "auto" if implementation is None else implementation
-    checks.one_of(implementation, "implementation", where, KIVI_IMPLEMENTATIONS)
+    impl = dispatch.resolve(TABLE, implementation, where, entry=KIVI,
+                            platform=dispatch.call_platform(q, k_code, window_k, v_code, ring, start))
     start = start.astype(jnp.int32)
-    if implementation == "reference":
+    if impl == "reference":
         return ref.kivi_cache_attention_reference(q, k_code, window_k, v_code, ring, cfg, start,
                                                   num_new)
     from kernels.kv_quant import xla

@@ -14,7 +14,8 @@ attending; KIVI stores post-RoPE keys like the original and keeps its last ``res
 TPU / GPU for QVG).
 
 Capacity: the chunk buffers hold SP = ceil(max_len / N) * N slots, but the cache accepts positions
-``0 .. max_len - 1`` only, as every backend (:class:`kernels.common.KVCacheBackend`): the requested
+``0 .. max_len - 1`` only, as every backend
+(:class:`kernels.cache_backend.KVCacheBackend`): the requested
 ``max_len`` is kept in the cache (field ``max_len``, int32 [B]), so that ``jit``-traced positions
 are checked against it too; a row out of capacity raises ``ValueError`` outside ``jit`` and, inside
 it, is left unchanged by ``update`` and NaN in ``attend``.
@@ -30,10 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import checks, common
+from kernels import attention_math, cache_backend, checks
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
+from kernels.rope import is_rope_frequencies, rope_slots
 
 _FIELDS = ("k", "v", "wk", "wv", "max_len")
 
@@ -95,7 +97,7 @@ class _ChunkedQuantCache(abc.ABC):
     def _in_capacity(layer_cache, start, num_new) -> jax.Array:
         """bool [B]: the rows whose new slots lie in ``0 .. max_len - 1`` (the requested capacity,
         not the padded buffer's)."""
-        return common.rows_in_capacity(start, num_new, layer_cache["max_len"])
+        return cache_backend.rows_in_capacity(start, num_new, layer_cache["max_len"])
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
         checks.cache_init(batch_size, max_len, num_kv_heads, head_dim, dtype,
@@ -155,7 +157,7 @@ class _ChunkedQuantCache(abc.ABC):
             bk, bv = bufs
             xk = bk[:, :, :nj * n].astype(jnp.float32)
             if self._pre_rope():
-                xk = common.rope_slots(xk, self._rope_base(), first * n, sign=-1)
+                xk = rope_slots(xk, self._rope_base(), first * n, sign=-1)
             xk = xk.reshape(b, kh, nj, n, d)
             base = jax.random.key(getattr(self, "seed", 0))
             chunk_id = first[:, None, None] + jnp.arange(nj)[None, None, :]  # [B, 1, nj]
@@ -217,8 +219,8 @@ class _ChunkedQuantCache(abc.ABC):
         pos = start[:, None] + jnp.arange(rows) % t  # [B, R]
         slot = nq[:, None] + jnp.arange(n)  # [B, N]
         valid = (slot[:, None, :] <= pos[:, :, None])[:, None]
-        o2, l2 = common.partial_attention(qr, layer_cache["wk"], layer_cache["wv"], valid)
-        out = common.poison_rows(common.merge_lse(o1, l1, o2, l2), ok)
+        o2, l2 = attention_math.partial_attention(qr, layer_cache["wk"], layer_cache["wv"], valid)
+        out = cache_backend.poison_rows(attention_math.merge_lse(o1, l1, o2, l2), ok)
         return out.reshape(b, h, t, d).astype(q.dtype)
 
 
@@ -243,7 +245,7 @@ def _masked_chunk_write(store, codes, j, index, ok):
     return jax.tree.map(leaf, store, codes)
 
 
-@common.register_backend("qvg")
+@cache_backend.register_backend("qvg")
 @dataclasses.dataclass(frozen=True)
 class QVGCache(_ChunkedQuantCache):
     """QVG-quantized KV cache backend (``get_backend("qvg", config=..., ...)``).
@@ -270,10 +272,10 @@ class QVGCache(_ChunkedQuantCache):
         if not isinstance(self.config, QVGConfig):
             raise checks.error("QVGCache", "config", "a QVGConfig", repr(self.config))
         # a float base, or the model's RoPE (an object with inv_freq, e.g. with its scaling)
-        if not common.is_rope_frequencies(self.rope_base):
+        if not is_rope_frequencies(self.rope_base):
             checks.number(self.rope_base, "rope_base", "QVGCache", minimum=0.0, open_min=True)
         checks.integer(self.seed, "seed", "QVGCache")
-        checks.one_of(self.implementation, "implementation", "QVGCache", api.IMPLEMENTATIONS)
+        api.resolve_implementation(self.implementation, "QVGCache", api.QVG)
 
     def _chunk(self):
         return self.config.chunk
@@ -308,7 +310,7 @@ class QVGCache(_ChunkedQuantCache):
                                    t, rope, self.implementation)
 
 
-@common.register_backend("kivi")
+@cache_backend.register_backend("kivi")
 @dataclasses.dataclass(frozen=True)
 class KIVICache(_ChunkedQuantCache):
     """KIVI KV cache backend (``get_backend("kivi", config=KIVIConfig(...))``), after Liu et al.
@@ -363,7 +365,8 @@ class KIVICache(_ChunkedQuantCache):
         r = self.config.residual
         quant = jax.vmap(jax.vmap(lambda x: self._quantize(x.astype(jnp.float32), None, False)))
         codes = quant(v)  # fields [B, K, T, ...]: one token per row
-        store = jax.tree.map(lambda a, c: common.write_slots(a, c, start, ok), layer_cache["v"],
+        store = jax.tree.map(lambda a, c: cache_backend.write_slots(a, c, start, ok),
+                             layer_cache["v"],
                              codes)
         # Only the last min(T, R) new values can still be in the window; their ring slots differ.
         keep = min(t, r)
@@ -376,8 +379,7 @@ class KIVICache(_ChunkedQuantCache):
     def __post_init__(self):
         if not isinstance(self.config, KIVIConfig):
             raise checks.error("KIVICache", "config", "a KIVIConfig", repr(self.config))
-        checks.one_of(self.implementation, "implementation", "KIVICache",
-                      api.KIVI_IMPLEMENTATIONS)
+        api.resolve_implementation(self.implementation, "KIVICache", api.KIVI)
 
     def attend(self, layer_cache, q, start):
         self._check_attend(layer_cache, q, start)
@@ -389,7 +391,7 @@ class KIVICache(_ChunkedQuantCache):
         out = api.kivi_attention(qr, layer_cache["k"], layer_cache["wk"], layer_cache["v"],
                                  layer_cache["wv"], self.config,
                                  jnp.where(ok, start, 0).astype(jnp.int32), t, self.implementation)
-        out = common.poison_rows(out, ok)
+        out = cache_backend.poison_rows(out, ok)
         return out.reshape(b, h, t, d).astype(q.dtype)
 
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from kernels import common
+from kernels.rope import is_rope_frequencies, rope_angles
 
 Loader = Callable[..., jax.Array]
 
@@ -106,7 +106,7 @@ class RopeTables(NamedTuple):
     on sublanes (as the dequantized pieces' channels).
 
     A slot at position ``p = c N + j`` (chunk c, offset j < N) has the angle ``fl(p f)`` (the
-    float32 product of :func:`kernels.common.rope_angles`, as the reference rotates it). With
+    float32 product of :func:`kernels.rope.rope_angles`, as the reference rotates it). With
     ``B = fl(c N f)`` and ``b = fl(j f)``, ``fl(p f) = B + b + e`` where the residual ``e`` is a few
     float32 ulps of the angle; the kernels combine ``cos, sin`` of ``B`` (per chunk) and of ``b``
     (the same for every chunk) by the addition formulas and rotate by ``e`` with a short series
@@ -120,19 +120,19 @@ class RopeTables(NamedTuple):
 
 def rope_tables(num_chunks: int, chunk: int, d: int, base: Any, pad_to: int = 1) -> RopeTables:
     """:class:`RopeTables` for NC = ``num_chunks`` chunks of N = ``chunk`` slots, head dim D and
-    RoPE ``base`` (a float or an object with ``inv_freq``, :func:`kernels.common.rope_angles`);
+    RoPE ``base`` (a float or an object with ``inv_freq``, :func:`kernels.rope.rope_angles`);
     the chunk axis of ``starts`` is padded to NCp, a multiple of ``pad_to`` (pad columns: chunks
     past NC, never read for a slot).
 
-    Every angle comes from :func:`kernels.common.rope_angles`, so the frequencies and the angle
+    Every angle comes from :func:`kernels.rope.rope_angles`, so the frequencies and the angle
     roundings are the reference's. Bytes: ``4 (D/2 + 3 N D/2 + 3 NCp D/2)``.
     """
     def planes(pos):  # [M] int32 -> [3, D/2, M]
-        ang = common.rope_angles(pos, d, base)
+        ang = rope_angles(pos, d, base)
         return jnp.stack([jnp.cos(ang), jnp.sin(ang), ang], axis=0).transpose(0, 2, 1)
 
     ncp = -(-num_chunks // pad_to) * pad_to
-    freq = common.rope_angles(jnp.ones((1,), jnp.int32), d, base).T  # 1 * f: f exactly
+    freq = rope_angles(jnp.ones((1,), jnp.int32), d, base).T  # 1 * f: f exactly
     offsets = planes(jnp.arange(chunk, dtype=jnp.int32))
     starts = planes(jnp.arange(ncp, dtype=jnp.int32) * chunk)
     return RopeTables(freq, offsets, starts)
@@ -151,7 +151,7 @@ def rope_series_terms(slots: int, d: int, base: Any) -> int:
     if not 1 <= slots <= 2 ** 24:
         raise ValueError(f"in-kernel RoPE: {slots} slot positions; expected 1 .. 2^24 (float32 "
                          "represents positions exactly only up to 2^24)")
-    if common.is_rope_frequencies(base):
+    if is_rope_frequencies(base):
         fmax = float(np.max(np.asarray(base.inv_freq(d), np.float64)))
     else:
         fmax = float(np.max(float(base) ** (-np.arange(0, d, 2) / d)))

@@ -35,7 +35,7 @@ with the zero rounded down and the scale rounded up so that every element stays 
 Packing layout ("planar"): with ``ppb = 8 / bits`` codes per byte and ``P = D / ppb`` bytes per
 token, byte ``i`` holds channels ``i, i + P, ..., i + (ppb - 1) P`` at bit offsets ``0, bits, ...``,
 so unpacking is ``ppb`` shifted masks whose concatenation is the natural channel order (what the
-Pallas kernels and the fused XLA path exploit). Packing itself is :func:`kernels.common.pack_codes`
+Pallas kernels and the fused XLA path exploit). Packing itself is :func:`kernels.packing.pack_codes`
 (8-bit words).
 """
 
@@ -49,7 +49,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernels import checks, common
+from kernels import attention_math, checks, packing
+from kernels.rope import rope_slots
 
 SCALE_DTYPE = jnp.bfloat16
 CENTROID_DTYPE = jnp.bfloat16
@@ -216,12 +217,12 @@ def quantize_symmetric(x: jax.Array, bits: int, block: int) -> tuple[jax.Array, 
     s = scale.astype(jnp.float32)[..., None]
     q = jnp.where(s > 0, jnp.clip(jnp.round(xb / jnp.where(s > 0, s, 1.0)), -qmax, qmax), 0.0)
     codes = (q + 2 ** (bits - 1)).astype(jnp.uint8).reshape(x.shape)
-    return common.pack_codes(codes, bits), scale
+    return packing.pack_codes(codes, bits), scale
 
 
 def dequantize_symmetric(packed: jax.Array, scales: jax.Array, bits: int) -> jax.Array:
     """float32 [..., D] from :func:`quantize_symmetric`'s output."""
-    q = common.unpack_codes(packed, bits).astype(jnp.float32) - 2 ** (bits - 1)
+    q = packing.unpack_codes(packed, bits).astype(jnp.float32) - 2 ** (bits - 1)
     nb = scales.shape[-1]
     s = jnp.repeat(scales.astype(jnp.float32), q.shape[-1] // nb, axis=-1)
     return q * s
@@ -457,12 +458,12 @@ def kivi_quantize_chunk(x: jax.Array, cfg: KIVIConfig, per_channel: bool) -> KIV
         q, scale, zero = _asym(x.reshape(n // cfg.group, cfg.group, d), cfg.bits, axis=1)
     else:
         q, scale, zero = _asym(x.reshape(n, d // cfg.block, cfg.block), cfg.bits, axis=2)
-    return KIVICode(common.pack_codes(q.reshape(n, d).astype(jnp.uint8), cfg.bits), scale, zero)
+    return KIVICode(packing.pack_codes(q.reshape(n, d).astype(jnp.uint8), cfg.bits), scale, zero)
 
 
 def kivi_dequantize_chunk(code: KIVICode, cfg: KIVIConfig, per_channel: bool) -> jax.Array:
     """float32 [N, D] from :func:`kivi_quantize_chunk`."""
-    q = common.unpack_codes(code.codes, cfg.bits).astype(jnp.float32)
+    q = packing.unpack_codes(code.codes, cfg.bits).astype(jnp.float32)
     n, d = q.shape
     s, z = code.scale.astype(jnp.float32), code.zero.astype(jnp.float32)
     if per_channel:
@@ -538,13 +539,13 @@ def qvg_chunk_attention_reference(q: jax.Array, k_code: QVGCode, v_code: QVGCode
 
     Returns:
       (out float32 [B, K, R, D], lse float32 [B, K, R]) as in
-      :func:`kernels.common.partial_attention`.
+      :func:`kernels.attention_math.partial_attention`.
     """
     k = _dequant_chunks(k_code, bits)
     v = _dequant_chunks(v_code, bits)
     if rope_base is not None:
-        k = common.rope_slots(k, rope_base)
-    return common.partial_attention(q, k, v, valid)
+        k = rope_slots(k, rope_base)
+    return attention_math.partial_attention(q, k, v, valid)
 
 
 def _dequant_chunks(code: QVGCode, bits: int) -> jax.Array:
@@ -594,11 +595,11 @@ def kivi_cache_attention_reference(q: jax.Array, k_code: KIVICode, window_k: jax
     pos = start[:, None] + jnp.arange(rows) % num_new  # [B, R]
     s = jnp.arange(sp)
     mask = ((s[None, None, :] < nq[:, None, None]) & (s[None, None, :] <= pos[:, :, None]))[:, None]
-    o1, l1 = common.partial_attention(q, k_q, v_q, mask)
+    o1, l1 = attention_math.partial_attention(q, k_q, v_q, mask)
     slot = nq[:, None] + jnp.arange(n)  # [B, N]: the incomplete key chunk (all in the window)
     valid = (slot[:, None, :] <= pos[:, :, None])[:, None]
-    o2, l2 = common.partial_attention(q, window_k, ring_values(slot), valid)
-    return common.merge_lse(o1, l1, o2, l2)
+    o2, l2 = attention_math.partial_attention(q, window_k, ring_values(slot), valid)
+    return attention_math.merge_lse(o1, l1, o2, l2)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

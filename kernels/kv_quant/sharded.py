@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from kernels import checks, common
-from kernels.common import mesh_axis
+from kernels import cache_backend, checks
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.cache import QVGCache
+from kernels.mesh import mesh_axis
 
 
 def qvg_chunk_attention_sharded(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode,
@@ -72,7 +72,7 @@ def qvg_chunk_attention_sharded(q: jax.Array, k_code: ref.QVGCode, v_code: ref.Q
         q, k_code, v_code, start, num_quantized)
 
 
-@common.register_backend("qvg_sharded")
+@cache_backend.register_backend("qvg_sharded")
 @dataclasses.dataclass(frozen=True)
 class ShardedQVGCache(QVGCache):
     """:class:`~kernels.kv_quant.cache.QVGCache` whose attention over the quantized chunks runs on

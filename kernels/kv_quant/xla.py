@@ -14,7 +14,7 @@ step are the storage bytes: the bit-packed codes, scales, zeros, assignments and
 8-fold saving on 2-bit codes against bfloat16 before scales).
 
 Pieces. Codes are packed planar (byte ``i`` holds channels ``i, i + P, ...``; see
-:func:`kernels.common.pack_codes`), so bit plane ``j`` of the packed bytes is the contiguous
+:func:`kernels.packing.pack_codes`), so bit plane ``j`` of the packed bytes is the contiguous
 channel range ``[j P, (j + 1) P)``: unpacking a plane is one shift and one mask of the bytes, with no
 lane permutation and no concatenation (a concatenation inside an XLA CPU fusion selects its operand
 per element and does not vectorise). A chunk is dequantized as D / W pieces [B, K, N, W] (W = P, or
@@ -42,8 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from kernels import common
+from kernels import attention_math
 from kernels.kv_quant.reference import KIVICode, KIVIConfig, QVGCode, QVGConfig
+from kernels.rope import rope_angles
 
 
 def _piece_width(d: int, bits: int, rope: bool) -> int:
@@ -100,8 +101,8 @@ def _qvg_pieces(code: QVGCode, cfg: QVGConfig, w: int) -> list[jax.Array]:
 def rope_tables(n: int, num_chunks: int, d: int, rope_base) -> tuple[jax.Array, ...]:
     """cos, sin float32 [N, D/2] of the angles of in-chunk offsets 0 .. N-1 and cos, sin
     float32 [NC, D/2] of the chunk starts 0, N, 2N, ... (computed once per call)."""
-    ang = common.rope_angles(jnp.arange(n, dtype=jnp.int32), d, rope_base)
-    ang0 = common.rope_angles(jnp.arange(num_chunks, dtype=jnp.int32) * n, d, rope_base)
+    ang = rope_angles(jnp.arange(n, dtype=jnp.int32), d, rope_base)
+    ang0 = rope_angles(jnp.arange(num_chunks, dtype=jnp.int32) * n, d, rope_base)
     return jnp.cos(ang), jnp.sin(ang), jnp.cos(ang0), jnp.sin(ang0)
 
 
@@ -151,7 +152,7 @@ def _online_chunks(qr: jax.Array, num_steps: jax.Array, w: int, step_fn) -> tupl
 
     ``step_fn(c, q_pieces) -> (logits float32 [B, K, R, N] (scaled, -inf where masked), value
     pieces [B, K, N, W])``. Returns the unnormalised partial (acc [B, K, R, D], m [B, K, R],
-    l [B, K, R]) of :func:`kernels.common.softmax_partial`.
+    l [B, K, R]) of :func:`kernels.attention_math.softmax_partial`.
     """
     b, kh, r, d = qr.shape
     q_pieces = _split(qr.astype(jnp.float32), w)
@@ -208,7 +209,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: QVGCode, v_code: QVGCode, cfg: QVG
       start, num_quantized: int32 [B].
       num_new: T.
       rope_base: a float base or an object with ``inv_freq`` (see
-        :func:`kernels.common.rope_angles`); None when keys were stored after RoPE.
+        :func:`kernels.rope.rope_angles`); None when keys were stored after RoPE.
 
     Returns:
       (out float32 [B, K, R, D], lse float32 [B, K, R]); rows that see no slot get (0, -inf).
@@ -318,5 +319,5 @@ def kivi_attention(q: jax.Array, k_code: KIVICode, window_k: jax.Array, v_code: 
     valid = valid & (slots[:, None, :] <= pos[..., None])
     valid = valid & jnp.concatenate([jnp.broadcast_to(nq[:, None] > 0, (b, n)),
                                      jnp.ones((b, n), bool)], axis=1)[:, None, :]
-    o2, lse2 = common.partial_attention(q, keys, vals, valid[:, None])
-    return common.merge_lse(o1, lse1, o2, lse2)
+    o2, lse2 = attention_math.partial_attention(q, keys, vals, valid[:, None])
+    return attention_math.merge_lse(o1, lse1, o2, lse2)

@@ -1,11 +1,12 @@
-"""Sparse decode attention: dispatch over the implementations (XLA / Pallas TPU / Pallas GPU).
+"""Sparse decode attention: the public entry points and the op's implementation table.
 
 Dimensions: B batch, H query heads, K kv heads, G = H / K, T new tokens, D head dim, p page size,
 P pages, S = P * p capacity.
 
 * :func:`ffd_decode` -- FFD decode attention of one new token per row (``implementation`` =
-  ``"xla"`` (the CPU default), ``"reference"``, ``"pallas_tpu"`` (TPU default), ``"pallas_gpu"``
-  (GPU default)).
+  ``"xla"`` (the CPU default, :mod:`kernels.sparse_decode.xla`), ``"reference"``
+  (:mod:`kernels.sparse_decode.reference`), ``"pallas_tpu"`` (TPU default), ``"pallas_gpu"`` (GPU
+  default)); :data:`TABLE`, resolved by the shared :func:`kernels.dispatch.resolve`.
 * :func:`ffd_select` -- the kept-page mask alone (for density and kept-mass statistics).
 
 The KV-cache backends built on these (:class:`~kernels.sparse_decode.cache.FFDCache`,
@@ -18,10 +19,11 @@ kernels, which attend exactly its pages, except the TPU path with the top-delta 
 kernel applies the same rule to its own float32 page estimates
 (:func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select`). The XLA (CPU) path scans the cache's
 byte-per-code copy (``init_ffd_cache(..., scan_copy=True)``) in float32 and attends the rule's
-pages; with ``xla_scan="int8"`` it selects with an int8 scan (:mod:`kernels.sparse_decode.xla_select`)
-whose proven margin makes it keep a superset: every page of the rule, plus the few pages whose
-estimate lies within the scan's quantization margin (a fraction of a nat) of the threshold; with
-``top_k``, or without the scan copy, it uses the rule's mask as is. ``return_keep=True`` returns
+pages; with ``xla_scan="int8"`` it selects with an int8 scan
+(:func:`kernels.sparse_decode.xla.ffd_keep_superset`) whose proven margin makes it keep a superset:
+every page of the rule, plus the few pages whose estimate lies within the scan's quantization
+margin (a fraction of a nat) of the threshold; with ``top_k``, or without the scan copy, it uses
+the rule's mask as is. ``return_keep=True`` returns
 the pages actually attended.
 """
 
@@ -33,33 +35,40 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernels import checks
-from kernels.sparse_decode import cost, xla_select
+from kernels import attention_math, checks, dispatch
+from kernels.sparse_decode import cost, xla
 from kernels.sparse_decode import reference as ref
 
-IMPLEMENTATIONS = ("reference", "xla", "pallas_tpu", "pallas_gpu")
+# The op's implementation table: where each runs, and what "auto" picks per platform.
+TABLE = dispatch.Table(
+    op="sparse_decode",
+    implementations=(
+        dispatch.Implementation("reference"),
+        dispatch.Implementation("xla"),
+        dispatch.Implementation("pallas_tpu", ("tpu",), interpretable=True),
+        dispatch.Implementation("pallas_gpu", ("gpu",), interpretable=True),
+    ),
+    auto={"tpu": ("pallas_tpu",), "gpu": ("pallas_gpu",), "*": ("xla",)},
+)
+IMPLEMENTATIONS = TABLE.names
 XLA_SCANS = ("float32", "int8")  # the XLA path's page scan (:func:`ffd_decode`'s ``xla_scan``)
 DELTA_UNITS = ref.DELTA_UNITS
 
 
 def default_implementation() -> str:
-    """``pallas_tpu`` on TPU, ``pallas_gpu`` on GPU, ``xla`` otherwise."""
-    return {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}.get(jax.default_backend(), "xla")
+    """``pallas_tpu`` on TPU, ``pallas_gpu`` on GPU, ``xla`` otherwise (``TABLE.auto``)."""
+    return TABLE.auto_choice(dispatch.current_platform())
 
 
 def resolve_implementation(implementation: str | None, where: str = "ffd_decode") -> str:
-    """``None`` or ``"auto"``: :func:`default_implementation` (dispatch by platform); otherwise one of
-    :data:`IMPLEMENTATIONS`.
+    """``None`` or ``"auto"``: :func:`default_implementation` (dispatch by platform); otherwise
+    one of :data:`IMPLEMENTATIONS` (:func:`kernels.dispatch.resolve` without a platform: the name
+    only; :func:`ffd_decode` also refuses one that cannot run on the platform of its call).
 
     Raises:
-      ValueError: an unknown name (the message lists the valid ones).
+      ValueError: an unknown name (the message lists the valid ones and their platforms).
     """
-    if implementation is None or implementation == "auto":
-        return default_implementation()
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"{where}: unknown implementation {implementation!r}; expected None, "
-                         f"'auto' or one of {IMPLEMENTATIONS}")
-    return implementation
+    return dispatch.resolve(TABLE, implementation, where)
 
 
 def check_delta(delta, delta_unit: str, where: str) -> None:
@@ -74,7 +83,7 @@ def check_count(value, name: str, where: str) -> None:
     checks.integer(value, name, where, minimum=1, allow_none=True)
 
 
-def check_kernel_shapes(impl: str, group: int, page_size: int, where: str) -> None:
+def check_kernel_shape(impl: str, group: int, page_size: int, where: str) -> None:
     """Raises one ValueError before anything is traced when ``impl`` cannot serve the shapes (no
     other implementation is substituted): the GPU kernel tiles pages of a power-of-two size >= 16
     and at most 16 query heads per kv head. (Head dims that are multiples of 16, which every FFD
@@ -154,7 +163,9 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
       num_splits: the GPU kernel's split-K factor over the page slots (default up to 8); the TPU
         kernel walks each (row, kv head)'s pages in one grid step and ignores it.
       implementation: ``None`` or ``"auto"`` (dispatch by platform: Pallas on TPU/GPU, XLA on
-        CPU, :func:`default_implementation`) or one of :data:`IMPLEMENTATIONS`.
+        CPU, :func:`default_implementation`) or one of :data:`IMPLEMENTATIONS` that runs on the
+        call's platform (a Pallas kernel runs on any platform with ``interpret=True``;
+        :func:`kernels.dispatch.resolve`).
       interpret: run Pallas kernels in interpret mode (CPU testing).
       return_keep: also return the attended-page mask (the XLA path's superset where it has one).
       assumed_kept_fraction: Pallas paths: the fraction f in (0, 1] of the pages the kernel's
@@ -163,7 +174,8 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         cost XLA sees, never the output.
       xla_scan: the XLA (CPU) path's page scan over the cache's byte-per-code copy:
         ``"float32"`` (the default: the rule's exact pages) or ``"int8"`` (an int8 x int8 -> int32
-        product with a proven margin, :mod:`kernels.sparse_decode.xla_select`: a superset). On
+        product with a proven margin, :func:`kernels.sparse_decode.xla.ffd_keep_superset`: a
+        superset). On
         XLA:CPU here the int8 selection measured 2.4x slower than the float32 scan (quantizing the
         query per page costs more than the narrower product saves), hence the default. Ignored by
         the other implementations and on a cache without the scan copy.
@@ -178,17 +190,20 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
       ValueError: ``q`` not a non-empty float [B, H, D], ``cache`` not an FFD cache, shape
         mismatch (head dim, batch, heads), ``delta`` not a number >= 0, an unknown ``delta_unit``,
         ``top_k``/``max_pages``/``num_splits`` not an int >= 1, ``lengths`` not int [B] or,
-        when concrete, outside 1..S, an unknown implementation, or ``assumed_kept_fraction``
-        not in (0, 1], or ``xla_scan`` not ``"float32"`` / ``"int8"``.
+        when concrete, outside 1..S, an unknown implementation or, on concrete arrays, one that
+        does not run on this platform (one wording for every op, :func:`kernels.dispatch.resolve`),
+        a shape the picked kernel cannot tile (:func:`check_kernel_shape`),
+        ``assumed_kept_fraction`` not in (0, 1], or ``xla_scan`` not ``"float32"`` / ``"int8"``.
     """
     _check(q, cache, delta, delta_unit, top_k, max_pages, "ffd_decode")
     if xla_scan not in XLA_SCANS:
         raise checks.error("ffd_decode", "xla_scan", f"one of {XLA_SCANS}", repr(xla_scan))
     check_count(num_splits, "num_splits", "ffd_decode")
     cost.check_kept_fraction(assumed_kept_fraction, "ffd_decode")
-    impl = resolve_implementation(implementation)
+    impl = dispatch.resolve(TABLE, implementation, "ffd_decode",
+                            platform=dispatch.call_platform(q, cache, lengths), interpret=interpret)
     b, kh, n, p, d = cache["resid"].shape
-    check_kernel_shapes(impl, q.shape[1] // kh, p, "ffd_decode")
+    check_kernel_shape(impl, q.shape[1] // kh, p, "ffd_decode")
     ref.check_lengths(lengths, n * p, "ffd_decode", batch=b)
     lengths = jnp.asarray(lengths, jnp.int32)
     m_slots = n if max_pages is None else min(max_pages, n)  # keep holds at most m_slots pages
@@ -210,13 +225,13 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         return (out, keep) if return_keep else out
     if impl == "xla" and xla_scan == "int8" and top_k is None and "codes_i8" in cache:
         # the CPU scan: int8 x int8 -> int32 with a proven margin, a superset of the rule's pages
-        keep = xla_select.ffd_keep_superset(q, cache, lengths, delta_nats, max_pages)
+        keep = xla.ffd_keep_superset(q, cache, lengths, delta_nats, max_pages)
     else:
         keep = ref.ffd_keep(q, cache, lengths, delta_nats, top_k, max_pages)
     if impl == "reference":
         out = ref.ffd_decode_reference(q, cache, lengths, keep=keep)[0]
     elif impl == "xla":
-        out = ref.ffd_decode_xla(q, cache, lengths, max_pages=max_pages, keep=keep)[0]
+        out = xla.ffd_decode_xla(q, cache, lengths, max_pages=max_pages, keep=keep)[0]
     else:
         out = _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret,
                              assumed_kept_fraction)
@@ -235,13 +250,13 @@ def _gpu_fused_decode(q, cache, lengths, delta, interpret, kept_fraction):
     from kernels.sparse_decode import pallas_gpu
 
     b, h, d = q.shape
-    qg = ref._grouped_query(q, cache["resid"].shape[1])
+    qg = attention_math.grouped_query(q, cache["resid"].shape[1])
     acc, m, l, keep = pallas_gpu.ffd_decode_fused(
         qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], lengths, delta=delta,
         interpret=interpret, assumed_kept_fraction=kept_fraction)
     acc = jnp.where(jnp.isneginf(m)[..., None], 0.0, acc)  # programs that kept no page
     ta, tm, tl = ref.tail_partial(qg, cache, lengths)
-    out = ref.merge_partials(jnp.concatenate([acc, ta[:, :, None]], 2),
+    out = attention_math.merge_partials(jnp.concatenate([acc, ta[:, :, None]], 2),
                              jnp.concatenate([m, tm[:, :, None]], 2),
                              jnp.concatenate([l, tl[:, :, None]], 2), 2)
     return out.reshape(b, h, d).astype(q.dtype), keep
@@ -252,7 +267,7 @@ def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret
     """The Pallas paths: the kept pages as a list, kernel partials, LSE merge with the tail."""
     b, h, d = q.shape
     kh = cache["resid"].shape[1]
-    qg = ref._grouped_query(q, kh)
+    qg = attention_math.grouped_query(q, kh)
     if impl == "pallas_tpu":  # top-k or a page cap: the XLA selection, then the TPU attention
         from kernels.sparse_decode import pallas_tpu
 
@@ -269,7 +284,7 @@ def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret
     acc, m, l = pallas_gpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret,
                                                assumed_kept_fraction=kept_fraction)
     ta, tm, tl = ref.tail_partial(qg, cache, lengths)
-    out = ref.merge_partials(jnp.concatenate([acc, ta[:, :, None]], 2),
+    out = attention_math.merge_partials(jnp.concatenate([acc, ta[:, :, None]], 2),
                              jnp.concatenate([m, tm[:, :, None]], 2),
                              jnp.concatenate([l, tl[:, :, None]], 2), 2)
     return out.reshape(b, h, d).astype(q.dtype)

@@ -26,8 +26,8 @@ import numpy as np
 
 from core import timing
 from kernels import checks
+from kernels.sparse_decode import quest, workload, xla
 from kernels.sparse_decode import reference as ref
-from kernels.sparse_decode import workload, xla_select
 
 SLOT_MULTIPLE = 8  # the XLA path's static slot count is rounded up to this many pages
 
@@ -164,9 +164,9 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
     it on a CPU (cache with the byte-per-code scan copy, default ``xla_scan="float32"``): stage 1 is
     the float32 scan and the selection (:func:`kernels.sparse_decode.reference.ffd_keep`, the
     rule's pages), stage 2 the attention over the kept pages
-    (:func:`kernels.sparse_decode.reference.ffd_decode_xla`) with a static slot count of
+    (:func:`kernels.sparse_decode.xla.ffd_decode_xla`) with a static slot count of
     :func:`slot_capacity` pages (checked not to bind). The int8 selection (``xla_scan="int8"``,
-    :func:`kernels.sparse_decode.xla_select.ffd_keep_superset`: every page of the rule plus those
+    :func:`kernels.sparse_decode.xla.ffd_keep_superset`: every page of the rule plus those
     within the scan's margin) is timed in the same rounds as ``int8_scan``. The budget variant keeps the
     ``ceil(budget_fraction * P)`` pages of largest estimated score (``top_k``); Quest gets the same
     budget.
@@ -208,7 +208,7 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
         jnp.zeros((batch,), jnp.int32))
     rule = ref.ffd_keep(q, cache, lengths, s.delta)
     keep = rule
-    if bool(jnp.any(rule & ~xla_select.ffd_keep_superset(q, cache, lengths, s.delta))):
+    if bool(jnp.any(rule & ~xla.ffd_keep_superset(q, cache, lengths, s.delta))):
         raise RuntimeError("time_decode: the int8 scan dropped a page of the rule")
     slots = slot_capacity(keep)
     capped = ref.ffd_keep(q, cache, lengths, s.delta, None, slots)
@@ -216,16 +216,16 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
         raise RuntimeError("time_decode: the slot capacity changed the selected pages")
     mass = float(workload.kept_mass(q, k, rule, lengths).min())
     budget = max(1, math.ceil(s.budget_fraction * n))
-    kmin, kmax = ref.quest_metadata(k, p)
+    kmin, kmax = quest.quest_metadata(k, p)
     kb, vb = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
 
     dense = jax.jit(ref.dense_decode)
     select = jax.jit(lambda q, c, l, delta: ref.ffd_keep(q, c, l, delta, None, slots))
-    select_int8 = jax.jit(functools.partial(xla_select.ffd_keep_superset, max_pages=slots))
-    attend = jax.jit(lambda q, c, l, kp: ref.ffd_decode_xla(q, c, l, max_pages=slots, keep=kp)[0])
-    ffd_budget = jax.jit(lambda q, c, l: ref.ffd_decode_xla(q, c, l, top_k=budget,
+    select_int8 = jax.jit(functools.partial(xla.ffd_keep_superset, max_pages=slots))
+    attend = jax.jit(lambda q, c, l, kp: xla.ffd_decode_xla(q, c, l, max_pages=slots, keep=kp)[0])
+    ffd_budget = jax.jit(lambda q, c, l: xla.ffd_decode_xla(q, c, l, top_k=budget,
                                                             max_pages=budget)[0])
-    quest = jax.jit(lambda q, k, v, a, z, l: ref.quest_decode(q, k, v, a, z, l, top_k=budget,
+    quest_decode = jax.jit(lambda q, k, v, a, z, l: quest.quest_decode(q, k, v, a, z, l, top_k=budget,
                                                               page_size=p)[0])
     kept = {}
 
@@ -238,7 +238,7 @@ def time_decode(key: jax.Array, context: int, batch: int, setup: SpeedSetup,
         "dense_bf16": lambda: dense(q, kb, vb, lengths),
         "ffd": [scan, lambda: attend(q, cache, lengths, kept["keep"])],
         "ffd_budget": lambda: ffd_budget(q, cache, lengths),
-        "quest": lambda: quest(q, k, v, kmin, kmax, lengths),
+        "quest": lambda: quest_decode(q, k, v, kmin, kmax, lengths),
         "int8_scan": lambda: select_int8(q, cache, lengths, s.delta),
     }, repeats=s.repeats)
     ms = {name: np.asarray(x) * 1e3 for name, x in sec.items()}

@@ -3,7 +3,8 @@
 Dimensions: B batch, H query heads, K kv heads, T new tokens, D head dim, p page size, P pages,
 S = P * p capacity.
 
-Both implement the :class:`kernels.common.KVCacheBackend` protocol, so ``Transformer.decode`` and
+Both implement the :class:`kernels.cache_backend.KVCacheBackend` protocol, so
+``Transformer.decode`` and
 ``models.sampling.generate`` run with ``models.kv_cache.get_backend("ffd")`` / ``"quest"``.
 Prefill (T > 1) attends densely (causal) over the cache contents; the sparse rules apply to decode
 steps (T = 1), the regime the papers target. The capacity is ``max_len`` (a multiple of the page
@@ -18,8 +19,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from kernels import checks, common
-from kernels.sparse_decode import api, cost
+from kernels import attention_math, cache_backend, checks
+from kernels.sparse_decode import api, cost, quest
 from kernels.sparse_decode import reference as ref
 
 
@@ -28,7 +29,7 @@ def _check_backend(page_size: int, top_k: int | None, name: str) -> None:
     checks.integer(top_k, "top_k", name, minimum=1, allow_none=True)
 
 
-@common.register_backend("ffd")
+@cache_backend.register_backend("ffd")
 @dataclasses.dataclass(frozen=True)
 class FFDCache:
     """FFD KV-cache backend: paged 2-bit keys + float8 residual + bf16 values, sparse decode.
@@ -88,21 +89,22 @@ class FFDCache:
         checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
                             where="FFDCache.attend")
         t = q.shape[2]
-        ok = common.rows_in_capacity(start, t, n * p)
+        ok = cache_backend.rows_in_capacity(start, t, n * p)
         start = jnp.where(ok, start, 0)  # out-of-capacity rows: attend at 0, then poison them
         if t == 1:
             out = api.ffd_decode(q[:, :, 0], layer_cache, start + 1, delta=self.delta,
                                  delta_unit=self.delta_unit, top_k=self.top_k,
                                  max_pages=self.max_pages, implementation=self.implementation,
                                  assumed_kept_fraction=self.assumed_kept_fraction)
-            return common.poison_rows(out[:, :, None], ok)
+            return cache_backend.poison_rows(out[:, :, None], ok)
         k = ref.refined_keys(layer_cache, start + t)
         v = layer_cache["v"].reshape(b, kh, n * p, d)
-        out = common.grouped_attention(q, k, v, common.causal_cache_mask(start, t, n * p))
-        return common.poison_rows(out, ok)
+        mask = attention_math.causal_cache_mask(start, t, n * p)
+        out = attention_math.grouped_attention(q, k, v, mask)
+        return cache_backend.poison_rows(out, ok)
 
 
-@common.register_backend("quest")
+@cache_backend.register_backend("quest")
 @dataclasses.dataclass(frozen=True)
 class QuestCache:
     """Quest KV-cache backend: dense [B, K, S, D] keys/values plus per-page min/max key metadata;
@@ -130,11 +132,12 @@ class QuestCache:
         b, kh, s, d = layer_cache["k"].shape
         checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
                             where="QuestCache.update")
-        dense = common.DENSE.update({"k": layer_cache["k"], "v": layer_cache["v"]}, k, v, start)
+        dense = cache_backend.DENSE.update({"k": layer_cache["k"], "v": layer_cache["v"]}, k, v,
+                                           start)
         p = self.page_size
         n, t = s // p, k.shape[2]
         nw = (p - 1 + t) // p + 1
-        in_cap = common.rows_in_capacity(start, t, s)  # other rows: no metadata write either
+        in_cap = cache_backend.rows_in_capacity(start, t, s)  # other rows: no metadata write either
 
         def row(kmin, kmax, keys, st, row_ok):  # keys [K, S, D]
             pages = keys.reshape(kh, n, p, d)
@@ -154,13 +157,13 @@ class QuestCache:
         checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=s, head_dim=d,
                             where="QuestCache.attend")
         t = q.shape[2]
-        ok = common.rows_in_capacity(start, t, s)
+        ok = cache_backend.rows_in_capacity(start, t, s)
         start = jnp.where(ok, start, 0)  # out-of-capacity rows: attend at 0, then poison them
         if t == 1:
-            out, _ = ref.quest_decode(q[:, :, 0], layer_cache["k"], layer_cache["v"],
+            out, _ = quest.quest_decode(q[:, :, 0], layer_cache["k"], layer_cache["v"],
                                       layer_cache["kmin"], layer_cache["kmax"], start + 1,
                                       top_k=self.top_k, page_size=self.page_size)
-            return common.poison_rows(out[:, :, None], ok)
-        mask = common.causal_cache_mask(start, t, s)
-        return common.poison_rows(
-            common.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask), ok)
+            return cache_backend.poison_rows(out[:, :, None], ok)
+        mask = attention_math.causal_cache_mask(start, t, s)
+        return cache_backend.poison_rows(
+            attention_math.grouped_attention(q, layer_cache["k"], layer_cache["v"], mask), ok)

@@ -255,7 +255,8 @@ def ffd_decode_fused(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid: j
     (token-minor words, unpacked in registers), computes the top-delta threshold from the first and
     last full pages (paper Sec. 3), and only for a kept page loads the float8 residual and the bf16
     values and updates an online softmax. Each program writes its partial and its pages' keep flags;
-    the partials are merged with the tail page outside (:func:`kernels.common.merge_partials`).
+    the partials are merged with the tail page outside
+    (:func:`kernels.attention_math.merge_partials`).
 
     Args:
       qg: float32 [B, K, G, D] queries already scaled by 1/sqrt(D); G <= 16.

@@ -32,8 +32,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels import attention_math
 from kernels.sparse_decode import cost
-from kernels.sparse_decode import reference as ref
 from kernels.sparse_decode.reference import CODES_PER_WORD
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: [G, X] x [N, X] -> [G, N]
@@ -374,7 +374,7 @@ def ffd_decode_tpu(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array
       ``count`` are the page list of :func:`ffd_scan_select`.
     """
     b, h, d = q.shape
-    qg = ref._grouped_query(q, cache["resid"].shape[1])  # the reference's rounding of q / sqrt(D)
+    qg = attention_math.grouped_query(q, cache["resid"].shape[1])  # the reference's rounding of q / sqrt(D)
     idx, count = ffd_scan_select(qg, cache["codes"], cache["scale"], lengths, delta=delta,
                                  interpret=interpret)
     out = ffd_pages_attention(qg, cache["codes"], cache["scale"], cache["resid"], cache["v"],

@@ -1,10 +1,12 @@
-"""Sparse long-context decode attention: the jnp specification (and the CPU path).
+"""Sparse long-context decode attention: the jnp specification of FFD (and the dense baseline).
 
 Faster Flash Decoding (FFD, "Faster Flash Decoding", ICML 2026) decodes one token against a paged KV
 cache by scanning a 2-bit quantized copy of the keys, keeping a page only when its estimated logit can
-matter, and attending exactly (refined keys, bf16 values) over the kept pages. Quest (Tang et al.,
-"Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference", ICML 2024) is the metadata
-baseline: per-page channel-wise min/max keys, an upper bound on each page's logit, top-K pages.
+matter, and attending exactly (refined keys, bf16 values) over the kept pages. This module is what
+the implementations must equal: the cache format, the selection rule (:func:`ffd_keep`) and the
+attention over the kept pages (:func:`ffd_decode_reference`). The XLA path that runs on a CPU is
+:mod:`kernels.sparse_decode.xla`, the kernels :mod:`kernels.sparse_decode.pallas_tpu` and
+:mod:`kernels.sparse_decode.pallas_gpu`; the Quest baseline is :mod:`kernels.sparse_decode.quest`.
 
 Dimensions: B batch, H query heads, K kv heads, G = H / K query heads per kv head, D head dim,
 p page size (tokens per page), P pages (capacity S = P * p), W = D / 16 packed 32-bit words per key,
@@ -42,8 +44,8 @@ and the Pallas kernels attend exactly the pages of that rule (the kernels get th
 list, :func:`page_list`, except the TPU top-delta path, whose scan kernel applies the rule to its
 own float32 estimates), so the page that sets the threshold is always kept and every row attends
 at least one token. The XLA path on a CPU may attend a superset: its int8 scan
-(:mod:`kernels.sparse_decode.xla_select`) keeps every page of the rule plus the pages within its
-proven quantization margin of the threshold.
+(:func:`kernels.sparse_decode.xla.ffd_keep_superset`) keeps every page of the rule plus the pages
+within its proven quantization margin of the threshold.
 
 Non-finite input: a NaN in a key within a row's length makes that page's estimated maximum NaN; NaN
 compares as "keep" (for top-delta, a NaN on a reference page makes the threshold NaN and keeps every
@@ -62,8 +64,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernels import checks, common
-from kernels.common import merge_partials, softmax_partial  # noqa: F401  (used by the kernels' paths)
+from kernels import cache_backend, checks, packing
+from kernels.attention_math import grouped_query, merge_partials, softmax_partial
 
 PAGE_SIZE = 128
 CODES_PER_WORD = 16
@@ -81,19 +83,19 @@ def nan_max(x: jax.Array, axis: int) -> jax.Array:
 
 def pack_codes(codes: jax.Array) -> jax.Array:
     """Packs 2-bit codes, uint8/int [..., D] with values in 0..3, into int32 words [..., D / 16]
-    (:func:`kernels.common.pack_codes` with 32-bit words).
+    (:func:`kernels.packing.pack_codes` with 32-bit words).
 
     Channel ``d`` goes to word ``d % W`` at bit ``2 * (d // W)``, W = D / 16 (planar order).
 
     Raises:
       ValueError: D not a multiple of 16.
     """
-    return common.pack_codes(codes, 2, word_bits=32)
+    return packing.pack_codes(codes, 2, word_bits=32)
 
 
 def unpack_codes(words: jax.Array) -> jax.Array:
     """Inverse of :func:`pack_codes`: int32 [..., W] -> uint8 [..., 16 * W] codes in 0..3."""
-    return common.unpack_codes(words, 2)
+    return packing.unpack_codes(words, 2)
 
 
 def quantize_pages(k: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -160,7 +162,7 @@ def init_ffd_cache(batch_size: int, max_len: int, num_kv_heads: int, head_dim: i
 
     With ``scan_copy`` the cache also keeps ``codes_i8`` int8 [B, K, P, p, D], the same codes one
     per byte, which the XLA path scans on a CPU (int8 so that the scan's int8 x int8 -> int32
-    product reads it as is, :mod:`kernels.sparse_decode.xla_select`).
+    product reads it as is, :func:`kernels.sparse_decode.xla.ffd_keep_superset`).
 
     Raises:
       ValueError: a size that is not an integer >= 1, a dtype that is not floating-point,
@@ -190,7 +192,7 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
     (:func:`quantize_pages`) and written to ``codes/scale/resid``; the new tail is the unfinished page
     ``(start + T) // p``. Rows may be ragged. Inside ``jit``, a row whose ``start`` is outside
     ``0..S - T`` is left bit-identical (no page, tail or value written; the capacity rule of
-    :class:`kernels.common.KVCacheBackend`).
+    :class:`kernels.cache_backend.KVCacheBackend`).
 
     Raises:
       ValueError: ``cache`` is not an FFD cache; ``k`` not float [B, K, T, D] matching the cache;
@@ -205,7 +207,7 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
     nw = (p - 1 + t) // p + 1  # window pages: the old tail page, the new tokens, the next tail
 
     scan_copy = "codes_i8" in cache
-    ok = common.rows_in_capacity(start, t, n * p)  # [B]; the other rows are left as they are
+    ok = cache_backend.rows_in_capacity(start, t, n * p)  # [B]; the other rows are left as they are
 
     def row(codes, scale, resid, tail, k, start, row_ok, codes_i8):
         off, page0 = start % p, start // p
@@ -249,7 +251,7 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
                 vals, jnp.where(ok[bi], win.reshape(old.shape), old), (bi, 0, at, 0, 0))
         vflat = vals
     else:  # a write longer than the cache allows windows for (prefill)
-        vflat = common.write_slots(vals.reshape(b, kh, n * p, d), v, start, ok)
+        vflat = cache_backend.write_slots(vals.reshape(b, kh, n * p, d), v, start, ok)
     out = {"codes": codes, "scale": scale, "resid": resid, "tail": tail,
            "v": vflat.reshape(b, kh, n, p, d)}
     if scan_copy:
@@ -357,21 +359,13 @@ def delta_in_nats(delta, unit: str = "nats"):
     raise ValueError(f"delta_unit must be one of {DELTA_UNITS}, got {unit!r}")
 
 
-def _grouped_query(q: jax.Array, num_kv_heads: int) -> jax.Array:
-    """[B, H, D] -> float32 [B, K, G, D] scaled by 1/sqrt(D)."""
-    b, h, d = q.shape
-    if h % num_kv_heads:
-        raise ValueError(f"{h} query heads are not a multiple of {num_kv_heads} kv heads")
-    return q.reshape(b, num_kv_heads, h // num_kv_heads, d).astype(jnp.float32) / math.sqrt(d)
-
-
-def _rankable(score: jax.Array) -> jax.Array:
+def rankable(score: jax.Array) -> jax.Array:
     """Scores as finite ranks: NaN first (largest), +-inf clipped to the float32 range."""
     big = jnp.finfo(jnp.float32).max
     return jnp.where(jnp.isnan(score), big, jnp.clip(score, -big, big))
 
 
-def _top_mask(rank: jax.Array, k: int) -> jax.Array:
+def top_mask(rank: jax.Array, k: int) -> jax.Array:
     """bool [B, K, P]: the ``k`` largest entries of ``rank [B, K, P]`` (ties: lower index first)."""
     b, kh, n = rank.shape
     _, idx = lax.top_k(rank, min(k, n))
@@ -400,7 +394,7 @@ def select_pages(page_max: jax.Array, num_full: jax.Array, delta: float | jax.Ar
     valid = (jnp.arange(n)[None, :] < num_full[:, None])[:, None, :]  # [B, 1, P]
     score = nan_max(page_max, axis=2)  # [B, K, P]
     if top_k is not None:
-        keep = _top_mask(jnp.where(valid, _rankable(score), -jnp.inf), top_k) & valid
+        keep = top_mask(jnp.where(valid, rankable(score), -jnp.inf), top_k) & valid
     else:
         first = page_max[..., 0]
         last_idx = jnp.maximum(num_full - 1, 0)[:, None, None, None]
@@ -409,7 +403,7 @@ def select_pages(page_max: jax.Array, num_full: jax.Array, delta: float | jax.Ar
         theta = ffd_threshold(first, last, delta)  # [B, K, G]
         keep = jnp.any(~(page_max < theta[..., None]), axis=2) & valid
     if max_pages is not None and max_pages < n:
-        keep = keep & _top_mask(jnp.where(keep, _rankable(score), -jnp.inf), max_pages)
+        keep = keep & top_mask(jnp.where(keep, rankable(score), -jnp.inf), max_pages)
     return keep
 
 
@@ -431,7 +425,7 @@ def ffd_keep(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array, delt
       delta: top-delta margin in nats; top_k, max_pages: see :func:`select_pages`.
     """
     p = cache["tail"].shape[2]
-    qg = _grouped_query(q, cache["resid"].shape[1])
+    qg = grouped_query(q, cache["resid"].shape[1])
     num_full = lengths // p
     return select_pages(ffd_scan_page_max(qg, cache, num_full), num_full, delta, top_k, max_pages)
 
@@ -495,7 +489,7 @@ def ffd_decode_reference(q: jax.Array, cache: dict[str, jax.Array], lengths: jax
     """
     b, h, d = q.shape
     kh, n, p = cache["resid"].shape[1], cache["resid"].shape[2], cache["resid"].shape[3]
-    qg = _grouped_query(q, kh)
+    qg = grouped_query(q, kh)
     if keep is None:
         keep = ffd_keep(q, cache, lengths, delta, top_k, max_pages)
     k_ref = dequantize_pages(token_major_codes(cache["codes"]), cache["scale"], cache["resid"])
@@ -508,13 +502,14 @@ def ffd_decode_reference(q: jax.Array, cache: dict[str, jax.Array], lengths: jax
     return out.reshape(b, h, d).astype(q.dtype), keep
 
 
-# -- FFD: the XLA (CPU) path -------------------------------------------------------------------
+# -- FFD: the page scan of the selection ---------------------------------------------------------
 
 
 def ffd_scan_page_max(qg: jax.Array, cache: dict[str, jax.Array], num_full: jax.Array
                       ) -> jax.Array:
     """:func:`ffd_page_max` computed without a dequantized key copy, as
-    ``q.k_hat = (q*scale) . c - 1.5 * sum_d (q*scale)_d``.
+    ``q.k_hat = (q*scale) . c - 1.5 * sum_d (q*scale)_d``: the page maxima :func:`ffd_keep` selects
+    from, so its float32 values are part of the specification of the kept pages.
 
     Reads the byte-per-code scan copy ``codes_i8`` [B, K, P, p, D] when the cache has one (the CPU
     layout: XLA on a CPU fuses the uint8 -> float conversion into the small batched products, while
@@ -539,119 +534,3 @@ def ffd_scan_page_max(qg: jax.Array, cache: dict[str, jax.Array], num_full: jax.
     page_max = est.max(-1) - offset  # a NaN scale or query makes the offset (a sum) NaN
     full = jnp.arange(page_max.shape[-1])[None, :] < num_full[:, None]
     return jnp.where(full[:, None, None, :], page_max, -jnp.inf)
-
-
-def f8_to_f32(x: jax.Array) -> jax.Array:
-    """float8_e4m3fn -> float32 by bit arithmetic (exact for every value; the NaN codes
-    ``S.1111.111`` decode to NaN). XLA's own conversion is emulated element by element on a CPU and
-    ~8x slower than these integer ops."""
-    u = lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
-    sign = (u >> 7) << 31
-    e, m = (u >> 3) & 15, u & 7
-    normal = lax.bitcast_convert_type(sign | ((e + 120) << 23) | (m << 20), jnp.float32)
-    sub = jnp.where(u >> 7 == 1, -1.0, 1.0) * m.astype(jnp.float32) * (2.0 ** -9)
-    return jnp.where((u & 0x7F) == 0x7F, jnp.nan, jnp.where(e == 0, sub, normal))
-
-
-def gather_pages(x: jax.Array, idx: jax.Array) -> jax.Array:
-    """x [B, K, P, ...] gathered at page indices idx int [B, K, M] -> [B, K, M, ...].
-
-    Per-(row, head) indexing under ``vmap``: XLA on a CPU copies whole contiguous pages this way,
-    several times faster than ``take_along_axis`` with broadcast indices."""
-    return jax.vmap(jax.vmap(lambda a, i: a[i]))(x, idx)
-
-
-def ffd_decode_xla(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array, *,
-                   delta: float = 8.0, top_k: int | None = None, max_pages: int | None = None,
-                   keep: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """FFD decode attention as an XLA program: packed scan and selection (:func:`ffd_keep`), gather
-    of the kept pages into ``M = min(max_pages, P)`` slots per (row, kv head), refinement and
-    softmax, LSE merge with the tail.
-
-    Arguments as :func:`ffd_decode_reference` (``keep``, when given, must come from
-    :func:`ffd_keep` with the same ``max_pages``); ``max_pages`` is also the static gather budget.
-    The same pages as the reference are attended, so the two agree to float32 rounding.
-
-    Returns:
-      (out [B, H, D] in ``q``'s dtype, keep bool [B, K, P] of the attended pages).
-    """
-    b, h, d = q.shape
-    kh, n, p = cache["resid"].shape[1], cache["resid"].shape[2], cache["resid"].shape[3]
-    m_slots = n if max_pages is None else max(1, min(int(max_pages), n))
-    qg = _grouped_query(q, kh)
-    if keep is None:
-        keep = ffd_keep(q, cache, lengths, delta, top_k, max_pages)
-    idx, count = page_list(keep, m_slots)  # [B, K, M], [B, K]
-    ok = jnp.arange(m_slots)[None, None, :] < count[..., None]
-
-    def gather(x):
-        return gather_pages(x, idx)
-
-    # refined logit = (q * scale) . (c - 1.5 + resid): per-page query scaling keeps the product a
-    # batch of small [G, D] x [D, p] matmuls over byte-sized operands
-    qs = qg[:, :, :, None, :] * gather(cache["scale"])[:, :, None]  # [B, K, G, M, D]
-    codes = (gather(cache["codes_i8"]) if "codes_i8" in cache
-             else unpack_codes(token_major_codes(gather(cache["codes"]))))
-    x = codes.astype(jnp.float32) - 1.5 + f8_to_f32(gather(cache["resid"]))
-    logits = jnp.einsum("bkgmd,bkmtd->bkgmt", qs, x)
-    logits = jnp.where(ok[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, m_slots * p)
-    v = jnp.where(ok[..., None, None], gather(cache["v"]), 0)  # empty slots: no NaN leaks in
-    acc, m, l = softmax_partial(logits, v.reshape(b, kh, m_slots * p, d))
-    ta, tm, tl = tail_partial(qg, cache, lengths)
-    out = merge_partials(jnp.stack([acc, ta], 2), jnp.stack([m, tm], 2), jnp.stack([l, tl], 2), 2)
-    return out.reshape(b, h, d).astype(q.dtype), keep
-
-
-# -- Quest baseline ----------------------------------------------------------------------------
-
-
-def quest_metadata(k: jax.Array, page_size: int) -> tuple[jax.Array, jax.Array]:
-    """Per-page channel-wise (min, max) keys, each float32 [B, K, P, D], from keys [B, K, S, D]."""
-    b, kh, s, d = k.shape
-    pages = k.reshape(b, kh, s // page_size, page_size, d).astype(jnp.float32)
-    return pages.min(axis=3), pages.max(axis=3)
-
-
-def quest_page_scores(qg: jax.Array, kmin: jax.Array, kmax: jax.Array) -> jax.Array:
-    """Quest's upper bound of each page's logit, ``sum_d max(q_d m_d, q_d M_d)``, maximised over the
-    kv group: float32 [B, K, P]. ``qg`` [B, K, G, D] (already / sqrt(D))."""
-    ub = jnp.maximum(qg[:, :, :, None, :] * kmin[:, :, None], qg[:, :, :, None, :] * kmax[:, :, None])
-    return ub.sum(-1).max(2)
-
-
-def quest_decode(q: jax.Array, k: jax.Array, v: jax.Array, kmin: jax.Array, kmax: jax.Array,
-                 lengths: jax.Array, *, top_k: int, page_size: int
-                 ) -> tuple[jax.Array, jax.Array]:
-    """Quest decode: attend the ``top_k`` full pages with the largest upper-bound score, gathered
-    (exact keys and values), plus the unfinished last page. k, v [B, K, S, D]; metadata
-    [B, K, P, D] (from :func:`quest_metadata`, valid on full pages). Returns (out [B, H, D],
-    keep bool [B, K, P])."""
-    b, h, d = q.shape
-    kh, s = k.shape[1], k.shape[2]
-    n = s // page_size
-    qg = _grouped_query(q, kh)
-    num_full = lengths // page_size
-    valid = jnp.arange(n)[None, :] < num_full[:, None]
-    score = jnp.where(valid[:, None, :], quest_page_scores(qg, kmin, kmax), -jnp.inf)
-    m_slots = max(1, min(top_k, n))
-    top, idx = lax.top_k(score, m_slots)
-    ok = jnp.isfinite(top)
-    kp = k.reshape(b, kh, n, page_size, d)
-    vp = v.reshape(b, kh, n, page_size, d)
-    ix = idx[..., None, None]
-    kg = jnp.take_along_axis(kp, ix, axis=2).astype(jnp.float32)
-    logits = jnp.einsum("bkgd,bkmtd->bkgmt", qg, kg)
-    logits = jnp.where(ok[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, m_slots * page_size)
-    acc, m, l = softmax_partial(logits, jnp.take_along_axis(vp, ix, axis=2).reshape(
-        b, kh, m_slots * page_size, d))
-    # the unfinished page, exact
-    tp = jnp.minimum(num_full, n - 1)[:, None, None, None, None]
-    tk = jnp.take_along_axis(kp, tp, axis=2)[:, :, 0].astype(jnp.float32)
-    tv = jnp.take_along_axis(vp, tp, axis=2)[:, :, 0]
-    tl = jnp.einsum("bkgd,bktd->bkgt", qg, tk)
-    tok = jnp.arange(page_size)[None, :] < (lengths % page_size)[:, None]
-    ta, tm, tl = softmax_partial(jnp.where(tok[:, None, None, :], tl, -jnp.inf), tv)
-    out = merge_partials(jnp.stack([acc, ta], 2), jnp.stack([m, tm], 2), jnp.stack([l, tl], 2), 2)
-    keep = jnp.zeros((b, kh, n), bool).at[
-        jnp.arange(b)[:, None, None], jnp.arange(kh)[None, :, None], idx].set(ok)
-    return out.reshape(b, h, d).astype(q.dtype), keep

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from kernels import checks, common
-from kernels.common import mesh_axis
+from kernels import cache_backend, checks
+from kernels.mesh import mesh_axis
 from kernels.sparse_decode import api
 from kernels.sparse_decode import reference as ref
 from kernels.sparse_decode.cache import FFDCache
@@ -90,7 +90,7 @@ def ffd_decode_sharded(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, 
                          out_specs=out_specs, check_vma=False)(q, cache, lengths)
 
 
-@common.register_backend("ffd_sharded")
+@cache_backend.register_backend("ffd_sharded")
 @dataclasses.dataclass(frozen=True)
 class ShardedFFDCache(FFDCache):
     """:class:`~kernels.sparse_decode.cache.FFDCache` whose one-token decode runs on ``mesh`` with
@@ -148,7 +148,7 @@ class ShardedFFDCache(FFDCache):
         b, kh, n, p, d = layer_cache["resid"].shape
         checks.cache_attend(q, start, batch=b, kv_heads=kh, capacity=n * p, head_dim=d,
                             where="ShardedFFDCache.attend")
-        ok = common.rows_in_capacity(start, 1, n * p)
+        ok = cache_backend.rows_in_capacity(start, 1, n * p)
         start = jnp.where(ok, start, 0)  # out-of-capacity rows: attend at 0, then poison them
         out = ffd_decode_sharded(q[:, :, 0], layer_cache, start + 1, self.mesh,
                                  batch_axis=self.batch_axis, head_axis=self.head_axis,
@@ -156,4 +156,4 @@ class ShardedFFDCache(FFDCache):
                                  max_pages=self.max_pages, implementation=self.implementation,
                                  interpret=self.interpret,
                                  assumed_kept_fraction=self.assumed_kept_fraction)
-        return common.poison_rows(out[:, :, None], ok)
+        return cache_backend.poison_rows(out[:, :, None], ok)

@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import checks, common
-from kernels.sparse_decode import api
+from kernels import checks
+from kernels.rope import apply_rope
+from kernels.sparse_decode import api, quest
 from kernels.sparse_decode import reference as ref
 
 
@@ -160,7 +161,7 @@ def stitch_windows(per_layer, rope) -> list[tuple[jax.Array, jax.Array, jax.Arra
         if n > 1:
             local = jnp.broadcast_to(jnp.arange(w), (n, w))
             glob = jnp.arange(n * w)[None]
-            q, k = (common.apply_rope(common.apply_rope(a, -local, rope).reshape(
+            q, k = (apply_rope(apply_rope(a, -local, rope).reshape(
                 1, n * w, *a.shape[2:]), glob, rope)[0] for a in (q, k))
         else:
             q, k = q[0], k[0]
@@ -261,8 +262,8 @@ def selection_quality(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arr
         return float(jnp.linalg.norm(o - exact) / jnp.linalg.norm(exact))
 
     top_k = max(1, round(dens * float(nfull.mean())))
-    kmin, kmax = ref.quest_metadata(kb, page_size)
-    qout, qkeep = ref.quest_decode(q, kb, vb, kmin, kmax, lengths, top_k=top_k,
+    kmin, kmax = quest.quest_metadata(kb, page_size)
+    qout, qkeep = quest.quest_decode(q, kb, vb, kmin, kmax, lengths, top_k=top_k,
                                    page_size=page_size)
     return {"density": dens, "kept_mass": float(kept_mass(q, kb, keep, lengths).mean()),
             "rel_err": err(out), "quest_density": float(jnp.sum(qkeep)) / total,
@@ -299,8 +300,8 @@ def needle_recall(key: jax.Array, num_heads: int, num_kv_heads: int, context: in
     keep = np.asarray(api.ffd_select(q, cache, lengths, delta=delta))
     pages = slots // p
     dens = float(keep.mean())
-    kmin, kmax = ref.quest_metadata(k, p)
-    _, qkeep = ref.quest_decode(q, k, v, kmin, kmax, lengths, top_k=max(1, round(dens * n)),
+    kmin, kmax = quest.quest_metadata(k, p)
+    _, qkeep = quest.quest_decode(q, k, v, kmin, kmax, lengths, top_k=max(1, round(dens * n)),
                                 page_size=p)
     return {"needle_recall": float(keep[0][:, pages].mean()),
             "quest_needle_recall": float(np.asarray(qkeep)[0][:, pages].mean()),

@@ -1,6 +1,7 @@
 """The KV-cache backend contract at its edges, for every registered backend.
 
-The contract (:class:`kernels.common.KVCacheBackend`): a fresh cache can be donated to a jitted
+The contract (:class:`kernels.cache_backend.KVCacheBackend`): a fresh cache can be donated to a
+jitted
 ``update`` (no two leaves share a buffer); the capacity is ``init``'s ``max_len`` whatever the
 backend allocates; a row whose new slots leave ``0 .. max_len - 1`` raises ``ValueError`` outside
 ``jit`` and, inside it, is left bit-identical by ``update`` and NaN in ``attend`` while the other
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import common
+from kernels import cache_backend
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
 from models import kv_cache as kvc
 
@@ -102,8 +103,8 @@ def test_every_registered_backend_has_options():
 @pytest.mark.parametrize("name", NAMES)
 def test_get_backend_builds_each_registered_name_with_its_options(name):
     be = kvc.get_backend(name, **OPTIONS[name])
-    assert type(be) is common.registered_backends()[name]
-    assert isinstance(be, common.KVCacheBackend)
+    assert type(be) is cache_backend.registered_backends()[name]
+    assert isinstance(be, cache_backend.KVCacheBackend)
     for field, value in OPTIONS[name].items():
         assert getattr(be, field) == value
     hash(be)  # a static argument of jit
@@ -135,8 +136,8 @@ def test_register_backend_refuses_a_class_that_is_not_a_dataclass():
         def attend(self): ...
 
     with pytest.raises(ValueError, match="not a dataclass"):
-        common.register_backend("plain")(Plain)
-    assert "plain" not in common.registered_backends()
+        cache_backend.register_backend("plain")(Plain)
+    assert "plain" not in cache_backend.registered_backends()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -14,6 +14,8 @@ import pytest
 from flax import nnx
 
 from core.testing import BadInputs
+from kernels import cache_backend
+from kernels.attention_math import grouped_attention
 from models import kv_cache as kvc
 from models import sampling
 from models.llama import Llama, LlamaConfig
@@ -27,7 +29,7 @@ def _f32(*shape):
     return jnp.asarray(_rng.standard_normal(shape), jnp.float32)
 
 
-DENSE = kvc.DenseKVCache()
+DENSE = cache_backend.DenseKVCache()
 CACHE = DENSE.init(B, S, K, D, jnp.float32)
 KNEW, VNEW = _f32(B, K, 3, D), _f32(B, K, 3, D)
 Q4 = _f32(B, H, 1, D)
@@ -64,10 +66,10 @@ CASES.add("Dense.attend-scalar", DENSE.attend, CACHE, Q4, jnp.int32(3), match="s
 CASES.add("Dense.attend-rank3", DENSE.attend, CACHE, Q4[:, :, 0], START, match="q must")
 CASES.add("Dense.attend-heads", DENSE.attend, CACHE, _f32(B, 3, 1, D), START, match="query heads")
 CASES.add("Dense.attend-beyond-capacity", DENSE.attend, CACHE, Q4, jnp.array([0, 16], jnp.int32), match="start must")
-CASES.add("grouped_attention-rank3-q", kvc.grouped_attention, Q4[0], CACHE["k"], CACHE["v"], True, match="q must")
-CASES.add("grouped_attention-kv-mismatch", kvc.grouped_attention, Q4, CACHE["k"], CACHE["v"][:, :, :8], True,
+CASES.add("grouped_attention-rank3-q", grouped_attention, Q4[0], CACHE["k"], CACHE["v"], True, match="q must")
+CASES.add("grouped_attention-kv-mismatch", grouped_attention, Q4, CACHE["k"], CACHE["v"][:, :, :8], True,
           match="v must")
-CASES.add("grouped_attention-heads", kvc.grouped_attention, _f32(B, 3, 1, D), CACHE["k"], CACHE["v"], True,
+CASES.add("grouped_attention-heads", grouped_attention, _f32(B, 3, 1, D), CACHE["k"], CACHE["v"], True,
           match="query heads")
 CASES.add("get_backend-unknown", kvc.get_backend, "bogus", match="unknown KV-cache backend")
 CASES.add("get_backend-bad-kwarg", kvc.get_backend, "ffd", match="bogus_option", bogus_option=1)
@@ -97,7 +99,8 @@ CASES.add("Transformer-float-tokens", nnx.merge(TGRAPH, TPARAMS), PROMPT.astype(
           match="Transformer.__call__: tokens must be an integer array, got dtype float32")
 CASES.add("Transformer-rank1-tokens", nnx.merge(TGRAPH, TPARAMS), PROMPT[0], match="tokens must be an array of rank 2")
 CASES.add("Transformer.decode-float-tokens", nnx.merge(TGRAPH, TPARAMS).decode, PROMPT.astype(jnp.float32),
-          kvc.DenseKVCache().init(B, S, K, D, jnp.float32), START, match="Transformer.decode: tokens must")
+          cache_backend.DenseKVCache().init(B, S, K, D, jnp.float32), START,
+          match="Transformer.decode: tokens must")
 CASES.add("Llama-float-tokens", LLAMA, PROMPT.astype(jnp.float32), match="tokens must")
 CASES.add("Llama-empty-tokens", LLAMA, PROMPT[:, :0], match="tokens must")
 CASES.add("Llama-id-out-of-vocab", LLAMA, jnp.array([[1, 2, 40]], jnp.int32), match="tokens must")

@@ -10,8 +10,8 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernels.attention_math import grouped_attention
 from models import attention as attn
-from models.kv_cache import grouped_attention
 from models.transformer import Transformer, TransformerConfig
 from tests.hypothesis_budget import examples
 

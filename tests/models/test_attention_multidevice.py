@@ -12,8 +12,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from core import sharding
+from kernels.attention_math import grouped_attention
 from models import attention as attn
-from models.kv_cache import grouped_attention
 
 pytestmark = pytest.mark.multidevice
 

@@ -17,8 +17,8 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernels import cache_backend
 from models import hf_checkpoint as hfc
-from models import kv_cache as kvc
 from models.llama import Llama, backend_for
 from models.rope import RotaryEmbedding
 from models.sampling import generate
@@ -244,7 +244,7 @@ def _check_qvg_stores_pre_rope_keys(ck, ids, layer_cache):
     pre-RoPE keys; undoing the plain-theta RoPE instead would leave them rotated by the scaling
     difference, far from the pre-RoPE ones."""
     from kernels.kv_quant import reference as qref
-    from models.rope import apply_rope
+    from kernels.rope import apply_rope
 
     model = nnx.merge(ck.graphdef, ck.params)
     attn, cfg = model.blocks[0].attn, ck.config
@@ -292,7 +292,7 @@ def test_sliding_window_refused_by_backends_that_cannot_forget(ckpts):
                          ("qvg", _qvg(8, None)), ("kivi", _kivi(8))):
         with pytest.raises(ValueError, match="sliding window of 6 tokens"):
             model.init_cache(1, 32, backend_for(name, ck.config, **kwargs))
-    model.init_cache(1, 32, kvc.DenseKVCache())  # the dense cache honours it
+    model.init_cache(1, 32, cache_backend.DenseKVCache())  # the dense cache honours it
     model.init_cache(1, 6, backend_for("kivi", ck.config, **_kivi(8)))  # within the window
 
 

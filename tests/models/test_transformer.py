@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from kernels.rope import apply_rope
 from models import kv_cache as kvc
-from models.rope import apply_rope
 from models.sampling import generate
 from models.transformer import Transformer, TransformerConfig, forward_flops_per_token
 

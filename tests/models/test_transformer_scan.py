@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from kernels import cache_backend
 from models import kv_cache as kvc
 from models.sampling import generate
 from models.transformer import (
@@ -186,7 +187,7 @@ def test_scanned_decode_with_ffd_backend_equals_unrolled():
 
 
 @dataclasses.dataclass(frozen=True)
-class _CounterCache(kvc.DenseKVCache):
+class _CounterCache(cache_backend.DenseKVCache):
     """A dense cache that also keeps a Python int: not stackable along a layer axis."""
 
     def init(self, batch_size, max_len, num_kv_heads, head_dim, dtype):
@@ -202,7 +203,8 @@ def test_scanned_layout_bad_input_raises():
     with pytest.raises(ValueError, match="list of 3 per-layer entries"):
         ms.decode(tokens(1, 3), mu.init_cache(1, 16), jnp.zeros(1, jnp.int32))
     with pytest.raises(ValueError, match="num_layers=3"):
-        ms.decode(tokens(1, 3), kvc.DENSE.init(1, 16, 2, 8, jnp.float32), jnp.zeros(1, jnp.int32))
+        ms.decode(tokens(1, 3), cache_backend.DENSE.init(1, 16, 2, 8, jnp.float32),
+                  jnp.zeros(1, jnp.int32))
     with pytest.raises(ValueError, match="already in the scanned layout"):
         stack_layer_params(sp)
     with pytest.raises(ValueError, match="already per-layer"):

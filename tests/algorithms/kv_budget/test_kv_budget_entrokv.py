@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from algorithms.kv_budget import cache as bcache
 from algorithms.kv_budget import entrokv
-from models import kv_cache as kvc
+from kernels import cache_backend
 from tests.hypothesis_budget import examples
 
 
@@ -72,7 +72,7 @@ def test_budgeted_cache_all_kept_equals_dense_and_mask_excludes():
     v = jax.random.normal(jax.random.key(1), (b, kh, s, d))
     q = jax.random.normal(jax.random.key(2), (b, h, 1, d))
     start = jnp.full((b,), s - 1, jnp.int32)
-    be, dense = bcache.BudgetedKVCache(), kvc.DenseKVCache()
+    be, dense = bcache.BudgetedKVCache(), cache_backend.DenseKVCache()
     z = jnp.zeros((b,), jnp.int32)
     layer = be.update(be.init(b, s, kh, d, jnp.float32), k, v, z)
     dl = dense.update(dense.init(b, s, kh, d, jnp.float32), k, v, z)

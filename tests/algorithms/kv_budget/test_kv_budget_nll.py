@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 from algorithms.kv_budget import cache as budget_cache
-from models import kv_cache as kvc
+from kernels import cache_backend
 from models.llama import Llama, LlamaConfig
 
 V, L, P = 29, 12, 5
@@ -33,7 +33,7 @@ def _forward_nll(m, tokens, prompt_len):
 def test_dense_cache_equals_the_forward_pass(model):
     m, tokens = model
     graphdef, params = nnx.split(m)
-    total, count = budget_cache.teacher_forced_nll(graphdef, params, tokens, kvc.DENSE, P)
+    total, count = budget_cache.teacher_forced_nll(graphdef, params, tokens, cache_backend.DENSE, P)
     want = _forward_nll(m, tokens, P)
     assert count == 3 * (L - P)
     np.testing.assert_allclose(float(total), want, rtol=1e-5)
@@ -58,9 +58,9 @@ def test_bad_arguments_are_refused(model):
     graphdef, params = nnx.split(m)
     for p in (0, L, 2.0):
         with pytest.raises(ValueError, match=f"prompt_len={p!r}, expected an integer in"):
-            budget_cache.teacher_forced_nll(graphdef, params, tokens, kvc.DENSE, p)
+            budget_cache.teacher_forced_nll(graphdef, params, tokens, cache_backend.DENSE, p)
     with pytest.raises(ValueError, match=r"tokens must be \[B, L\]"):
-        budget_cache.teacher_forced_nll(graphdef, params, tokens[0], kvc.DENSE, P)
+        budget_cache.teacher_forced_nll(graphdef, params, tokens[0], cache_backend.DENSE, P)
     with pytest.raises(ValueError, match="keep masks need a BudgetedKVCache"):
-        budget_cache.teacher_forced_nll(graphdef, params, tokens, kvc.DENSE, P,
+        budget_cache.teacher_forced_nll(graphdef, params, tokens, cache_backend.DENSE, P,
                                         [jnp.ones((3, 2, P), bool)] * 2)

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels import common
+from kernels import packing
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
 from tests.hypothesis_budget import examples
@@ -56,12 +56,12 @@ def _equal_keys_query(q: np.ndarray, key_max: float) -> np.ndarray:
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_packing_matches_the_documented_layout(bits):
-    """kernels.common.pack_codes writes channel d to byte d % P at bit bits * (d // P) (the
+    """kernels.packing.pack_codes writes channel d to byte d % P at bit bits * (d // P) (the
     oracle's reading of the format), and unpack_codes inverts it."""
     codes = np.random.default_rng(bits).integers(0, 2 ** bits, (3, 5, 64), dtype=np.uint8)
-    packed = common.pack_codes(jnp.asarray(codes), bits)
+    packed = packing.pack_codes(jnp.asarray(codes), bits)
     np.testing.assert_array_equal(oracles.unpack_planar(packed, bits), codes)
-    np.testing.assert_array_equal(common.unpack_codes(packed, bits), codes)
+    np.testing.assert_array_equal(packing.unpack_codes(packed, bits), codes)
 
 
 # -- QVG --------------------------------------------------------------------------------------

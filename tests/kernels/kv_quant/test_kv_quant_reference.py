@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import common
+from kernels import attention_math, cache_backend, packing
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.cache import KIVICache, QVGCache
-from models import kv_cache as kvc
+from kernels.rope import rope_slots
 
 
 def test_kmeans_objective_never_increases_and_finds_separated_clusters():
@@ -43,9 +43,9 @@ def test_lloyd_step_from_bad_start_decreases_objective():
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_pack_unpack_invertible(bits):
     codes = jax.random.randint(jax.random.key(bits), (5, 3, 16), 0, 2 ** bits).astype(jnp.uint8)
-    packed = common.pack_codes(codes, bits)
+    packed = packing.pack_codes(codes, bits)
     assert packed.shape == (5, 3, 16 * bits // 8) and packed.dtype == jnp.uint8
-    np.testing.assert_array_equal(common.unpack_codes(packed, bits), codes)
+    np.testing.assert_array_equal(packing.unpack_codes(packed, bits), codes)
 
 
 @pytest.mark.parametrize("bits", [2, 4])
@@ -53,7 +53,7 @@ def test_symmetric_codes_in_range_and_error_bounded(bits):
     x = jax.random.normal(jax.random.key(0), (32, 16)) * 3.0
     packed, scales = ref.quantize_symmetric(x, bits, 8)
     assert scales.dtype == jnp.bfloat16 and scales.shape == (32, 2)
-    codes = np.asarray(common.unpack_codes(packed, bits)).astype(int) - 2 ** (bits - 1)
+    codes = np.asarray(packing.unpack_codes(packed, bits)).astype(int) - 2 ** (bits - 1)
     qmax = 2 ** (bits - 1) - 1
     assert codes.min() >= -qmax and codes.max() <= qmax  # INT2 uses {-1, 0, 1}
     x_hat = ref.dequantize_symmetric(packed, scales, bits)
@@ -118,7 +118,7 @@ def _dense_of_qvg(layer, cfg, length, rope_base):
     """Dequantize a QVGCache layer into dense [B, K, S, D] keys (RoPE'd) and values."""
     k = ref._dequant_chunks(layer["k"], cfg.bits)
     v = ref._dequant_chunks(layer["v"], cfg.bits)
-    k = common.rope_slots(k, rope_base)
+    k = rope_slots(k, rope_base)
     n = cfg.chunk
     nq = (length // n) * n
     k = k.at[:, :, nq:nq + n].set(layer["wk"][:, :, : k.shape[2] - nq])
@@ -141,7 +141,8 @@ def test_qvg_cache_attention_matches_dequantize_then_dense():
     layer = jax.jit(be.update)(layer, k[:, :, 16:], v[:, :, 16:], start)
     out = jax.jit(be.attend)(layer, q, start)
     kd, vd = _dense_of_qvg(layer, cfg, 19, be.rope_base)
-    expect = kvc.grouped_attention(q, kd, vd, kvc.causal_cache_mask(start, 3, kd.shape[2]))
+    mask = attention_math.causal_cache_mask(start, 3, kd.shape[2])
+    expect = attention_math.grouped_attention(q, kd, vd, mask)
     chex.assert_trees_all_close(out, expect, atol=2e-5, rtol=2e-5)
     # The window holds the 3 newest (exact) keys; the 16 older ones went through the quantizer.
     chex.assert_trees_all_close(layer["wk"][:, :, :3], k[:, :, 16:])
@@ -165,7 +166,7 @@ def test_kivi_cache_streaming_equals_prefill_and_int8_is_close_to_dense():
         steps = upd(steps, k[:, :, i:i + 1], v[:, :, i:i + 1], jnp.full((b,), i, jnp.int32))
     chex.assert_trees_all_equal(one, steps)
     start = jnp.full((b,), 11, jnp.int32)
-    dense = kvc.DenseKVCache()
+    dense = cache_backend.DenseKVCache()
     ref_layer = dense.update(dense.init(b, 16, kh, d, jnp.float32), k, v,
                              jnp.zeros((b,), jnp.int32))
     chex.assert_trees_all_close(att(one, q, start), dense.attend(ref_layer, q, start), atol=2e-2)
@@ -204,11 +205,11 @@ def test_kivi_values_keep_a_sliding_exact_window(length):
             v_want[bi, hi, :length - r] = ref.kivi_dequantize_chunk(
                 ref.kivi_quantize_chunk(old, cfg, False), cfg, False)
     start = jnp.full((b,), length - 1, jnp.int32)
-    mask = kvc.causal_cache_mask(start, 1, length)
-    want = kvc.grouped_attention(q, jnp.asarray(k_want), jnp.asarray(v_want), mask)
+    mask = attention_math.causal_cache_mask(start, 1, length)
+    want = attention_math.grouped_attention(q, jnp.asarray(k_want), jnp.asarray(v_want), mask)
     chex.assert_trees_all_close(jax.jit(be.attend)(prefill, q, start), want, atol=2e-5, rtol=2e-5)
     # and it is not the chunked-values answer (values quantized in whole chunks only)
     v_chunked = np.asarray(v).copy()
     v_chunked[:, :, :nq] = np.asarray(ref.kivi_roundtrip(k[:, :, :nq], v[:, :, :nq], cfg)[1])
-    other = kvc.grouped_attention(q, jnp.asarray(k_want), jnp.asarray(v_chunked), mask)
+    other = attention_math.grouped_attention(q, jnp.asarray(k_want), jnp.asarray(v_chunked), mask)
     assert float(jnp.max(jnp.abs(other - want))) > 1e-2

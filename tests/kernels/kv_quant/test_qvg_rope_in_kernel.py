@@ -13,11 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import common
+from kernels import attention_math
 from kernels.kv_quant import api, pallas_gpu, pallas_tpu
 from kernels.kv_quant import pallas_common as pc
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import QVGConfig
+from kernels.rope import rope_angles
 from models.rope import RotaryEmbedding
 
 LLAMA3 = RotaryEmbedding(theta=500_000.0, kind="llama3", factor=8.0, original_max_len=8192)
@@ -42,8 +43,8 @@ def _cos_sin(pos, nq, freq, off, st, terms):
 
 
 def _reference_angles(pos, d, base):
-    """The reference's float32 angles fl(p f) (kernels.common.rope_angles), as float64."""
-    return np.asarray(common.rope_angles(jnp.asarray(pos), d, base)).astype(np.float64)
+    """The reference's float32 angles fl(p f) (kernels.rope.rope_angles), as float64."""
+    return np.asarray(rope_angles(jnp.asarray(pos), d, base)).astype(np.float64)
 
 
 @pytest.mark.parametrize("d", sorted(BASES))
@@ -147,5 +148,5 @@ def test_inputs_resolve_the_angle_rounding():
     kr = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     rowpos = np.asarray(start)[:, None] + np.arange(G * T) % T  # [B, R]
     valid = (pos < np.asarray(nq)[:, None, None]) & (pos <= rowpos[..., None])  # [B, R, S]
-    out, _ = common.partial_attention(q, kr, v, jnp.asarray(valid)[:, None])
+    out, _ = attention_math.partial_attention(q, kr, v, jnp.asarray(valid)[:, None])
     assert np.abs(np.asarray(out) - want).max() > 1e-4 * np.abs(want).max()

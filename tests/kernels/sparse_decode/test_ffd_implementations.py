@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.sparse_decode import api, xla_select
+from kernels.sparse_decode import api, xla
 from kernels.sparse_decode import reference as ref
 from tests.hypothesis_budget import examples
 from tests.kernels import oracles
@@ -125,7 +125,7 @@ def check_against_oracle(q, cache, lengths, out, keep, **rule):
 
 
 def check_superset_against_oracle(q, cache, lengths, out, keep, **rule):
-    """The XLA path's contract (its int8 scan keeps a superset, kernels/sparse_decode/xla_select.py):
+    """The XLA path's contract (its int8 scan keeps a superset, kernels/sparse_decode/xla.py):
     every page the rule surely keeps is kept (unless a ``max_pages`` cap binds; then the cap
     holds), every extra top-delta page lies within the scan's margin of the threshold, and the
     output is the attention over the pages it reports; returns the oracle's attention."""
@@ -142,7 +142,7 @@ def check_superset_against_oracle(q, cache, lengths, out, keep, **rule):
         b, kh, n, p, d = k_hat.shape
         m = np.einsum("bkgd,bkptd->bkgpt", oracles.f64(q).reshape(b, kh, -1, d),
                       k_hat).max(-1) / math.sqrt(d)  # [B, K, G, P]
-        mu = np.asarray(xla_select.margin_nats(q, cache, lengths), np.float64)
+        mu = np.asarray(xla.margin_nats(q, cache, lengths), np.float64)
         for bi, f in enumerate(np.asarray(lengths) // p):
             if f == 0 or not np.isfinite(m[bi, ..., :f]).all():
                 continue

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.common import grouped_attention  # the test's reference only
-from kernels.sparse_decode import api
+from kernels import attention_math
+from kernels.attention_math import grouped_attention
+from kernels.sparse_decode import api, quest, xla
 from kernels.sparse_decode import cache as sd_cache
 from kernels.sparse_decode import reference as ref
 from tests.hypothesis_budget import examples
@@ -109,7 +110,7 @@ def test_selection_rule_and_xla_equals_reference():
     cache, _, _ = _filled_cache(jax.random.key(6), b, kh, s, d, p, lengths, scan_copy=True)
     q = jax.random.normal(jax.random.key(7), (b, h, d)) * 3.0
     out, keep = ref.ffd_decode_reference(q, cache, lengths, delta=2.0)
-    qg = ref._grouped_query(q, kh)
+    qg = attention_math.grouped_query(q, kh)
     pm = ref.ffd_page_max(qg, cache, lengths)
     pm_scan = ref.ffd_scan_page_max(qg, cache, lengths // p)
     np.testing.assert_allclose(jnp.where(jnp.isfinite(pm), pm, 0), jnp.where(jnp.isfinite(pm), pm_scan, 0),
@@ -123,7 +124,7 @@ def test_selection_rule_and_xla_equals_reference():
         np.testing.assert_array_equal(np.asarray(keep[bi]), want)
     frac = float(keep.sum() / (nf.sum() * kh))
     assert 0.0 < frac < 1.0  # the rule is neither trivially dense nor empty here
-    out_x, keep_x = ref.ffd_decode_xla(q, cache, lengths, delta=2.0, max_pages=16)
+    out_x, keep_x = xla.ffd_decode_xla(q, cache, lengths, delta=2.0, max_pages=16)
     np.testing.assert_array_equal(keep_x, keep)
     np.testing.assert_allclose(out_x, out, atol=2e-5, rtol=2e-5)
     # top-k variant keeps exactly k pages (continuous scores: no ties)
@@ -186,7 +187,7 @@ def test_delta_units_keep_the_same_pages():
     keep_log2 = api.ffd_select(q, cache, lengths, delta=delta2, delta_unit="log2")
     np.testing.assert_array_equal(keep_log2, keep_nats)
     assert 0 < int(keep_nats.sum()) < int((lengths // p).sum()) * kh  # neither empty nor dense
-    pm2 = np.asarray(ref.ffd_scan_page_max(ref._grouped_query(q, kh), cache, lengths // p),
+    pm2 = np.asarray(ref.ffd_scan_page_max(attention_math.grouped_query(q, kh), cache, lengths // p),
                      np.float64) / math.log(2.0)
     nf = np.asarray(lengths // p)
     for bi in range(b):
@@ -240,8 +241,8 @@ def test_float8_residual_cannot_overflow(exponent, mantissa, pattern, seed):
 def test_f8_decoder_matches_xla_on_all_codes():
     codes = jnp.arange(256, dtype=jnp.uint8)
     x = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
-    np.testing.assert_array_equal(np.asarray(ref.f8_to_f32(x)), np.asarray(x.astype(jnp.float32)))
-    assert int(np.isnan(np.asarray(ref.f8_to_f32(x))).sum()) == 2  # S.1111.111
+    np.testing.assert_array_equal(np.asarray(xla.f8_to_f32(x)), np.asarray(x.astype(jnp.float32)))
+    assert int(np.isnan(np.asarray(xla.f8_to_f32(x))).sum()) == 2  # S.1111.111
 
 
 def test_quest_full_budget_is_dense_and_bound_holds():
@@ -251,12 +252,12 @@ def test_quest_full_budget_is_dense_and_bound_holds():
     k = jax.random.normal(ks[1], (b, kh, s, d))
     v = jax.random.normal(ks[2], (b, kh, s, d))
     lengths = jnp.array([64, 50])
-    kmin, kmax = ref.quest_metadata(k, p)
-    out, _ = ref.quest_decode(q, k, v, kmin, kmax, lengths, top_k=4, page_size=p)
+    kmin, kmax = quest.quest_metadata(k, p)
+    out, _ = quest.quest_decode(q, k, v, kmin, kmax, lengths, top_k=4, page_size=p)
     np.testing.assert_allclose(out, ref.dense_decode(q, k, v, lengths), atol=1e-5, rtol=1e-5)
     # the score upper-bounds every logit of its page
-    qg = ref._grouped_query(q, kh)
-    ub = ref.quest_page_scores(qg, kmin, kmax)  # [B, K, P]
+    qg = attention_math.grouped_query(q, kh)
+    ub = quest.quest_page_scores(qg, kmin, kmax)  # [B, K, P]
     logits = jnp.einsum("bkgd,bkptd->bkgpt", qg, k.reshape(b, kh, s // p, p, d)).max((2, 4))
     assert bool(jnp.all(logits <= ub + 1e-5))
 

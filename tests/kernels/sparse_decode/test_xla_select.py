@@ -1,4 +1,4 @@
-"""The XLA path's int8 page scan (kernels/sparse_decode/xla_select.py) against its proof.
+"""The XLA path's int8 page scan (kernels/sparse_decode/xla.py) against its proof.
 
 * The lemma: the int8 estimate ``m'`` is within its margin ``mu`` of the reference scan's float32
   estimate and of the float64 estimate (from the stored codes and scales), at head dims 16 to 256
@@ -19,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kernels import attention_math
 from kernels.sparse_decode import reference as ref
 from kernels.sparse_decode import workload
-from kernels.sparse_decode import xla_select as xs
+from kernels.sparse_decode import xla as xs
 from tests.kernels import oracles
 
 
@@ -53,7 +54,7 @@ def test_estimate_within_margin(d):
         # heavy-tailed queries: a few large channels make the int8 step coarse for the rest
         q = jnp.asarray(rng.standard_t(2, (b, kh * g, d)) / magnitude, jnp.float32)
         cache = make_cache(k, p)
-        qg = ref._grouped_query(q, kh)
+        qg = attention_math.grouped_query(q, kh)
         nf = jnp.full((b,), n, jnp.int32)
         est, mu = (np.asarray(x, np.float64) for x in _bounds(qg, cache, nf))
         m32 = np.asarray(_scan(qg, cache, nf), np.float64)
@@ -110,7 +111,7 @@ def test_superset_with_a_page_exactly_on_the_threshold():
     q = jnp.asarray(rng.standard_normal((b, kh * g, d)) * 3.0, jnp.float32)
     lengths = jnp.full((b,), n * p, jnp.int32)
     cache = make_cache(k, p)
-    m = np.asarray(_scan(ref._grouped_query(q, kh), cache, lengths // p))  # float32 [B,K,G,P]
+    m = np.asarray(_scan(attention_math.grouped_query(q, kh), cache, lengths // p))  # float32 [B,K,G,P]
     top = np.maximum(m[..., 0], m[..., n - 1])  # [B, K, G]
     flips = 0
     for kv in range(kh):
@@ -137,7 +138,7 @@ def test_superset_on_scaled_copies_of_the_reference_page():
     q = jnp.asarray(rng.standard_normal((b, kh * g, d)), jnp.float32)
     lengths = jnp.full((b,), n * p, jnp.int32)
     cache = make_cache(k, p)
-    m = np.asarray(_scan(ref._grouped_query(q, kh), cache, lengths // p))[0, 0]  # [G, P]
+    m = np.asarray(_scan(attention_math.grouped_query(q, kh), cache, lengths // p))[0, 0]  # [G, P]
     for j in (1, 2, 3):
         for head in range(g):
             gap = np.float32(max(m[head, 0], m[head, 4]) - m[head, j])

@@ -1,4 +1,18 @@
-"""FFD page selection on the XLA (CPU) path: an int8 x int8 -> int32 scan with a proven margin.
+"""FFD decode attention as an XLA program: the CPU path (``implementation="xla"``).
+
+Dimensions as in :mod:`kernels.sparse_decode.reference`: B batch, H query heads, K kv heads, G query
+heads per kv head, D head dim, p page size, P pages, M gathered page slots.
+
+* :func:`ffd_decode_xla`: gather of the kept pages into ``M = min(max_pages, P)`` static slots per
+  (row, kv head), refinement from the byte-per-code scan copy (or the packed words) and the float8
+  residuals (:func:`f8_to_f32`), softmax, LSE merge with the tail page. It attends the pages it is
+  given, so with the rule's mask (:func:`kernels.sparse_decode.reference.ffd_keep`) it agrees with
+  the reference to float32 rounding.
+* :func:`ffd_keep_superset`: the page selection of ``ffd_decode(..., xla_scan="int8")``, an int8 x
+  int8 -> int32 scan with a proven margin that keeps a superset of the rule's pages.
+
+The int8 selection
+------------------
 
 Dimensions as in :mod:`kernels.sparse_decode.reference`: B batch, K kv heads, G query heads per kv
 head, D head dim, p page size, P pages.
@@ -45,8 +59,80 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
+from kernels import attention_math
+from kernels.attention_math import merge_partials, softmax_partial
 from kernels.sparse_decode import reference as ref
+
+# -- attention over the kept pages -------------------------------------------------------------
+
+
+def f8_to_f32(x: jax.Array) -> jax.Array:
+    """float8_e4m3fn -> float32 by bit arithmetic (exact for every value; the NaN codes
+    ``S.1111.111`` decode to NaN). XLA's own conversion is emulated element by element on a CPU and
+    ~8x slower than these integer ops."""
+    u = lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
+    sign = (u >> 7) << 31
+    e, m = (u >> 3) & 15, u & 7
+    normal = lax.bitcast_convert_type(sign | ((e + 120) << 23) | (m << 20), jnp.float32)
+    sub = jnp.where(u >> 7 == 1, -1.0, 1.0) * m.astype(jnp.float32) * (2.0 ** -9)
+    return jnp.where((u & 0x7F) == 0x7F, jnp.nan, jnp.where(e == 0, sub, normal))
+
+
+def gather_pages(x: jax.Array, idx: jax.Array) -> jax.Array:
+    """x [B, K, P, ...] gathered at page indices idx int [B, K, M] -> [B, K, M, ...].
+
+    Per-(row, head) indexing under ``vmap``: XLA on a CPU copies whole contiguous pages this way,
+    several times faster than ``take_along_axis`` with broadcast indices."""
+    return jax.vmap(jax.vmap(lambda a, i: a[i]))(x, idx)
+
+
+def ffd_decode_xla(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array, *,
+                   delta: float = 8.0, top_k: int | None = None, max_pages: int | None = None,
+                   keep: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """FFD decode attention as an XLA program: the packed scan and selection
+    (:func:`kernels.sparse_decode.reference.ffd_keep`) unless ``keep`` is given, gather of the kept
+    pages into ``M = min(max_pages, P)`` slots per (row, kv head), refinement and softmax, LSE
+    merge with the tail.
+
+    Arguments as :func:`kernels.sparse_decode.reference.ffd_decode_reference` (``keep``, when
+    given, must hold at most ``M`` pages per (row, kv head), as
+    :func:`kernels.sparse_decode.reference.ffd_keep` with the same ``max_pages`` does);
+    ``max_pages`` is also the static gather budget. The same pages as the reference are attended,
+    so the two agree to float32 rounding.
+
+    Returns:
+      (out [B, H, D] in ``q``'s dtype, keep bool [B, K, P] of the attended pages).
+    """
+    b, h, d = q.shape
+    kh, n, p = cache["resid"].shape[1], cache["resid"].shape[2], cache["resid"].shape[3]
+    m_slots = n if max_pages is None else max(1, min(int(max_pages), n))
+    qg = attention_math.grouped_query(q, kh)
+    if keep is None:
+        keep = ref.ffd_keep(q, cache, lengths, delta, top_k, max_pages)
+    idx, count = ref.page_list(keep, m_slots)  # [B, K, M], [B, K]
+    ok = jnp.arange(m_slots)[None, None, :] < count[..., None]
+
+    def gather(x):
+        return gather_pages(x, idx)
+
+    # refined logit = (q * scale) . (c - 1.5 + resid): per-page query scaling keeps the product a
+    # batch of small [G, D] x [D, p] matmuls over byte-sized operands
+    qs = qg[:, :, :, None, :] * gather(cache["scale"])[:, :, None]  # [B, K, G, M, D]
+    codes = (gather(cache["codes_i8"]) if "codes_i8" in cache
+             else ref.unpack_codes(ref.token_major_codes(gather(cache["codes"]))))
+    x = codes.astype(jnp.float32) - 1.5 + f8_to_f32(gather(cache["resid"]))
+    logits = jnp.einsum("bkgmd,bkmtd->bkgmt", qs, x)
+    logits = jnp.where(ok[:, :, None, :, None], logits, -jnp.inf).reshape(b, kh, -1, m_slots * p)
+    v = jnp.where(ok[..., None, None], gather(cache["v"]), 0)  # empty slots: no NaN leaks in
+    acc, m, l = softmax_partial(logits, v.reshape(b, kh, m_slots * p, d))
+    ta, tm, tl = ref.tail_partial(qg, cache, lengths)
+    out = merge_partials(jnp.stack([acc, ta], 2), jnp.stack([m, tm], 2), jnp.stack([l, tl], 2), 2)
+    return out.reshape(b, h, d).astype(q.dtype), keep
+
+
+# -- the int8 page selection (``xla_scan="int8"``) ----------------------------------------------
 
 QUERY_LEVELS = 127  # int8 query codes in [-127, 127]
 # The comparison's own rounding (a few float32 ulps of the compared values, with room to spare).
@@ -128,7 +214,7 @@ def select_superset(est: jax.Array, mu: jax.Array, num_full: jax.Array, delta,
     keep = jnp.any(~(upper + tol < theta[..., None]), axis=2) & valid  # NaN keeps
     if max_pages is not None and max_pages < n:
         score = ref.nan_max(upper, axis=2)
-        keep = keep & ref._top_mask(jnp.where(keep, ref._rankable(score), -jnp.inf), max_pages)
+        keep = keep & ref.top_mask(jnp.where(keep, ref.rankable(score), -jnp.inf), max_pages)
     return keep
 
 
@@ -151,7 +237,7 @@ def ffd_keep_superset(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Ar
         raise ValueError("ffd_keep_superset: the cache has no 'codes_i8' copy; build it with "
                          "init_ffd_cache(..., scan_copy=True) or use reference.ffd_keep")
     kh, p = cache["resid"].shape[1], cache["resid"].shape[3]
-    qg = ref._grouped_query(q, kh)
+    qg = attention_math.grouped_query(q, kh)
     num_full = lengths // p
     est, mu = page_bounds(qg, cache["codes_i8"], cache["scale"], num_full)
     return select_superset(est, mu, num_full, delta, max_pages)
@@ -161,6 +247,6 @@ def margin_nats(q: jax.Array, cache: dict[str, jax.Array], lengths: jax.Array) -
     """float32 [B, K, G, P]: the margin ``mu`` of every page (0 on pages that are not full), for
     reporting how far the superset reaches beyond the threshold."""
     kh, p = cache["resid"].shape[1], cache["resid"].shape[3]
-    qg = ref._grouped_query(q, kh)
+    qg = attention_math.grouped_query(q, kh)
     return page_bounds(qg, cache["codes_i8"], cache["scale"], lengths // p)[1]
 
