@@ -1,11 +1,14 @@
 """Shared pytest setup: quiet XLA logging and the hypothesis profiles. (Fixtures live beside the
 tests that use them.)
 
-Compiled programs are released after each test module (:func:`jax.clear_caches`). XLA:CPU maps
-each executable's code into its own memory regions (about 3 per program), and a worker that runs a
-few hundred modules keeps thousands of programs alive; past the kernel's ``vm.max_map_count``
-(65,530 by default) the next compile cannot map its code and the worker dies with a segmentation
-fault inside ``backend_compile_and_load``, in whichever test happens to compile then.
+Compiled programs are released (:func:`jax.clear_caches`) after a test module when the process
+holds more than :data:`MAX_MEMORY_MAPS` memory maps (after every module where ``/proc/self/maps``
+cannot be read). XLA:CPU maps each executable's code into its own memory regions (about 3 per
+program), and a worker that runs a few hundred modules keeps thousands of programs alive; past the
+kernel's ``vm.max_map_count`` (65,530 by default) the next compile cannot map its code and the
+worker dies with a segmentation fault inside ``backend_compile_and_load``, in whichever test
+happens to compile then. Below the threshold the caches are kept, so that later modules reuse
+the small programs every test compiles (eager ops, shared fixtures).
 
 Hypothesis profiles, chosen with the environment variable ``HYPOTHESIS_PROFILE``:
 
@@ -29,10 +32,26 @@ settings.register_profile("thorough", max_examples=10 * settings.get_profile("ci
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# A third of the default vm.max_map_count: the largest test module adds a few thousand maps.
+MAX_MEMORY_MAPS = 20_000
+
+
+def memory_maps() -> int | None:
+    """The number of memory maps of this process (None where ``/proc/self/maps`` is missing)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-    """Drop every jit cache when a module's tests are done (see the module docstring)."""
+    """Drop every jit cache after a module when the process nears the map limit (module
+    docstring)."""
     yield
-    import jax
+    maps = memory_maps()
+    if maps is None or maps > MAX_MEMORY_MAPS:
+        import jax
 
-    jax.clear_caches()
+        jax.clear_caches()
