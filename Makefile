@@ -99,7 +99,7 @@ run: $(STAMP)
 	$(PY) -m experiments.main --variant=$(VARIANT) --workdir=$(WORKDIR) \
 	  $(if $(EXPERIMENTS),--experiments=$(EXPERIMENTS),)
 
-# Single-device tests, then the multi-device tests in their own process with 8 fake CPU devices, then
+# Single-device tests, then the multi-device tests in their own processes with 8 fake CPU devices each, then
 # the compile tests (TPU and GPU targets, compile-only) in .venv-aot.
 # pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
 test: $(TEST_STAMP)
@@ -108,7 +108,7 @@ test: $(TEST_STAMP)
 	$(MAKE) --no-print-directory test-aot
 
 test-multidevice: $(TEST_STAMP)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -m multidevice tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -n 2 -m multidevice tests
 
 # Compile tests are the files named test_*_compile.py (marker `aot`); only those are collected, since
 # .venv-aot holds jax and not the rest of the project's dependencies. One process: libtpu is loaded once.

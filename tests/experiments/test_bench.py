@@ -79,6 +79,7 @@ def test_recompute_baseline_samples_what_the_cached_rollout_samples():
         rl_rollouts.recompute_rollout(gd, params, prompts, key, max_new_tokens=0, end_id=1)
 
 
+@pytest.mark.slow
 def test_rl_rollouts_smoke_reports_ratios_and_identical_tokens():
     md = rl_rollouts.run(size="smoke")
     assert md.startswith("## rl_rollouts")

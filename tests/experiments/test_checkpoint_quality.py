@@ -84,6 +84,7 @@ def test_tokenizer_prefix_and_windows(tiny_llama_checkpoint, tmp_path):
         model.windows(len(ids) + 2, 1)
 
 
+@pytest.mark.slow
 def test_sparse_decode_measures_the_checkpoint(tiny_llama_checkpoint, tmp_path):
     config = _config(sparse_decode_config, tiny_llama_checkpoint)
     section = sparse_decode.run(config, str(tmp_path))
@@ -106,6 +107,7 @@ def test_sparse_decode_measures_the_checkpoint(tiny_llama_checkpoint, tmp_path):
     assert "only prove the plumbing" in section.body
 
 
+@pytest.mark.slow
 def test_kv_quant_measures_the_checkpoint(tiny_llama_checkpoint, tmp_path):
     text = tmp_path / "held_out.txt"
     text.write_text("Now is the winter of our discontent made glorious summer by this sun of "

@@ -8,6 +8,7 @@ import pytest
 from experiments import device_check
 
 
+@pytest.mark.slow
 def test_smoke_run_checks_every_gpu_kernel_and_writes_the_report(tmp_path):
     out = tmp_path / "DEVICE.md"
     result = device_check.run("smoke", str(out))

@@ -80,6 +80,7 @@ def test_lm_sequence_longer_than_model_raises(tmp_path):
         lm.run(config, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_main_runs_experiments_in_isolated_processes(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "experiments.main", "--experiments=lm,benchmark_game",
                            "--variant=smoke", f"--workdir={tmp_path}"], capture_output=True, text=True,

@@ -57,6 +57,7 @@ def test_optional_full_run_states_its_time_in_intro_and_heading(path):
     assert "run_and_show" in nb.cells[-1].source
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "path",
     [p for p in NOTEBOOKS if os.path.splitext(os.path.basename(p))[0] in registry.available()],
