@@ -1,5 +1,7 @@
 """KV-cache rollouts with an end token, teacher-forced log-probs, and the vmapped GRPO step."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -12,10 +14,54 @@ from algorithms.rl_scaling import grpo, rollout, tasks, trainer
 from models.transformer import Transformer, TransformerConfig
 
 
+@functools.cache
 def _model():
+    """(graphdef, params) of the policy; built once and shared (the tests only read it)."""
     cfg = TransformerConfig(vocab_size=258, max_len=14, d_model=32, num_layers=1, num_heads=2,
                             mlp_dim=32)
     return nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
+# The model's forward, teacher-forced log-probs and answer probabilities, compiled (an eager NNX
+# call compiles every primitive on its own); one compilation per input shape.
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(gd, params, tokens):
+    return nnx.merge(gd, params)(tokens)
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames="temperature")
+def _completion_logprobs(gd, params, prompts, completions, prompt_rows=None, temperature=1.0):
+    return rollout.completion_logprobs(nnx.merge(gd, params), prompts, completions, prompt_rows,
+                                       temperature=temperature)
+
+
+_TX = optax.adam(1e-2)
+_STEP_GRPO = grpo.GRPOConfig(inner_steps=2, clip_eps_high=0.28)
+
+
+@functools.cache
+def _vmapped_step(spec):
+    """The RL step of ``spec`` with Adam(1e-2), vmapped over (params, opt_state, key, n) and
+    jitted; shared by the tests that run the same spec (one compilation per pool shape)."""
+    return jax.jit(jax.vmap(trainer.make_rl_step(_model()[0], _TX, spec),
+                            in_axes=(0, 0, 0, 0, None, None)))
+
+
+@functools.cache
+def _self_target_pool():
+    """A pool of 32 problems whose target is the policy's own most likely first byte, and a
+    sampling temperature at which that byte is drawn about half the time (groups then have mixed
+    rewards): (pool, temperature)."""
+    gd, params = _model()
+    ops = np.array([[a, b] for a in range(8) for b in range(4)])
+    prompts = jnp.asarray(tasks.encode_prompts(ops, 7, 2))
+    logits = _forward(gd, params, prompts)[:, -1]
+    first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    temperature = next(t for t in (1.0, 0.3, 0.1, 0.03, 0.01, 0.003)
+                       if float(jax.nn.softmax(logits / t).max(axis=-1).mean()) >= 0.4)
+    targets = jnp.full((len(ops), 4), tasks.END_ID, jnp.int32).at[:, 0].set(first)
+    pool = {"prompts": prompts, "targets": targets, "lens": jnp.ones((len(ops),), jnp.int32)}
+    return pool, temperature
 
 
 def test_completion_mask():
@@ -29,10 +75,10 @@ def test_rollout_logprobs_match_teacher_forcing_and_stop_at_end():
     ops = np.array([[12, 34], [5, 99], [0, 0], [77, 8]])
     prompts = jnp.asarray(tasks.encode_prompts(ops, 7, 2))
     # end token = the most likely first byte, so that rows stop early
-    end = int(jnp.argmax(nnx.merge(gd, params)(prompts)[0, -1]))
+    end = int(jnp.argmax(_forward(gd, params, prompts)[0, -1]))
     toks, logp, mask = jax.jit(lambda p, k: rollout.rollout(
         gd, p, prompts, k, max_new_tokens=6, end_id=end, temperature=0.05))(params, jax.random.key(0))
-    tf = rollout.completion_logprobs(nnx.merge(gd, params), prompts, toks, temperature=0.05)
+    tf = _completion_logprobs(gd, params, prompts, toks, temperature=0.05)
     chex.assert_trees_all_close(jnp.where(mask, logp, 0), jnp.where(mask, tf, 0), atol=2e-5)
     # after the first end token every position holds the end token and is masked
     first = np.argmax(np.asarray(toks) == end, axis=1)
@@ -44,12 +90,13 @@ def test_rollout_logprobs_match_teacher_forcing_and_stop_at_end():
             assert np.asarray(mask)[i].sum() == first[i] + 1
 
 
-def _tempered_logprobs(model, prompts, completions, temperature):
+def _tempered_logprobs(gd, params, prompts, completions, temperature):
     """log softmax(logits / temperature) of each completion token from one causal forward pass
     over prompt + completion (no KV cache, no shared prefill), in float64 numpy: float64 [R, T]."""
     seq = np.concatenate([np.asarray(prompts), np.asarray(completions)], axis=1)
     p = prompts.shape[1]
-    z = np.asarray(model(jnp.asarray(seq[:, :-1]))[:, p - 1:], np.float64) / temperature
+    z = np.asarray(_forward(gd, params, jnp.asarray(seq[:, :-1]))[:, p - 1:], np.float64)
+    z /= temperature
     z -= z.max(axis=-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
     return np.take_along_axis(logp, seq[:, p:, None], axis=-1)[..., 0]
@@ -67,8 +114,9 @@ def test_loss_logprobs_are_the_sampling_policy_at_temperature():
     toks, roll_logp, mask = jax.jit(lambda p: rollout.rollout(
         gd, p, prompts, jax.random.key(5), max_new_tokens=5, end_id=tasks.END_ID,
         temperature=tau, prompt_rows=rows))(params)
-    want = _tempered_logprobs(nnx.merge(gd, params), prompts[rows], toks, tau)
-    loss_logp = trainer.policy_logprobs(gd, params, prompts, toks, rows, tau)
+    want = _tempered_logprobs(gd, params, prompts[rows], toks, tau)
+    loss_logp = jax.jit(trainer.policy_logprobs, static_argnums=(0, 5))(gd, params, prompts, toks,
+                                                                          rows, tau)
     m = np.asarray(mask)
     np.testing.assert_allclose(np.asarray(roll_logp)[m], want[m], atol=1e-5)
     np.testing.assert_allclose(np.asarray(loss_logp)[m], want[m], atol=1e-5)
@@ -77,7 +125,7 @@ def test_loss_logprobs_are_the_sampling_policy_at_temperature():
     _, aux = grpo.grpo_loss(loss_logp, roll_logp, jnp.ones(6), mask, grpo.GRPOConfig())
     assert float(aux["clip_frac"]) == 0.0 and float(aux["ratio_mean"]) == pytest.approx(1, abs=1e-5)
     # the temperature-1 log-probs of the same tokens are a different policy
-    t1 = _tempered_logprobs(nnx.merge(gd, params), prompts[rows], toks, 1.0)
+    t1 = _tempered_logprobs(gd, params, prompts[rows], toks, 1.0)
     assert np.abs(t1 - want)[m].max() > 0.1
     with pytest.raises(ValueError, match="temperature"):
         rollout.completion_logprobs(nnx.merge(gd, params), prompts, toks, rows, temperature=0.0)
@@ -104,9 +152,8 @@ def test_rl_step_with_kl_at_temperature_is_on_policy_and_probes_the_sampling_pol
     # batch key; the probe is their mean exact pass@1 at tau, recomputed here from the definition
     ids = np.asarray(trainer.sample_batch(jax.random.split(jax.random.key(0))[0], 8, 8,
                                           jnp.int32(2))[1])[:4]
-    model = nnx.merge(gd, params)
     tm = np.asarray(trainer.target_mask(jnp.asarray(lens), 4))
-    logp = _tempered_logprobs(model, pool["prompts"][ids], jnp.asarray(targets[ids]), tau)
+    logp = _tempered_logprobs(gd, params, pool["prompts"][ids], jnp.asarray(targets[ids]), tau)
     want = np.exp((logp * tm[ids]).sum(axis=1)).mean()
     assert float(m["pass_before"]) == pytest.approx(want, rel=1e-4)
     assert float(m["pass_after"]) == pytest.approx(want, rel=1e-4)
@@ -117,13 +164,13 @@ def test_answer_prob_is_probability_of_the_target_sequence():
     ops = np.array([[12, 34], [5, 9]])
     prompts = jnp.asarray(tasks.encode_prompts(ops, 7, 2))
     targets, lens = tasks.encode_answers(ops, 4)
-    p = trainer.answer_prob(gd, params, prompts, jnp.asarray(targets), jnp.asarray(lens))
-    model = nnx.merge(gd, params)
+    p = jax.jit(trainer.answer_prob, static_argnums=0)(gd, params, prompts, jnp.asarray(targets),
+                                                       jnp.asarray(lens))
     for i in range(2):  # product of next-token probabilities, computed step by step
         seq = prompts[i]
         prob = 1.0
         for t in range(int(lens[i])):
-            logits = model(seq[None])[0, -1]
+            logits = _forward(gd, params, seq[None])[0, -1]
             prob *= float(jax.nn.softmax(logits)[targets[i, t]])
             seq = jnp.concatenate([seq, jnp.asarray(targets[i, t:t + 1])])
         assert float(p[i]) == pytest.approx(prob, rel=1e-4)
@@ -131,16 +178,18 @@ def test_answer_prob_is_probability_of_the_target_sequence():
 
 def test_vmapped_rl_step_with_traced_n_is_finite_and_updates():
     gd, params = _model()
-    ops = np.array([[a, b] for a in range(4) for b in range(4)])
+    # the pool and spec of the distinct-rows test below (the same compiled step), with the true
+    # answers as targets: an untrained policy essentially never samples them
+    self_pool, temperature = _self_target_pool()
+    ops = np.array([[a, b] for a in range(8) for b in range(4)])
     targets, lens = tasks.encode_answers(ops, 4)
-    pool = {"prompts": jnp.asarray(tasks.encode_prompts(ops, 7, 2)),
-            "targets": jnp.asarray(targets), "lens": jnp.asarray(lens)}
-    tx = optax.adam(1e-2)
-    spec = trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4,
-                          grpo=grpo.GRPOConfig(inner_steps=2, clip_eps_high=0.28))
-    step = jax.jit(jax.vmap(trainer.make_rl_step(gd, tx, spec), in_axes=(0, 0, 0, 0, None, None)))
+    pool = {"prompts": self_pool["prompts"], "targets": jnp.asarray(targets),
+            "lens": jnp.asarray(lens)}
+    spec = trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4, grpo=_STEP_GRPO,
+                          temperature=temperature)
+    step = _vmapped_step(spec)
     stacked = jax.tree.map(lambda x: jnp.stack([x, x]), params)
-    opt = jax.vmap(tx.init)(stacked)
+    opt = jax.vmap(_TX.init)(stacked)
     new, _, m = step(stacked, opt, jax.random.split(jax.random.key(0), 2), jnp.array([2, 4]),
                      pool, None)
     for v in m.values():
@@ -154,6 +203,7 @@ def test_vmapped_rl_step_with_traced_n_is_finite_and_updates():
     assert ((np.asarray(m["fallen"]) >= 0) & (np.asarray(m["fallen"]) <= 1)).all()
 
 
+@functools.partial(jax.jit, static_argnums=(0, 6))
 def _flat_grad(gd, params, prompt, comps, msk, adv, cfg):
     def loss(p):
         model = nnx.merge(gd, p)
@@ -211,59 +261,50 @@ def test_shared_prompt_prefill_matches_repeated_prompts():
     rows = jnp.array([0, 0, 0, 1, 1, 1, 2, 2, 2], jnp.int32)  # n = 3 rollouts per prompt
     kw = dict(max_new_tokens=5, end_id=tasks.END_ID, temperature=1.5)
     key = jax.random.key(3)
-    shared = jax.jit(lambda p: rollout.rollout(gd, p, prompts, key, prompt_rows=rows, **kw))(params)
-    full = jax.jit(lambda p: rollout.rollout(gd, p, prompts[rows], key, **kw))(params)
+    shared, full = jax.jit(lambda p: (rollout.rollout(gd, p, prompts, key, prompt_rows=rows, **kw),
+                                      rollout.rollout(gd, p, prompts[rows], key, **kw)))(params)
     np.testing.assert_array_equal(np.asarray(shared[0]), np.asarray(full[0]))
     np.testing.assert_array_equal(np.asarray(shared[2]), np.asarray(full[2]))
     np.testing.assert_allclose(np.asarray(shared[1]), np.asarray(full[1]), atol=1e-6)
     comps = shared[0]
     w = jax.random.normal(jax.random.key(4), comps.shape)
 
-    def loss(p, prompt_rows):
+    def loss(p, prompt_rows):  # (loss, teacher-forced log-probs [R, T])
         model = nnx.merge(gd, p)
         if prompt_rows is None:
-            return (rollout.completion_logprobs(model, prompts[rows], comps) * w).sum()
-        return (rollout.completion_logprobs(model, prompts, comps, prompt_rows) * w).sum()
+            logp = rollout.completion_logprobs(model, prompts[rows], comps)
+        else:
+            logp = rollout.completion_logprobs(model, prompts, comps, prompt_rows)
+        return (logp * w).sum(), logp
 
-    model = nnx.merge(gd, params)
-    np.testing.assert_allclose(
-        np.asarray(rollout.completion_logprobs(model, prompts, comps, rows)),
-        np.asarray(rollout.completion_logprobs(model, prompts[rows], comps)), atol=1e-6)
-    g_shared = jax.grad(loss)(params, rows)
-    g_full = jax.grad(loss)(params, None)
+    # one compilation per layout gives the log-probs and their gradient
+    grad = jax.jit(jax.grad(loss, has_aux=True))
+    g_shared, logp_shared = grad(params, rows)
+    g_full, logp_full = grad(params, None)
+    np.testing.assert_allclose(np.asarray(logp_shared), np.asarray(logp_full), atol=1e-6)
     for a, b in zip(jax.tree.leaves(g_shared), jax.tree.leaves(g_full)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="prompt_rows"):
         rollout.rollout(gd, params, prompts, key, prompt_rows=rows.astype(jnp.float32), **kw)
     with pytest.raises(ValueError, match="rows"):
-        rollout.completion_logprobs(model, prompts, comps[:4], rows)
+        rollout.completion_logprobs(nnx.merge(gd, params), prompts, comps[:4], rows)
 
 
 def test_rl_step_on_distinct_problem_rows_matches_all_rows():
     """max_problems = R // (smallest n) (prefill and pass-rate probe on G rows) gives the step
     of max_problems = R, with a first inner step whose ratio is exactly 1 (no clipping)."""
     gd, params = _model()
-    ops = np.array([[a, b] for a in range(8) for b in range(4)])
-    prompts = jnp.asarray(tasks.encode_prompts(ops, 7, 2))
     # targets: the policy's own most likely first byte, sampled at a temperature at which it is
     # drawn about half the time, so that groups have mixed rewards
-    logits = nnx.merge(gd, params)(prompts)[:, -1]
-    first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    temperature = next(t for t in (1.0, 0.3, 0.1, 0.03, 0.01, 0.003)
-                       if float(jax.nn.softmax(logits / t).max(axis=-1).mean()) >= 0.4)
-    targets = jnp.full((len(ops), 4), tasks.END_ID, jnp.int32).at[:, 0].set(first)
-    pool = {"prompts": prompts, "targets": targets, "lens": jnp.ones((len(ops),), jnp.int32)}
-    tx = optax.adam(1e-2)
-    cfg = grpo.GRPOConfig(inner_steps=2, clip_eps_high=0.28)
+    pool, temperature = _self_target_pool()
     out = {}
     for g in (None, 4):  # lanes n = 2, 4 with R = 8: B_p <= 4
-        spec = trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4, grpo=cfg, max_problems=g,
-                              temperature=temperature)
-        step = jax.jit(jax.vmap(trainer.make_rl_step(gd, tx, spec),
-                                in_axes=(0, 0, 0, 0, None, None)))
+        spec = trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4, grpo=_STEP_GRPO,
+                              max_problems=g, temperature=temperature)
         stacked = jax.tree.map(lambda x: jnp.stack([x, x]), params)
-        out[g] = step(stacked, jax.vmap(tx.init)(stacked), jax.random.split(jax.random.key(1), 2),
-                      jnp.array([2, 4]), pool, None)
+        out[g] = _vmapped_step(spec)(stacked, jax.vmap(_TX.init)(stacked),
+                                     jax.random.split(jax.random.key(1), 2), jnp.array([2, 4]),
+                                     pool, None)
     (p_all, _, m_all), (p_g, _, m_g) = out[None], out[4]
     assert float(np.asarray(m_all["informative"]).max()) > 0  # the update has signal
     for k in m_all:
