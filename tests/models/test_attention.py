@@ -2,6 +2,8 @@
 the model's attention / remat switches against the jnp reference: values and gradients for every
 mask kind, ragged block sizes, GQA and bf16."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -187,24 +189,27 @@ def test_model_attention_and_remat_switches_keep_logits_and_grads(causal, scan_l
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 24)), jnp.int32)
     custom = jnp.asarray(np.tril(np.ones((24, 24), bool))[::-1, ::-1].copy())[None]  # anti-causal
 
-    def loss_and_grads(**over):
-        cfg = TransformerConfig(**base, **over)
-        graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    switches = [{},  # the reference: dense attention, no remat
+                {"attention": "blockwise", "attention_block": 8}, {"remat": "full"},
+                # "auto" on the CPU: the blockwise branch of lax.platform_dependent, under remat
+                {"remat": "minimal", "attention": "auto", "attention_block": 5}]
+    models = [nnx.split(Transformer(TransformerConfig(**base, **over), rngs=nnx.Rngs(0)))
+              for over in switches]
 
-        def loss(p, mask):
-            logits = nnx.merge(graphdef, p)(tokens, mask=mask)
-            return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
-                logits, tokens[..., None], -1)[..., 0])
+    def loss(graphdef, p, mask):
+        logits = nnx.merge(graphdef, p)(tokens, mask=mask)
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
+            logits, tokens[..., None], -1)[..., 0])
 
-        outs = [jax.value_and_grad(loss)(params, m) for m in (None, custom)]
-        return [(float(v), g) for v, g in outs]
+    @jax.jit
+    def loss_and_grads(params):
+        """[switch][mask] -> (loss, grads), every switch and mask in one compilation."""
+        return [[jax.value_and_grad(functools.partial(loss, graphdef))(p, m) for m in (None, custom)]
+                for (graphdef, _), p in zip(models, params, strict=True)]
 
-    ref = loss_and_grads()
-    for over in ({"attention": "blockwise", "attention_block": 8}, {"remat": "full"},
-                 # "auto" on the CPU: the blockwise branch of lax.platform_dependent, under remat
-                 {"remat": "minimal", "attention": "auto", "attention_block": 5}):
-        got = loss_and_grads(**over)
+    ref, *others = loss_and_grads([p for _, p in models])
+    for got in others:
         for (lv, lg), (rv, rg) in zip(got, ref, strict=True):
-            np.testing.assert_allclose(lv, rv, rtol=1e-6)
+            np.testing.assert_allclose(float(lv), float(rv), rtol=1e-6)
             for a, r in zip(jax.tree.leaves(lg), jax.tree.leaves(rg), strict=True):
                 np.testing.assert_allclose(a, r, rtol=2e-4, atol=2e-6)
