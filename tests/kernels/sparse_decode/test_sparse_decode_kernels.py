@@ -1,5 +1,6 @@
 """Tests of the FFD / Quest sparse decode attention (reference, XLA path, Pallas kernels)."""
 
+import functools
 import math
 
 import chex
@@ -18,6 +19,12 @@ from kernels.sparse_decode import reference as ref
 from tests.hypothesis_budget import examples
 
 _update = jax.jit(ref.update_ffd_cache)
+
+
+@functools.cache
+def _jitted(fn, **static):
+    """``fn(*arrays, **static)`` jitted (one compile per shape instead of one per eager op)."""
+    return jax.jit(functools.partial(fn, **static))
 
 
 def _filled_cache(key, b, kh, s, d, p, lengths=None, scan_copy=False):
@@ -65,8 +72,8 @@ def test_update_ragged_chunks_equal_one_shot():
     cache_2 = ref.init_ffd_cache(b, s, kh, d, jnp.float32, p, scan_copy=True)
     pos = 0
     for t in (5, 1, 17, 1, 9, 31):  # crosses page boundaries in every way
-        cache_2 = ref.update_ffd_cache(cache_2, k[:, :, pos:pos + t], v[:, :, pos:pos + t],
-                                       jnp.full((b,), pos, jnp.int32))
+        cache_2 = _update(cache_2, k[:, :, pos:pos + t], v[:, :, pos:pos + t],
+                          jnp.full((b,), pos, jnp.int32))
         pos += t
     assert pos == s
     for name in ("codes", "scale", "resid", "v"):
@@ -94,12 +101,12 @@ def test_delta_infinity_is_dense(impl):
     lengths = jnp.array([128, 77])  # full cache; ragged with a partial tail page
     cache, k, v = _filled_cache(jax.random.key(4), b, kh, s, d, p, lengths, scan_copy=impl == "xla")
     q = jax.random.normal(jax.random.key(5), (b, h, d))
-    out = api.ffd_decode(q, cache, lengths, delta=math.inf, implementation=impl)
-    k_ref = ref.refined_keys(cache, lengths)
-    dense_refined = ref.dense_decode(q, k_ref, cache["v"].reshape(b, kh, s, d).astype(jnp.float32),
-                                     lengths)
+    out = _jitted(api.ffd_decode, delta=math.inf, implementation=impl)(q, cache, lengths)
+    k_ref = _jitted(ref.refined_keys)(cache, lengths)
+    dense = _jitted(ref.dense_decode)
+    dense_refined = dense(q, k_ref, cache["v"].reshape(b, kh, s, d).astype(jnp.float32), lengths)
     np.testing.assert_allclose(out, dense_refined, atol=2e-5, rtol=2e-5)
-    exact = ref.dense_decode(q, k, v, lengths)
+    exact = dense(q, k, v, lengths)
     rel = float(jnp.linalg.norm(out - exact) / jnp.linalg.norm(exact))
     assert rel < 2e-2  # float8 residual + bf16 values
 
@@ -109,10 +116,10 @@ def test_selection_rule_and_xla_equals_reference():
     lengths = jnp.array([256, 150])
     cache, _, _ = _filled_cache(jax.random.key(6), b, kh, s, d, p, lengths, scan_copy=True)
     q = jax.random.normal(jax.random.key(7), (b, h, d)) * 3.0
-    out, keep = ref.ffd_decode_reference(q, cache, lengths, delta=2.0)
+    out, keep = _jitted(ref.ffd_decode_reference, delta=2.0)(q, cache, lengths)
     qg = attention_math.grouped_query(q, kh)
-    pm = ref.ffd_page_max(qg, cache, lengths)
-    pm_scan = ref.ffd_scan_page_max(qg, cache, lengths // p)
+    pm = _jitted(ref.ffd_page_max)(qg, cache, lengths)
+    pm_scan = _jitted(ref.ffd_scan_page_max)(qg, cache, lengths // p)
     np.testing.assert_allclose(jnp.where(jnp.isfinite(pm), pm, 0), jnp.where(jnp.isfinite(pm), pm_scan, 0),
                                atol=1e-4, rtol=1e-4)
     # brute-force rule: first and last full pages define theta
@@ -124,35 +131,43 @@ def test_selection_rule_and_xla_equals_reference():
         np.testing.assert_array_equal(np.asarray(keep[bi]), want)
     frac = float(keep.sum() / (nf.sum() * kh))
     assert 0.0 < frac < 1.0  # the rule is neither trivially dense nor empty here
-    out_x, keep_x = xla.ffd_decode_xla(q, cache, lengths, delta=2.0, max_pages=16)
+    out_x, keep_x = _jitted(xla.ffd_decode_xla, delta=2.0, max_pages=16)(q, cache, lengths)
     np.testing.assert_array_equal(keep_x, keep)
     np.testing.assert_allclose(out_x, out, atol=2e-5, rtol=2e-5)
     # top-k variant keeps exactly k pages (continuous scores: no ties)
-    _, keep_k = ref.ffd_decode_reference(q, cache, lengths, top_k=3)
+    _, keep_k = _jitted(ref.ffd_decode_reference, top_k=3)(q, cache, lengths)
     np.testing.assert_array_equal(keep_k.sum(-1), 3)
 
 
-def _kernel_case(g, b, seed):
-    kh, d, p, s = 2, 32, 16, 128
-    lengths = jnp.array([128, 77, 33, 5][:b])
+@functools.cache
+def _kernel_case(g, b, seed, **rule):
+    """(cache, q, lengths, the reference's output under ``rule``), shared by both kernels.
+
+    Four pages of 16 (interpret mode unrolls one copy of the TPU kernel's page loop per page of a
+    round: four pages cost half of eight); rows: a full cache, a ragged one with a skippable middle
+    page and a partial tail, one of two full pages and a 1-token tail, one with only a tail.
+    """
+    kh, d, p, s = 2, 32, 16, 64
+    lengths = jnp.array([64, 61, 33, 5][:b])
     cache, _, _ = _filled_cache(jax.random.key(seed), b, kh, s, d, p, lengths)
     q = jax.random.normal(jax.random.key(seed + 1), (b, g * kh, d)) * 3.0
-    return cache, q, lengths
+    want = _jitted(ref.ffd_decode_reference, **rule)(q, cache, lengths)[0]
+    return cache, q, lengths, want
 
 
 @pytest.mark.parametrize("g,b", [(1, 2), (4, 3), (8, 2)])
 @pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])
 def test_pallas_interpret_matches_reference(impl, g, b):
-    cache, q, lengths = _kernel_case(g, b, 10 + g)
-    want = ref.ffd_decode_reference(q, cache, lengths, delta=3.0)[0]
+    cache, q, lengths, want = _kernel_case(g, b, 10 + g, delta=3.0)
+    # eager call: the kernels are jitted inside, so both tests' TPU attention kernels (same
+    # shapes) compile once
     got = api.ffd_decode(q, cache, lengths, delta=3.0, implementation=impl, interpret=True,
                          num_splits=2)
     np.testing.assert_allclose(got, want, atol=3e-5, rtol=3e-5)
 
 
 def test_pallas_top_k_matches_reference():
-    cache, q, lengths = _kernel_case(4, 2, 30)
-    want = ref.ffd_decode_reference(q, cache, lengths, top_k=2)[0]
+    cache, q, lengths, want = _kernel_case(4, 3, 30, top_k=2)  # the shapes of the case (4, 3)
     for impl in ("pallas_tpu", "pallas_gpu"):
         got = api.ffd_decode(q, cache, lengths, top_k=2, implementation=impl, interpret=True)
         np.testing.assert_allclose(got, want, atol=3e-5, rtol=3e-5)
@@ -183,12 +198,12 @@ def test_delta_units_keep_the_same_pages():
     cache, _, _ = _filled_cache(jax.random.key(12), b, kh, s, d, p, lengths)
     q = jax.random.normal(jax.random.key(13), (b, h, d)) * 10.0
     delta2 = 6.0 / math.log(2.0)
-    keep_nats = api.ffd_select(q, cache, lengths, delta=6.0)
-    keep_log2 = api.ffd_select(q, cache, lengths, delta=delta2, delta_unit="log2")
+    keep_nats = _jitted(api.ffd_select, delta=6.0)(q, cache, lengths)
+    keep_log2 = _jitted(api.ffd_select, delta=delta2, delta_unit="log2")(q, cache, lengths)
     np.testing.assert_array_equal(keep_log2, keep_nats)
     assert 0 < int(keep_nats.sum()) < int((lengths // p).sum()) * kh  # neither empty nor dense
-    pm2 = np.asarray(ref.ffd_scan_page_max(attention_math.grouped_query(q, kh), cache, lengths // p),
-                     np.float64) / math.log(2.0)
+    pm2 = np.asarray(_jitted(ref.ffd_scan_page_max)(attention_math.grouped_query(q, kh), cache,
+                                                    lengths // p), np.float64) / math.log(2.0)
     nf = np.asarray(lengths // p)
     for bi in range(b):
         theta2 = np.maximum(pm2[bi, :, :, 0], pm2[bi, :, :, nf[bi] - 1]) - delta2
@@ -196,8 +211,8 @@ def test_delta_units_keep_the_same_pages():
         assert margin > 1e-3  # no page sits on the threshold: float rounding cannot flip one
         want = (pm2[bi] >= theta2[..., None]).any(1) & (np.arange(pm2.shape[-1]) < nf[bi])
         np.testing.assert_array_equal(np.asarray(keep_log2[bi]), want)
-    out_nats = api.ffd_decode(q, cache, lengths, delta=6.0)
-    out_log2 = api.ffd_decode(q, cache, lengths, delta=delta2, delta_unit="log2")
+    out_nats = _jitted(api.ffd_decode, delta=6.0)(q, cache, lengths)
+    out_log2 = _jitted(api.ffd_decode, delta=delta2, delta_unit="log2")(q, cache, lengths)
     np.testing.assert_array_equal(out_log2, out_nats)
     assert ref.delta_in_nats(8.7, "log2") == pytest.approx(6.030, abs=1e-3)
 
@@ -307,14 +322,20 @@ def test_transformer_decode_with_backends():
     cfg = TransformerConfig(vocab_size=40, max_len=64, d_model=64, num_layers=1, num_heads=4,
                             num_kv_heads=2, causal=True)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
     tokens = jax.random.randint(jax.random.key(11), (2, 40), 0, 40)
-    want = model(tokens)[:, -1]
+    want = jax.jit(lambda params, tokens: nnx.merge(graphdef, params)(tokens))(params, tokens)[:, -1]
+
+    @functools.partial(jax.jit, static_argnums=4)
+    def decode(params, tokens, cache, start, backend):
+        return nnx.merge(graphdef, params).decode(tokens, cache, start, backend)
 
     def last_logits(backend):
         cache = model.init_cache(2, 64, backend)
-        _, cache = model.decode(tokens[:, :37], cache, jnp.zeros((2,), jnp.int32), backend)
+        _, cache = decode(params, tokens[:, :37], cache, jnp.zeros((2,), jnp.int32), backend)
         for t in range(37, 40):  # decode steps across the page boundary at 32
-            logits, cache = model.decode(tokens[:, t:t + 1], cache, jnp.full((2,), t), backend)
+            logits, cache = decode(params, tokens[:, t:t + 1], cache,
+                                   jnp.full((2,), t, jnp.int32), backend)
         return logits[:, 0]
 
     ffd = get_backend("ffd", page_size=16, delta=math.inf)
