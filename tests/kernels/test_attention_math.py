@@ -11,6 +11,13 @@ import pytest
 from kernels import attention_math
 
 
+# jitted: one compile per shape instead of one per eager op
+_softmax_partial = jax.jit(attention_math.softmax_partial)
+_merge_partials = jax.jit(attention_math.merge_partials, static_argnums=3)
+_partial_attention = jax.jit(attention_math.partial_attention)
+_merge_lse = jax.jit(attention_math.merge_lse)
+
+
 def _dense(q, k, v):  # q [B, K, R, D], k/v [B, K, S, D]
     s = np.einsum("bkrd,bksd->bkrs", q, k) / math.sqrt(q.shape[-1])
     p = np.exp(s - s.max(-1, keepdims=True))
@@ -24,21 +31,21 @@ def test_partials_merge_to_one_softmax():
     v = jax.random.normal(kv, (2, 3, 40, 16))
     want = _dense(np.asarray(q), np.asarray(k), np.asarray(v))
     # (acc, m, l) over three splits, one of them empty
-    logits = jnp.einsum("bkrd,bksd->bkrs", q, k) / 4.0
-    parts = [attention_math.softmax_partial(logits[..., a:b], v[:, :, a:b]) for a, b in ((0, 7), (7, 40))]
-    empty = attention_math.softmax_partial(jnp.full(logits[..., :5].shape, -jnp.inf), v[:, :, :5])
+    logits = np.einsum("bkrd,bksd->bkrs", np.asarray(q), np.asarray(k)) / 4.0
+    parts = [_softmax_partial(logits[..., a:b], v[:, :, a:b]) for a, b in ((0, 7), (7, 40))]
+    empty = _softmax_partial(np.full(logits[..., :5].shape, -np.inf, np.float32), v[:, :, :5])
     np.testing.assert_array_equal(empty[0], 0.0)
-    acc, m, l = (jnp.stack(x, 2) for x in zip(*parts, empty))
-    np.testing.assert_allclose(attention_math.merge_partials(acc, m, l, 2), want, rtol=1e-5, atol=1e-5)
+    acc, m, l = (np.stack(x, 2) for x in zip(*parts, empty))
+    np.testing.assert_allclose(_merge_partials(acc, m, l, 2), want, rtol=1e-5, atol=1e-5)
     # (out, lse) of two disjoint masks
-    first = jnp.arange(40) < 13
-    o1, lse1 = attention_math.partial_attention(q, k, v, first)
-    o2, lse2 = attention_math.partial_attention(q, k, v, ~first)
-    np.testing.assert_allclose(attention_math.merge_lse(o1, lse1, o2, lse2), want, rtol=1e-5, atol=1e-5)
-    o0, lse0 = attention_math.partial_attention(q, k, v, jnp.zeros(40, bool))
+    first = np.arange(40) < 13
+    o1, lse1 = _partial_attention(q, k, v, first)
+    o2, lse2 = _partial_attention(q, k, v, ~first)
+    np.testing.assert_allclose(_merge_lse(o1, lse1, o2, lse2), want, rtol=1e-5, atol=1e-5)
+    o0, lse0 = _partial_attention(q, k, v, np.zeros(40, bool))
     assert np.all(np.asarray(o0) == 0) and np.all(np.isneginf(lse0))
-    np.testing.assert_allclose(attention_math.merge_lse(o0, lse0, *attention_math.partial_attention(
-        q, k, v, jnp.ones(40, bool))), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_merge_lse(o0, lse0, *_partial_attention(
+        q, k, v, np.ones(40, bool))), want, rtol=1e-5, atol=1e-5)
 
 
 def test_grouped_attention_matches_dense_and_causal_mask():
@@ -50,7 +57,7 @@ def test_grouped_attention_matches_dense_and_causal_mask():
     mask = attention_math.causal_cache_mask(start, 3, 10)
     assert mask.shape == (2, 1, 1, 3, 10)
     assert int(mask[1, 0, 0, 2].sum()) == 10 and int(mask[0, 0, 0, 0].sum()) == 3
-    out = attention_math.grouped_attention(q, k, v, mask)
+    out = jax.jit(attention_math.grouped_attention)(q, k, v, mask)
     qg = np.asarray(q).reshape(2, 2, 3, 3, 8)
     for b in range(2):
         for t in range(3):
