@@ -1,5 +1,7 @@
 """Tests of the QVG / KIVI jnp specification and the quantized-cache backends."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,8 @@ from kernels import attention_math, cache_backend, packing
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.cache import KIVICache, QVGCache
 from kernels.rope import rope_slots
+
+_grouped_attention = jax.jit(attention_math.grouped_attention)
 
 
 def test_kmeans_objective_never_increases_and_finds_separated_clusters():
@@ -114,6 +118,7 @@ def test_bad_input_raises():
         QVGCache(implementation="cuda")
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _dense_of_qvg(layer, cfg, length, rope_base):
     """Dequantize a QVGCache layer into dense [B, K, S, D] keys (RoPE'd) and values."""
     k = ref._dequant_chunks(layer["k"], cfg.bits)
@@ -136,13 +141,14 @@ def test_qvg_cache_attention_matches_dequantize_then_dense():
     q = jax.random.normal(ks[2], (b, h, 3, d))
     layer = be.init(b, 32, kh, d, jnp.float32)
     start = jnp.zeros((b,), jnp.int32)
-    layer = jax.jit(be.update)(layer, k[:, :, :16], v[:, :, :16], start)
+    update = jax.jit(be.update)
+    layer = update(layer, k[:, :, :16], v[:, :, :16], start)
     start = jnp.full((b,), 16, jnp.int32)
-    layer = jax.jit(be.update)(layer, k[:, :, 16:], v[:, :, 16:], start)
+    layer = update(layer, k[:, :, 16:], v[:, :, 16:], start)
     out = jax.jit(be.attend)(layer, q, start)
     kd, vd = _dense_of_qvg(layer, cfg, 19, be.rope_base)
     mask = attention_math.causal_cache_mask(start, 3, kd.shape[2])
-    expect = attention_math.grouped_attention(q, kd, vd, mask)
+    expect = _grouped_attention(q, kd, vd, mask)
     chex.assert_trees_all_close(out, expect, atol=2e-5, rtol=2e-5)
     # The window holds the 3 newest (exact) keys; the 16 older ones went through the quantizer.
     chex.assert_trees_all_close(layer["wk"][:, :, :3], k[:, :, 16:])
@@ -172,6 +178,19 @@ def test_kivi_cache_streaming_equals_prefill_and_int8_is_close_to_dense():
     chex.assert_trees_all_close(att(one, q, start), dense.attend(ref_layer, q, start), atol=2e-2)
 
 
+_KIVI_WINDOW = KIVICache(config=ref.KIVIConfig(bits=2, group=4, block=8, residual=8))
+# one jitted update / attend for every length below (their shapes repeat: one compile each)
+_kivi_update = jax.jit(_KIVI_WINDOW.update)
+_kivi_attend = jax.jit(_KIVI_WINDOW.attend)
+_kivi_roundtrip = jax.jit(ref.kivi_roundtrip, static_argnums=2)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _kivi_chunk_roundtrip(x, cfg, per_channel):
+    """KIVI quantize then dequantize of one chunk x [N, D] (the chunk quantizer, jitted)."""
+    return ref.kivi_dequantize_chunk(ref.kivi_quantize_chunk(x, cfg, per_channel), cfg, per_channel)
+
+
 @pytest.mark.parametrize("length", [10, 19, 24])
 def test_kivi_values_keep_a_sliding_exact_window(length):
     """KIVI (Liu et al. 2024, Alg. 1): the last ``residual`` values are exact at every length, the
@@ -179,13 +198,14 @@ def test_kivi_values_keep_a_sliding_exact_window(length):
     with residual 8: keys 0-7 quantized and 8-9 exact, values 0-1 quantized and 2-9 exact (the
     chunked scheme had values 8-9 exact only)."""
     b, kh, h, d, r = 2, 2, 4, 16, 8
-    cfg = ref.KIVIConfig(bits=2, group=4, block=8, residual=r)
-    be = KIVICache(config=cfg)
+    be = _KIVI_WINDOW
+    cfg = be.config
+    assert cfg.residual == r
     ks = jax.random.split(jax.random.key(length), 3)
     k = jax.random.normal(ks[0], (b, kh, length, d))
     v = jax.random.normal(ks[1], (b, kh, length, d))
     q = jax.random.normal(ks[2], (b, h, 1, d))
-    upd = jax.jit(be.update)
+    upd = _kivi_update
     prefill = upd(be.init(b, 32, kh, d, jnp.float32), k, v, jnp.zeros((b,), jnp.int32))
     stream = upd(be.init(b, 32, kh, d, jnp.float32), k[:, :, :3], v[:, :, :3],
                  jnp.zeros((b,), jnp.int32))
@@ -199,17 +219,16 @@ def test_kivi_values_keep_a_sliding_exact_window(length):
         for hi in range(kh):
             for c in range(nq // r):
                 chunk = jnp.asarray(k_want[bi, hi, c * r:(c + 1) * r])
-                k_want[bi, hi, c * r:(c + 1) * r] = ref.kivi_dequantize_chunk(
-                    ref.kivi_quantize_chunk(chunk, cfg, True), cfg, True)
+                k_want[bi, hi, c * r:(c + 1) * r] = _kivi_chunk_roundtrip(chunk, cfg, True)
             old = jnp.asarray(v_want[bi, hi, :length - r])
-            v_want[bi, hi, :length - r] = ref.kivi_dequantize_chunk(
-                ref.kivi_quantize_chunk(old, cfg, False), cfg, False)
+            v_want[bi, hi, :length - r] = _kivi_chunk_roundtrip(old, cfg, False)
     start = jnp.full((b,), length - 1, jnp.int32)
     mask = attention_math.causal_cache_mask(start, 1, length)
-    want = attention_math.grouped_attention(q, jnp.asarray(k_want), jnp.asarray(v_want), mask)
-    chex.assert_trees_all_close(jax.jit(be.attend)(prefill, q, start), want, atol=2e-5, rtol=2e-5)
+    attention = _grouped_attention
+    want = attention(q, jnp.asarray(k_want), jnp.asarray(v_want), mask)
+    chex.assert_trees_all_close(_kivi_attend(prefill, q, start), want, atol=2e-5, rtol=2e-5)
     # and it is not the chunked-values answer (values quantized in whole chunks only)
     v_chunked = np.asarray(v).copy()
-    v_chunked[:, :, :nq] = np.asarray(ref.kivi_roundtrip(k[:, :, :nq], v[:, :, :nq], cfg)[1])
-    other = attention_math.grouped_attention(q, jnp.asarray(k_want), jnp.asarray(v_chunked), mask)
+    v_chunked[:, :, :nq] = np.asarray(_kivi_roundtrip(k[:, :, :nq], v[:, :, :nq], cfg)[1])
+    other = attention(q, jnp.asarray(k_want), jnp.asarray(v_chunked), mask)
     assert float(jnp.max(jnp.abs(other - want))) > 1e-2
