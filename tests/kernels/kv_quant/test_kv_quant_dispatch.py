@@ -21,7 +21,7 @@ def _filled(cfg, d, tokens=None):
     kk, kv, kq = jax.random.split(jax.random.key(3), 3)
     k = jax.random.normal(kk, (1, 1, tokens, d))
     v = jax.random.normal(kv, (1, 1, tokens, d))
-    cache = backend.update(cache, k, v, jnp.zeros((1,), jnp.int32))
+    cache = jax.jit(backend.update)(cache, k, v, jnp.zeros((1,), jnp.int32))
     q = jax.random.normal(kq, (1, 1, 2, d))
     return cache, q, jnp.full((1,), tokens, jnp.int32), jnp.full((1,), tokens, jnp.int32)
 
@@ -52,8 +52,11 @@ def test_auto_attention_on_gpu_raises_and_xla_serves_the_same_codes(monkeypatch,
         api.qvg_chunk_attention(*args, implementation="auto")
     with pytest.raises(ValueError, match=f"{name} {value}"):
         api.qvg_chunk_attention(*args, implementation="pallas_gpu")
-    out, lse = api.qvg_chunk_attention(*args, implementation="xla")
-    want, want_lse = api.qvg_chunk_attention(*args, implementation="reference")
+    out, lse = api.qvg_chunk_attention(*args, implementation="xla")  # concrete: checked for "gpu"
+    # the reference, jitted (one compile instead of one per op)
+    want, want_lse = jax.jit(lambda q, kc, vc, s, m: api.qvg_chunk_attention(
+        q, kc, vc, cfg, s, m, 2, None, implementation="reference"))(q, cache["k"], cache["v"],
+                                                                    start, nq)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, want_lse, rtol=2e-5, atol=2e-5)
     assert np.all(np.isfinite(np.asarray(out)))
