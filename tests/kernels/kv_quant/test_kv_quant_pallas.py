@@ -1,6 +1,8 @@
 """Pallas QVG decode-attention kernels (TPU and GPU) against the jnp reference, in interpret mode,
 and their lowering for TPU and CUDA on a CPU-only machine."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,13 +48,27 @@ CASES = [
 ]
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "num_new", "rope"))
+def _reference(q, kc, vc, start, nq, *, cfg, num_new, rope):
+    """The jnp reference's (out, lse), jitted (one compile instead of one per op)."""
+    return api.qvg_chunk_attention(q, kc, vc, cfg, start, nq, num_new, rope,
+                                   implementation="reference")
+
+
+@functools.cache
+def _case_and_reference(case):
+    """Inputs of ``CASES[case]`` and the reference's (out, lse), shared by both kernels."""
+    g, t, bits, stages, block, b, nc, start, nq, rope = CASES[case]
+    q, kc, vc, cfg, start, nq = _case(case, g, t, bits, stages, block, b, start, nq, nc=nc)
+    want = _reference(q, kc, vc, start, nq, cfg=cfg, num_new=t, rope=rope)
+    return (q, kc, vc, cfg, start, nq), want
+
+
 @pytest.mark.parametrize("impl", list(KERNELS))
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_kernel_interpret_matches_reference(impl, case):
-    g, t, bits, stages, block, b, nc, start, nq, rope = CASES[case]
-    q, kc, vc, cfg, start, nq = _case(case, g, t, bits, stages, block, b, start, nq, nc=nc)
-    want_out, want_lse = api.qvg_chunk_attention(q, kc, vc, cfg, start, nq, t, rope,
-                                                 implementation="reference")
+    t, rope = CASES[case][1], CASES[case][-1]
+    (q, kc, vc, cfg, start, nq), (want_out, want_lse) = _case_and_reference(case)
     out, lse = api.qvg_chunk_attention(q, kc, vc, cfg, start, nq, t, rope, implementation=impl,
                                        interpret=True)
     assert out.shape == want_out.shape and lse.shape == want_lse.shape
@@ -75,8 +91,7 @@ def test_gpu_kernel_token_tiles_match_reference(block_n, num_splits):
     """Chunks of N = 32 walked in tiles of 16 or 8 tokens (the tiling that bounds shared memory),
     with ragged quantized lengths that end mid-split."""
     q, kc, vc, cfg, start, nq = _case(7, 2, 2, 2, 1, 8, 2, [70, 40], [64, 32], nc=3, n=32)
-    want_out, want_lse = api.qvg_chunk_attention(q, kc, vc, cfg, start, nq, 2, 10_000.0,
-                                                 implementation="reference")
+    want_out, want_lse = _reference(q, kc, vc, start, nq, cfg=cfg, num_new=2, rope=10_000.0)
     out, lse = pallas_gpu.qvg_chunk_attention(q, kc, vc, cfg, start, nq, 2, 10_000.0,
                                               num_splits=num_splits, block_n=block_n,
                                               interpret=True)
