@@ -114,8 +114,8 @@ def _case(d):
     kc, vc = _random_code(rng, d, cfg), _random_code(rng, d, cfg)
     nq = jnp.array(NQ, jnp.int32)
     start = nq - T
-    want = api.qvg_chunk_attention(q, kc, vc, cfg, start, nq, T, BASES[d],
-                                   implementation="reference")
+    want = jax.jit(lambda q, kc, vc, start, nq: api.qvg_chunk_attention(
+        q, kc, vc, cfg, start, nq, T, BASES[d], implementation="reference"))(q, kc, vc, start, nq)
     return (q, kc, vc, cfg, start, nq), tuple(np.asarray(x) for x in want)
 
 
@@ -140,7 +140,8 @@ def test_inputs_resolve_the_angle_rounding():
     the tolerance above tells the reference's angles from the plain addition's."""
     d = 128
     (q, kc, vc, cfg, start, nq), (want, _) = _case(d)
-    k, v = ref.qvg_dequantize(kc, cfg), ref.qvg_dequantize(vc, cfg)  # [B, K, S, D]
+    dequantize = jax.jit(ref.qvg_dequantize, static_argnums=1)
+    k, v = dequantize(kc, cfg), dequantize(vc, cfg)  # [B, K, S, D]
     pos = np.arange(NC * N)
     ang = _reference_angles(pos // N * N, d, LLAMA3) + _reference_angles(pos % N, d, LLAMA3)
     cos, sin = jnp.asarray(np.cos(ang), jnp.float32), jnp.asarray(np.sin(ang), jnp.float32)
@@ -148,5 +149,5 @@ def test_inputs_resolve_the_angle_rounding():
     kr = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     rowpos = np.asarray(start)[:, None] + np.arange(G * T) % T  # [B, R]
     valid = (pos < np.asarray(nq)[:, None, None]) & (pos <= rowpos[..., None])  # [B, R, S]
-    out, _ = attention_math.partial_attention(q, kr, v, jnp.asarray(valid)[:, None])
+    out, _ = jax.jit(attention_math.partial_attention)(q, kr, v, jnp.asarray(valid)[:, None])
     assert np.abs(np.asarray(out) - want).max() > 1e-4 * np.abs(want).max()
