@@ -43,9 +43,10 @@ def test_masked_sampler_carries_over_revealed_tokens():
     x_theta = jax.nn.softmax(jax.random.normal(key, (64, V)).at[:, N:].set(-jnp.inf))
     steps = 6
     history = [np.asarray(z)]
+    draw = jax.jit(proc.posterior_sample)  # one compilation for every step (s, t traced)
     for i in range(steps):
         t, s = 1 - i / steps, 1 - (i + 1) / steps
-        z = proc.posterior_sample(jax.random.fold_in(key, i), z, jnp.log(x_theta), s, t)
+        z = draw(jax.random.fold_in(key, i), z, jnp.log(x_theta), s, t)
         history.append(np.asarray(z))
     for prev, cur in zip(history, history[1:]):
         revealed = prev != MASK
