@@ -10,30 +10,36 @@ import pytest
 from kernels.sparse_decode import benchmark, workload
 from kernels.sparse_decode import reference as ref
 
+# jitted: one compile per shape instead of one per eager op
+_keep = jax.jit(ref.ffd_keep, static_argnums=3)
+_kept_mass = jax.jit(workload.kept_mass)
+_update = jax.jit(ref.update_ffd_cache)
+_workload = jax.jit(workload.concentrated_workload, static_argnums=(1, 2, 3, 4, 5, 6, 7))
+
 
 def test_concentrated_workload_delta_rule_keeps_few_pages_and_the_mass():
     """The paper's regime: top-delta keeps a small fraction of the pages, and they carry >= 99% of
     the exact softmax mass (8k tokens, 64 pages of 128)."""
     b, h, kh, s, d, p = 2, 8, 2, 8192, 64, 128
-    q, k, v = workload.concentrated_workload(jax.random.key(0), b, h, kh, s, d, p)
+    q, k, v = _workload(jax.random.key(0), b, h, kh, s, d, p, workload.Concentration())
     assert q.shape == (b, h, d) and k.shape == v.shape == (b, kh, s, d)
     np.testing.assert_allclose(jnp.linalg.norm(q, axis=-1), math.sqrt(d), rtol=1e-5)
     lengths = jnp.full((b,), s, jnp.int32)
-    cache = jax.jit(ref.update_ffd_cache)(ref.init_ffd_cache(b, s, kh, d, jnp.float32, p), k, v,
-                                          jnp.zeros((b,), jnp.int32))
-    keep = ref.ffd_keep(q, cache, lengths, 6.0)
+    cache = _update(ref.init_ffd_cache(b, s, kh, d, jnp.float32, p), k, v,
+                    jnp.zeros((b,), jnp.int32))
+    keep = _keep(q, cache, lengths, 6.0)
     frac = float(keep.mean())
-    mass = np.asarray(workload.kept_mass(q, k, keep, lengths))
+    mass = np.asarray(_kept_mass(q, k, keep, lengths))
     assert frac <= 0.2, frac
     assert mass.min() >= 0.99, mass.min()
     # the sink page and the last full page (the rule's reference pages) are kept
     assert bool(keep[..., 0].all()) and bool(keep[..., -1].all())
     # without the concentration the same rule keeps most pages (flat attention)
     flat = workload.Concentration(hot_page_fraction=0.0, sink_tokens=0, recent_tokens=0)
-    q2, k2, v2 = workload.concentrated_workload(jax.random.key(0), b, h, kh, s, d, p, flat)
-    c2 = jax.jit(ref.update_ffd_cache)(ref.init_ffd_cache(b, s, kh, d, jnp.float32, p), k2, v2,
-                                       jnp.zeros((b,), jnp.int32))
-    assert float(ref.ffd_keep(q2, c2, lengths, 6.0).mean()) > 0.5
+    q2, k2, v2 = _workload(jax.random.key(0), b, h, kh, s, d, p, flat)
+    c2 = _update(ref.init_ffd_cache(b, s, kh, d, jnp.float32, p), k2, v2,
+                 jnp.zeros((b,), jnp.int32))
+    assert float(_keep(q2, c2, lengths, 6.0).mean()) > 0.5
 
 
 def test_kept_mass_closed_forms():
@@ -61,8 +67,8 @@ def test_cache_with_lengths_equals_row_by_row_updates():
     got = workload.cache_with_lengths(k, v, lengths, p)
     for i, length in enumerate(np.asarray(lengths)):
         c = ref.init_ffd_cache(1, n * p, kh, d, jnp.float32, p)
-        c = ref.update_ffd_cache(c, k[i:i + 1, :, :length], v[i:i + 1, :, :length],
-                                 jnp.zeros((1,), jnp.int32))
+        c = _update(c, k[i:i + 1, :, :length], v[i:i + 1, :, :length],
+                    jnp.zeros((1,), jnp.int32))
         full = length // p
         for name in ("codes", "scale", "resid", "v"):  # the pages the row has filled
             np.testing.assert_array_equal(np.asarray(got[name][i, :, :full], np.float32),

@@ -43,6 +43,9 @@ def estimates64(q, cache):
 
 _bounds = jax.jit(lambda qg, cache, nf: xs.page_bounds(qg, cache["codes_i8"], cache["scale"], nf))
 _scan = jax.jit(ref.ffd_scan_page_max)
+# the rule and the superset, jitted with delta traced (one compile per cache shape for every delta)
+_rule = jax.jit(ref.ffd_keep)
+_superset = jax.jit(xs.ffd_keep_superset)
 
 
 @pytest.mark.parametrize("d", [16, 128, 256])
@@ -82,8 +85,9 @@ def test_query_quantization_error_is_half_a_step_per_channel():
 
 
 def _assert_superset(q, cache, lengths, delta):
-    want = np.asarray(ref.ffd_keep(q, cache, lengths, delta))
-    got = np.asarray(xs.ffd_keep_superset(q, cache, lengths, delta))
+    delta = jnp.float32(delta)
+    want = np.asarray(_rule(q, cache, lengths, delta))
+    got = np.asarray(_superset(q, cache, lengths, delta))
     missing = want & ~got
     assert not missing.any(), f"pages of the rule not kept: {np.argwhere(missing)[:5]}"
     return want, got
@@ -152,13 +156,14 @@ def test_far_pages_are_skipped():
     more than twice its margin plus twice the reference pages' is skipped (on the concentrated
     workload, where most pages are far below)."""
     b, h, kh, s, d, p = 1, 8, 2, 4096, 128, 128
-    q, k, v = workload.concentrated_workload(jax.random.key(0), b, h, kh, s, d, p)
+    q, k, v = jax.jit(workload.concentrated_workload, static_argnums=(1, 2, 3, 4, 5, 6))(
+        jax.random.key(0), b, h, kh, s, d, p)  # one compile instead of one per op
     lengths = jnp.full((b,), s, jnp.int32)
     cache = workload.cache_with_lengths(k, v, lengths, p, scan_copy=True)
     for delta in (1.0, 3.47, 6.0):
         want, got = _assert_superset(q, cache, lengths, delta)
         m64 = estimates64(q, cache)  # [B, K, G, P]
-        mu = np.asarray(xs.margin_nats(q, cache, lengths), np.float64)
+        mu = np.asarray(jax.jit(xs.margin_nats)(q, cache, lengths), np.float64)
         n = m64.shape[-1]
         ref_mu = np.maximum(mu[..., 0], mu[..., n - 1])[..., None]
         theta = np.maximum(m64[..., 0], m64[..., n - 1])[..., None] - delta
