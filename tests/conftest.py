@@ -58,13 +58,14 @@ def pytest_configure(config):
     # every program, however small or quick to compile (eager ops included)
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    # a size limit turns on the cache's file lock, so that workers never read a half-written entry
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+    # No size limit: a limit makes every write list the whole folder (quadratic in its thousands of
+    # entries). A reader that finds an entry still being written fails to decode it, warns and
+    # compiles.
     if "jax" in sys.modules:  # imported by a plugin before this hook: set what it read at import
         import jax
 
         for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "JAX_COMPILATION_CACHE_MAX_SIZE"):
+                     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
             value = os.environ[name]
             jax.config.update(name.lower(), value if name.endswith("_DIR") else float(value)
                               if name.endswith("_SECS") else int(value))

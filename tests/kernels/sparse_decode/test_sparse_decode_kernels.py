@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kernels import attention_math
 from kernels.attention_math import grouped_attention
-from kernels.sparse_decode import api, quest, xla
+from kernels.sparse_decode import api, pallas_tpu, quest, xla
 from kernels.sparse_decode import cache as sd_cache
 from kernels.sparse_decode import reference as ref
 from tests.hypothesis_budget import examples
@@ -163,6 +163,21 @@ def test_pallas_interpret_matches_reference(impl, g, b):
     # shapes) compile once
     got = api.ffd_decode(q, cache, lengths, delta=3.0, implementation=impl, interpret=True,
                          num_splits=2)
+    np.testing.assert_allclose(got, want, atol=3e-5, rtol=3e-5)
+
+
+@pytest.mark.parametrize("pages_per_round", [1, 3])
+def test_pallas_tpu_attention_over_several_dma_rounds(pages_per_round):
+    """The TPU attention kernel copies ``pages_per_round`` kept pages per round, the next round's
+    copies started (double-buffered) before this round's pages are attended: with fewer pages per
+    round than kept pages it runs several rounds (3 per round: a partial last round), alternating
+    buffer slots, and still equals the reference."""
+    cache, q, lengths, want = _kernel_case(4, 3, 14, delta=3.0)  # the shapes of the case (4, 3)
+    got, _, count = pallas_tpu.ffd_decode_tpu(q, cache, lengths, delta=3.0, interpret=True,
+                                              pages_per_round=pages_per_round)
+    counts = np.asarray(count)
+    assert (counts > pages_per_round).any()  # some (row, kv head) runs several rounds
+    assert pages_per_round == 1 or (counts % pages_per_round).any()  # and some a partial one
     np.testing.assert_allclose(got, want, atol=3e-5, rtol=3e-5)
 
 
