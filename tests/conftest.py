@@ -10,15 +10,6 @@ worker dies with a segmentation fault inside ``backend_compile_and_load``, in wh
 happens to compile then. Below the threshold the caches are kept, so that later modules reuse
 the small programs every test compiles (eager ops, shared fixtures).
 
-One persistent compilation cache serves the whole run: the first process (the xdist controller,
-or pytest alone) points ``JAX_COMPILATION_CACHE_DIR`` at a fresh temporary folder before any worker,
-subprocess or notebook kernel starts, and removes it at the end; every process the run starts
-inherits it. A program compiled by one process (an experiment's step in a worker, say) is then
-loaded, not compiled again, by the others (the same experiment run by a notebook or by ``main`` in
-a subprocess) and by the same process after its caches were released. A cached executable is the
-compiled program itself, so results do not change. Set ``JAX_COMPILATION_CACHE_DIR`` yourself to
-keep a cache across runs (a folder you name is never removed).
-
 Tests marked ``slow`` run first (:func:`pytest_collection_modifyitems`).
 
 Hypothesis profiles, chosen with the environment variable ``HYPOTHESIS_PROFILE``:
@@ -31,9 +22,6 @@ Hypothesis profiles, chosen with the environment variable ``HYPOTHESIS_PROFILE``
 """
 
 import os
-import shutil
-import sys
-import tempfile
 
 import pytest
 from hypothesis import settings
@@ -46,41 +34,11 @@ settings.register_profile("thorough", max_examples=10 * settings.get_profile("ci
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-_OWN_CACHE_DIR: str | None = None
-
-
-def pytest_configure(config):
-    """Points the run at one compilation cache (module docstring); workers inherit the variable."""
-    global _OWN_CACHE_DIR
-    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-        _OWN_CACHE_DIR = tempfile.mkdtemp(prefix="jax-compilation-cache-")
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE_DIR
-    # every program, however small or quick to compile (eager ops included)
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    # No size limit: a limit makes every write list the whole folder (quadratic in its thousands of
-    # entries). A reader that finds an entry still being written fails to decode it, warns and
-    # compiles.
-    if "jax" in sys.modules:  # imported by a plugin before this hook: set what it read at import
-        import jax
-
-        for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
-            value = os.environ[name]
-            jax.config.update(name.lower(), value if name.endswith("_DIR") else float(value)
-                              if name.endswith("_SECS") else int(value))
-
-
 def pytest_collection_modifyitems(config, items):
     """Runs the tests marked ``slow`` (notebooks, end-to-end runs: tens of seconds each) first, so
     that xdist hands them out while every worker is free instead of ending the run on one of them
     while the other workers wait. The order is otherwise kept, and every worker computes the same."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
-def pytest_unconfigure(config):
-    if _OWN_CACHE_DIR is not None:
-        shutil.rmtree(_OWN_CACHE_DIR, ignore_errors=True)
 
 
 # A third of the default vm.max_map_count: the largest test module adds a few thousand maps.
