@@ -124,6 +124,16 @@ def _scan_kernel(len_ref, q_ref, codes_ref, scale_ref, idx_ref, count_ref, pm_re
         count_ref[...] = jnp.broadcast_to(total, count_ref.shape).astype(jnp.int32)
 
 
+def _in_hbm(interpret: bool, *arrays: jax.Array) -> list[jax.Array]:
+    """``arrays`` (cache arrays a kernel streams block by block) constrained to stay in HBM.
+    Without it XLA's memory-space assignment may stage a whole cache array in VMEM around the
+    kernel, a copy in and out per decode step that is as large as the array. Interpret mode has
+    no memory spaces."""
+    if interpret:
+        return list(arrays)
+    return [pltpu.with_memory_space_constraint(x, pltpu.HBM) for x in arrays]
+
+
 @functools.partial(jax.jit, static_argnames=("delta", "interpret"))
 def ffd_scan_select(qg: jax.Array, codes: jax.Array, scale: jax.Array, lengths: jax.Array, *,
                     delta: float, interpret: bool = False) -> tuple[jax.Array, jax.Array]:
@@ -186,7 +196,7 @@ def ffd_scan_select(qg: jax.Array, codes: jax.Array, scale: jax.Array, lengths: 
         interpret=interpret,
         cost_estimate=estimate,
         name="ffd_scan_select",
-    )(lengths.astype(jnp.int32), qg.astype(jnp.float32), codes, scale)
+    )(lengths.astype(jnp.int32), qg.astype(jnp.float32), *_in_hbm(interpret, codes, scale))
     return idx[:, :, 0], count[:, :, 0, 0]
 
 
@@ -346,7 +356,8 @@ def ffd_pages_attention(qg: jax.Array, codes: jax.Array, scale: jax.Array, resid
         cost_estimate=estimate,
         name="ffd_pages_attention",
     )(idx.reshape(-1).astype(jnp.int32), count.reshape(-1).astype(jnp.int32),
-      lengths.astype(jnp.int32), qg.astype(jnp.float32), tail, codes, scale, resid, v)
+      lengths.astype(jnp.int32), qg.astype(jnp.float32), tail,
+      *_in_hbm(interpret, codes, scale, resid, v))
 
 
 def list_to_mask(idx: jax.Array, count: jax.Array, num_pages: int) -> jax.Array:
