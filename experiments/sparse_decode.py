@@ -426,7 +426,8 @@ def ffd_analytic(batch: int, context: int, kept_fraction: float, mesh) -> str:
             f"attention's {dense / 1e9:.2f} GB")
 
 
-def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLAMA_CONTEXT):
+def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLAMA_CONTEXT,
+                      kept_fraction: float = FFD_KEPT_FRACTION):
     """One-token decode of a Llama-3-8B-shaped model (bfloat16, :data:`LLAMA3_8B`) over a
     ``context``-slot cache of ``backend_name``: ``"dense"``, ``"ffd"`` (this experiment's paper
     page size and delta) or ``"qvg"`` (kv_quant's paper QVG at head dim 128), on ``devices``.
@@ -435,7 +436,9 @@ def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLA
     leaf [B, K, ...] has its rows on ``data`` (when it divides B) and its 8 kv heads on
     ``model``. FFD and QVG run their Pallas kernel (TPU or GPU, by the topology; the XLA / jnp
     path on CPU) inside ``shard_map`` (``kernels.*.sharded``): a ``pallas_call`` is not
-    partitioned by XLA itself. Returns a ``core.aot_steps.StepSpec``.
+    partitioned by XLA itself. ``kept_fraction`` is the fraction of pages FFD's kernels declare
+    (``pl.CostEstimate``) that they attend: it changes the cost XLA reports, not the program.
+    Returns a ``core.aot_steps.StepSpec``.
 
     Raises:
       ValueError: an unknown ``backend_name``.
@@ -459,7 +462,7 @@ def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLA
         backend, what = kvc.get_backend("dense"), "dense bf16"
     elif backend_name == "ffd":
         sd = sd_config.get_config("paper")
-        f = FFD_KEPT_FRACTION
+        f = kept_fraction
         backend = kvc.get_backend("ffd_sharded", page_size=sd.page_size, delta=sd.delta,
                                   implementation=kernel, scan_copy=False, mesh=mesh,
                                   assumed_kept_fraction=f)
@@ -510,6 +513,12 @@ def paper_steps():
             lambda devices, b=b, n=n: llama_decode_spec(b, n, devices),
             f"Llama-3-8B decode, {b} cache, batch {n}, 128k context")
            for b in backends for n in (1, 8)},
+        # the upper end of FFD's range: every page kept (the rule at delta 6 nats keeps 96% of the
+        # pages of the trained `lm` model's attention, docs/sparse_decode.md)
+        **{f"llama3_8b/decode-ffd-all-pages@128k-b{n}": (
+            lambda devices, n=n: llama_decode_spec("ffd", n, devices, kept_fraction=1.0),
+            f"Llama-3-8B decode, FFD cache with every page kept, batch {n}, 128k context")
+           for n in (1, 8)},
     }
 
 
