@@ -34,15 +34,18 @@ autotuner picks tiles and the defaults stand.
 
 Public helpers shared with :mod:`core.aot_steps`: :data:`TARGET_DIR`, :func:`install_command`,
 :func:`require_extras`, :func:`ensure_ptxas_on_path`, :func:`topology_description`,
-:func:`compile_lowered` and :func:`memory_bytes`.
+:func:`compile_lowered` and :func:`memory_bytes`; :func:`bytes_read_outside_custom_calls` counts what a
+compiled program reads around its kernels (for XLA:GPU, which gives no cost analysis).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import pathlib
+import re
 import shutil
 from collections.abc import Callable
 from typing import Any
@@ -380,3 +383,97 @@ def compile_for(fn: Callable, args: tuple, target: str, *, kwargs: dict | None =
     memory = memory_bytes(compiled)
     del memory["peak"]
     return CompileResult(compiled, target, memory, smem, fallback)
+
+
+# -- bytes a compiled program touches outside its custom calls ----------------------------------
+
+_ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
+                  "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_SHAPE = re.compile(r"\b(\w+)\[([\d,]*)\]")
+_INSTRUCTION = re.compile(r"^(ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$")
+_COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
+_NO_TRAFFIC = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast")
+
+
+def _shape_bytes(shape: str) -> int:
+    """Bytes of every array in an HLO shape string (tuples summed; layouts and tiling ignored)."""
+    total = 0
+    for dtype, dims in _SHAPE.findall(shape):
+        if dtype in _ELEMENT_BYTES:
+            total += math.prod(int(d) for d in dims.split(",") if d) * _ELEMENT_BYTES[dtype]
+    return total
+
+
+def _computations(hlo_text: str) -> dict[str, tuple[bool, list[dict]]]:
+    comps: dict[str, tuple[bool, list[dict]]] = {}
+    current = None
+    for line in hlo_text.splitlines():
+        m = _COMPUTATION.match(line)
+        if m and not line.startswith(" "):
+            current = m.group(2)
+            comps[current] = (bool(m.group(1)), [])
+            continue
+        m = _INSTRUCTION.match(line.strip()) if current and line.startswith(" ") else None
+        if m:
+            root, name, shape, op, rest = m.groups()
+            args = rest.split("), ")[0] if "), " in rest else rest
+            comps[current][1].append({"root": bool(root), "name": name, "shape": shape, "op": op,
+                                      "operands": re.findall(r"%([\w.\-]+)", args),
+                                      "rest": rest})
+    return comps
+
+
+def _fused_reads(body: list[dict], full: list[int]) -> int:
+    """Bytes a fusion reads of its operands (``full``: their sizes): an operand the fused
+    computation only slices is read as its slices; one it only updates in place (operand 0 of a
+    ``dynamic-update-slice`` or ``scatter``) is not read; any other operand is read whole."""
+    total = 0
+    for ins in body:
+        if ins["op"] != "parameter":
+            continue
+        index = int(re.match(r"(\d+)", ins["rest"]).group(1))
+        users = [u for u in body if ins["name"] in u["operands"]]
+        first = bool(users) and all(u["operands"][0] == ins["name"] for u in users)
+        if first and all(u["op"] in ("slice", "dynamic-slice") for u in users):
+            total += sum(_shape_bytes(u["shape"]) for u in users)
+        elif first and all(u["op"] in ("dynamic-update-slice", "scatter") for u in users):
+            continue
+        elif index < len(full):
+            total += full[index]
+    return total
+
+
+def bytes_read_outside_custom_calls(hlo_text: str) -> tuple[int, int]:
+    """(outside, custom): bytes the top-level instructions of a compiled program's entry
+    computation read, split into those of ordinary instructions (fusions, copies, ...) and those
+    passed to custom calls (Pallas / Triton kernels, library calls), from the instructions'
+    operand shapes in ``compiled.as_text()``.
+
+    For the backends without a cost analysis (XLA:GPU): what the code around the kernels costs.
+    A fusion that only slices an operand reads the slices; an operand that a fusion updates in
+    place (a cache written by ``dynamic-update-slice`` or ``scatter``) is not read; any other
+    operand is read whole. Writes are not counted; layouts and tiling are ignored; a loop body is
+    not entered (count loop-free programs).
+    """
+    comps = _computations(hlo_text)
+    shapes = {i["name"]: i["shape"] for _, body in comps.values() for i in body}
+    entry = next((body for is_entry, body in comps.values() if is_entry), None)
+    if entry is None:
+        raise ValueError("bytes_read_outside_custom_calls: no ENTRY computation in the HLO text")
+    outside = custom = 0
+    for ins in entry:
+        if ins["op"] in _NO_TRAFFIC:
+            continue
+        full = [_shape_bytes(shapes.get(o, "")) for o in ins["operands"]]
+        called = re.search(r"calls=%?([\w.\-]+)", ins["rest"])
+        if ins["op"] == "fusion" and called and called.group(1) in comps:
+            read = _fused_reads(comps[called.group(1)][1], full)
+        elif ins["op"] in ("dynamic-update-slice", "scatter"):
+            read = sum(full[1:])
+        else:
+            read = sum(full)
+        if ins["op"] == "custom-call":
+            custom += read
+        else:
+            outside += read
+    return outside, custom
