@@ -187,7 +187,9 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
     @functools.partial(jax.jit, donate_argnums=(1,))
     def step(params, cache, last, pos, key):
         tok = sample_logits(key, last, opts.temperature)
-        logits, cache = nnx.merge(ck.graphdef, params).decode(tok[:, None], cache, pos, backend)
+        model = nnx.merge(ck.graphdef, params)
+        logits, cache = model.decode(tok[:, None], cache, pos, backend)
+        cache = model.flush_cache(cache, backend)  # QVG / KIVI: chunk quantization
         return tok, logits[:, 0], cache
 
     with timing.Stopwatch() as prefill_timer:

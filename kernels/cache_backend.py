@@ -12,6 +12,15 @@ A backend is a frozen (hashable) dataclass with three methods, all traceable und
 - ``attend(layer_cache, q, start) -> out``: attention of ``q [B, H, T, D]`` over slots
   ``0 .. start[b] + t`` for new token ``t`` (causal), ``[B, H, T, D]`` in ``q``'s dtype.
 
+and one optional method:
+
+- ``flush(layer_cache) -> layer_cache``: work that a backend keeps out of the one-token decode
+  step (QVG / KIVI: quantizing a complete chunk of the full-precision window,
+  :mod:`kernels.kv_quant.cache`). A decode loop calls it after every one-token step, through
+  :func:`flush_layers` (or the models' ``flush_cache``); a backend without it needs none (the
+  identity). A backend that has it states how often it must run (QVG / KIVI: at least once every
+  N one-token updates) and is a no-op when there is nothing to do.
+
 Capacity: a cache from ``init(..., max_len, ...)`` holds positions ``0 .. max_len - 1``, for every
 backend (one that allocates a buffer rounded up to whole chunks or pages still refuses positions
 ``>= max_len``). A row ``b`` whose slots ``start[b] .. start[b] + T - 1`` do not all lie in that
@@ -57,6 +66,7 @@ class KVCacheBackend(Protocol):
     whose new slots ``start[b] .. start[b] + T - 1`` leave ``0 .. max_len - 1`` is refused with a
     ``ValueError`` outside ``jit`` and, inside ``jit``, left unchanged by ``update`` and poisoned
     (all NaN) by ``attend``. A fresh cache has no two leaves sharing a buffer, so it can be donated.
+    The optional ``flush`` (module docstring) is not part of this runtime-checkable protocol.
     """
 
     def init(self, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int,
@@ -114,6 +124,38 @@ def rows_in_capacity(start: jax.Array, num_new: int, capacity: jax.Array | int) 
     the int32 maximum cannot wrap around into range."""
     start = jnp.asarray(start)
     return (start >= 0) & (start <= jnp.asarray(capacity, start.dtype) - num_new)
+
+
+def flush_layers(backend: Any, cache: Any) -> Any:
+    """Applies the backend's optional ``flush`` (module docstring) to every layer of a model's
+    cache: a list (or tuple) of per-layer caches, or one stacked cache whose leaves lead with the
+    layer axis [L, ...] (``scan_layers``; flushed layer by layer in a ``lax.fori_loop``, each
+    layer's slice written back in place). A backend without ``flush``: ``cache`` unchanged.
+
+    Returns:
+      the cache, in the layout it was given.
+
+    Raises:
+      ValueError: as the backend's ``flush`` (a cache that is not the backend's); a stacked cache
+        whose leaves do not share a leading layer axis.
+    """
+    flush = getattr(backend, "flush", None)
+    if flush is None:
+        return cache
+    if isinstance(cache, list | tuple):
+        return type(cache)(flush(layer) for layer in cache)
+    leads = {getattr(x, "shape", ())[:1] for x in jax.tree.leaves(cache)}
+    if len(leads) != 1 or () in leads:
+        raise checks.error("flush_layers", "cache", "a list of layer caches or a stacked cache "
+                           "(every leaf [L, ...])", f"leading axes {sorted(leads)}")
+    (num_layers,), = leads
+
+    def layer(i, stacked):
+        one = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
+        return jax.tree.map(lambda a, new: lax.dynamic_update_index_in_dim(a, new, i, 0), stacked,
+                            flush(one))
+
+    return lax.fori_loop(0, num_layers, layer, cache)
 
 
 def poison_rows(out: jax.Array, ok: jax.Array) -> jax.Array:

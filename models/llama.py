@@ -375,6 +375,18 @@ class Llama(nnx.Module):
             new_cache.append(layer_cache)
         return self._head(x), new_cache
 
+    def flush_cache(self, cache: list[Any],
+                    backend: cache_backend.KVCacheBackend | None = None) -> list[Any]:
+        """The backend's optional ``flush`` on every layer of ``cache``
+        (:func:`kernels.cache_backend.flush_layers`): call it after each one-token
+        :meth:`decode` step (QVG / KIVI quantize a complete chunk here, out of the decode step;
+        other backends: the identity).
+
+        Raises:
+          ValueError: a cache that is not the backend's (from its ``flush``).
+        """
+        return cache_backend.flush_layers(backend or cache_backend.DenseKVCache(), cache)
+
 
 def backend_for(name: str, cfg: LlamaConfig, **kwargs) -> cache_backend.KVCacheBackend:
     """:func:`models.kv_cache.get_backend` with the model's RoPE passed to the backends that

@@ -111,6 +111,8 @@ def _generate(graphdef, params, prompt, key, *, max_new_tokens, temperature, bac
         tok = sample_logits(key_t, last, temperature)
         logp = jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
         logits, cache = model.decode(tok[:, None], cache, pos, backend)
+        # the backend's work kept out of the one-token step (QVG / KIVI chunk quantization)
+        cache = cache_backend.flush_layers(backend, cache)
         return (cache, restrict(logits[:, 0]), pos + 1), (tok, logp)
 
     keys = jax.random.split(key, max_new_tokens)

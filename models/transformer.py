@@ -585,6 +585,24 @@ class Transformer(nnx.Module):
             new_cache.append(layer_cache)
         return self._head(x, c), new_cache
 
+    def flush_cache(self, cache: Any, backend: cache_backend.KVCacheBackend | None = None) -> Any:
+        """The backend's optional ``flush`` on every layer of ``cache``
+        (:func:`kernels.cache_backend.flush_layers`): call it after each one-token
+        :meth:`decode` step (QVG / KIVI quantize a complete chunk here, out of the decode step;
+        other backends: the identity).
+
+        Args:
+          cache: from :meth:`init_cache` / :meth:`decode` (a list, or with ``scan_layers`` the
+            stacked cache); backend: the one it was made with (default dense).
+
+        Returns:
+          the cache, in the layout it was given.
+
+        Raises:
+          ValueError: a cache that is not the backend's (from its ``flush``).
+        """
+        return cache_backend.flush_layers(backend or cache_backend.DenseKVCache(), cache)
+
 
 # ----------------------------------------------------------------------------------------------
 # Converting between the unrolled and the scanned (stacked) layouts

@@ -174,7 +174,7 @@ def _decode_logits(ck, backend, ids, entrokv_fraction=None):
         def step(cache, t):
             tok = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)
             out, cache = model.decode(tok, cache, jnp.full((b,), t), backend)
-            return cache, out[:, 0]
+            return model.flush_cache(cache, backend), out[:, 0]  # QVG / KIVI: chunk quantization
 
         cache, steps = jax.lax.scan(step, cache, jnp.arange(PROMPT, TOTAL))
         return jnp.concatenate([logits[:, -1:], steps.transpose(1, 0, 2)], axis=1), keep, cache
