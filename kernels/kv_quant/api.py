@@ -121,39 +121,54 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
 
 def kivi_attention(q: jax.Array, k_code: ref.KIVICode, window_k: jax.Array,
                    v_code: ref.KIVICode, ring: jax.Array, cfg: KIVIConfig, start: jax.Array,
-                   num_new: int, implementation: str | None = "auto") -> jax.Array:
+                   num_new: int, implementation: str | None = "auto", *,
+                   num_quantized: jax.Array | None = None) -> jax.Array:
     """KIVI decode attention over the cache's layout (:class:`kernels.kv_quant.cache.KIVICache`).
 
     Args:
       q: float [B, K, R, D] query rows (R = G * T, row r is new token r % T).
       k_code: key codes, fields [B, K, NC, ...] (per channel, chunks of N = ``cfg.residual``).
-      window_k: [B, K, N, D] exact keys of the incomplete chunk.
+      window_k: [B, K, W, D] exact keys of the positions ``num_quantized + j`` (W a multiple of
+        N: N, or the cache's 2N).
       v_code: value codes, fields [B, K, SP, ...] (per token).
       ring: [B, K, N, D] the exact last N values (position p at slot p mod N).
       cfg: the KIVI config; start: int [B]; num_new: T.
       implementation: ``"reference"``, ``"xla"``, or ``"auto"`` / None (= ``"xla"``, on every
         platform); the Pallas kernels do not serve KIVI (:data:`TABLE`).
+      num_quantized: int [B], the slots with quantized keys (a multiple of N, at most
+        ``start + T``); None: ``floor((start + T) / N) N``, every complete chunk.
 
     Returns:
       float32 [B, K, R, D].
 
     Raises:
-      ValueError: ``q`` not float [B, K, R, D] matching the codes, ``start`` not int [B], or an
-        implementation that is unknown or does not serve KIVI (:func:`kernels.dispatch.resolve`).
+      ValueError: ``q`` not float [B, K, R, D] matching the codes, ``start`` or
+        ``num_quantized`` not int [B], ``window_k`` not [B, K, W, D] with W a positive multiple
+        of N, or an implementation that is unknown or does not serve KIVI
+        (:func:`kernels.dispatch.resolve`).
     """
     where = "kivi_attention"
     b, kh = k_code.codes.shape[:2]
     checks.array(q, "q", where, ndim=4, kind="float", shape=(b, kh, None, None), nonempty=True)
     checks.array(start, "start", where, kind="int", shape=(b,))
     checks.integer(num_new, "num_new", where, minimum=1)
+    checks.array(window_k, "window_k", where, ndim=4, kind="float",
+                 shape=(b, kh, None, q.shape[-1]))
+    if window_k.shape[2] < 1 or window_k.shape[2] % cfg.residual:
+        raise checks.error(where, "window_k", f"[B, K, W, D] with W a positive multiple of N = "
+                           f"{cfg.residual}", f"shape {tuple(window_k.shape)}")
+    if num_quantized is not None:
+        checks.array(num_quantized, "num_quantized", where, kind="int", shape=(b,))
+        num_quantized = num_quantized.astype(jnp.int32)
     impl = dispatch.resolve(TABLE, implementation, where, entry=KIVI,
                             platform=dispatch.call_platform(q, k_code, window_k, v_code, ring, start))
     start = start.astype(jnp.int32)
     if impl == "reference":
         return ref.kivi_cache_attention_reference(q, k_code, window_k, v_code, ring, cfg, start,
-                                                  num_new)
+                                                  num_new, num_quantized)
     from kernels.kv_quant import xla
-    return xla.kivi_attention(q, k_code, window_k, v_code, ring, cfg, start, num_new)
+    return xla.kivi_attention(q, k_code, window_k, v_code, ring, cfg, start, num_new,
+                              num_quantized)
 
 
 def _pow2(*sizes: int) -> bool:

@@ -557,19 +557,22 @@ def _dequant_chunks(code: QVGCode, bits: int) -> jax.Array:
 
 def kivi_cache_attention_reference(q: jax.Array, k_code: KIVICode, window_k: jax.Array,
                                    v_code: KIVICode, ring: jax.Array, cfg: KIVIConfig,
-                                   start: jax.Array, num_new: int) -> jax.Array:
+                                   start: jax.Array, num_new: int,
+                                   num_quantized: jax.Array | None = None) -> jax.Array:
     """KIVI decode attention over the cache's layout: dequantize everything, then attend.
 
-    With ``length = start + T`` and N = ``cfg.residual``: slots below ``nq = floor(length / N) N``
-    have quantized keys (per channel, chunks of N), the slots after them the exact keys of the
-    incomplete chunk; values are exact for the last N positions (the ring, position p at slot
-    p mod N) and dequantized per token before them (KIVI, Sec. 3.3 and Alg. 1).
+    With ``length = start + T`` and N = ``cfg.residual``: slots below ``nq = num_quantized``
+    (default ``floor(length / N) N``) have quantized keys (per channel, chunks of N), slots
+    ``nq + j`` the exact keys ``window_k[j]``; values are exact for the last N positions (the
+    ring, position p at slot p mod N) and dequantized per token before them (KIVI, Sec. 3.3 and
+    Alg. 1).
 
     Args:
       q: float [B, K, R, D] (R = G * T, row r is new token r % T, at ``start + r % T``).
-      k_code: :class:`KIVICode` fields [B, K, NC, ...]; window_k: [B, K, N, D]; v_code:
-        :class:`KIVICode` fields [B, K, SP, ...] (one token per slot); ring: [B, K, N, D].
-      start: int32 [B]; num_new: T.
+      k_code: :class:`KIVICode` fields [B, K, NC, ...]; window_k: [B, K, W, D] (W: N, or 2N when
+        a complete chunk waits in the window); v_code: :class:`KIVICode` fields [B, K, SP, ...]
+        (one token per slot); ring: [B, K, N, D].
+      start: int32 [B]; num_new: T; num_quantized: int32 [B] or None.
 
     Returns:
       float32 [B, K, R, D].
@@ -577,7 +580,7 @@ def kivi_cache_attention_reference(q: jax.Array, k_code: KIVICode, window_k: jax
     b, kh, rows, d = q.shape
     n = cfg.residual
     length = start + num_new
-    nq = (length // n) * n
+    nq = (length // n) * n if num_quantized is None else num_quantized
     nc = k_code.codes.shape[2]
     k_q = jax.vmap(lambda c: kivi_dequantize_chunk(c, cfg, True))(
         jax.tree.map(lambda a: a.reshape(-1, *a.shape[3:]), k_code)).reshape(b, kh, nc * n, d)
@@ -596,9 +599,10 @@ def kivi_cache_attention_reference(q: jax.Array, k_code: KIVICode, window_k: jax
     s = jnp.arange(sp)
     mask = ((s[None, None, :] < nq[:, None, None]) & (s[None, None, :] <= pos[:, :, None]))[:, None]
     o1, l1 = attention_math.partial_attention(q, k_q, v_q, mask)
-    slot = nq[:, None] + jnp.arange(n)  # [B, N]: the incomplete key chunk (all in the window)
+    slot = nq[:, None] + jnp.arange(window_k.shape[2])  # [B, W]: the window's positions
     valid = (slot[:, None, :] <= pos[:, :, None])[:, None]
-    o2, l2 = attention_math.partial_attention(q, window_k, ring_values(slot), valid)
+    v_win = jax.vmap(lambda x, i: x[:, i])(v_q, jnp.minimum(slot, sp - 1))  # past SP: masked
+    o2, l2 = attention_math.partial_attention(q, window_k, v_win, valid)
     return attention_math.merge_lse(o1, l1, o2, l2)
 
 

@@ -76,10 +76,10 @@ def qvg_chunk_attention_sharded(q: jax.Array, k_code: ref.QVGCode, v_code: ref.Q
 @dataclasses.dataclass(frozen=True)
 class ShardedQVGCache(QVGCache):
     """:class:`~kernels.kv_quant.cache.QVGCache` whose attention over the quantized chunks runs on
-    ``mesh`` with :func:`qvg_chunk_attention_sharded` and whose cache updates run blockwise in
-    ``jax.shard_map`` (rows on ``batch_axis``, kv heads on ``head_axis``): the update writes a
-    filled chunk row by row, which XLA's SPMD partitioner would otherwise turn into gathers of
-    whole cache arrays across ``batch_axis``. The full-precision window's attention and the merge
+    ``mesh`` with :func:`qvg_chunk_attention_sharded` and whose cache updates and flushes run
+    blockwise in ``jax.shard_map`` (rows on ``batch_axis``, kv heads on ``head_axis``): they write
+    the window and a filled chunk row by row, which XLA's SPMD partitioner would otherwise turn
+    into gathers of whole cache arrays across ``batch_axis``. The full-precision window's attention and the merge
     are ordinary jitted code, which XLA partitions itself.
 
     Attributes (besides ``QVGCache``'s):
@@ -124,18 +124,48 @@ class ShardedQVGCache(QVGCache):
         b, kh, cap, d = self._layout(layer_cache, where)
         checks.cache_update(k, v, start, batch=b, kv_heads=kh, capacity=cap, head_dim=d,
                             where=where)
-        specs = jax.tree.map(lambda s: s.spec, self.cache_sharding(layer_cache))
-        bax, hax = specs["wk"][0], specs["wk"][1]
-        rows = PartitionSpec(bax, hax)
-        plain = QVGCache(**{f.name: getattr(self, f.name) for f in dataclasses.fields(QVGCache)})
+        self._in_window(layer_cache, start, 1, where, low=True)  # raises on concrete values
+        specs, hax, plain = self._blocks(layer_cache)
+        rows = PartitionSpec(specs["wk"][0], hax)
 
         def block(cache, kb, vb, sb):
             offset = 0 if hax is None else jax.lax.axis_index(hax) * kb.shape[1]
             return plain.update(cache, kb, vb, sb, head_offset=offset)
 
         return jax.shard_map(block, mesh=self.mesh,
-                             in_specs=(specs, rows, rows, PartitionSpec(bax)), out_specs=specs,
-                             check_vma=False)(layer_cache, k, v, jnp.asarray(start, jnp.int32))
+                             in_specs=(specs, rows, rows, PartitionSpec(specs["wk"][0])),
+                             out_specs=specs, check_vma=False)(
+            layer_cache, k, v, jnp.asarray(start, jnp.int32))
+
+    def flush(self, layer_cache):
+        """:meth:`QVGCache.flush` on each (rows, kv heads) block of ``mesh``; equal to the
+        unpartitioned flush (each block passes its first kv head's global index, so k-means draws
+        the same keys). Call it at least once every N one-token updates; a no-op when no window
+        is full.
+
+        Raises:
+          ValueError: ``layer_cache`` is not a QVG layer cache.
+        """
+        if self.mesh is None:
+            return super().flush(layer_cache)
+        self._layout(layer_cache, "ShardedQVGCache.flush")
+        specs, hax, plain = self._blocks(layer_cache)
+        kh = layer_cache["wk"].shape[1]
+        kb = kh if hax is None else kh // self.mesh.shape[hax]
+
+        def block(cache):
+            offset = 0 if hax is None else jax.lax.axis_index(hax) * kb
+            return plain.flush(cache, head_offset=offset)
+
+        return jax.shard_map(block, mesh=self.mesh, in_specs=(specs,), out_specs=specs,
+                             check_vma=False)(layer_cache)
+
+    def _blocks(self, layer_cache):
+        """(the cache's partition specs, the kv-head mesh axis or None, the plain QVGCache that
+        runs on each block)."""
+        specs = jax.tree.map(lambda s: s.spec, self.cache_sharding(layer_cache))
+        plain = QVGCache(**{f.name: getattr(self, f.name) for f in dataclasses.fields(QVGCache)})
+        return specs, specs["wk"][1], plain
 
     def _attend_quantized(self, qr, layer_cache, start, nq, t):
         if self.mesh is None:

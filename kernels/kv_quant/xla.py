@@ -262,62 +262,76 @@ def _kivi_value_pieces(code: KIVICode, bits: int, block: int, w: int) -> list[ja
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_new"))
 def kivi_attention(q: jax.Array, k_code: KIVICode, window_k: jax.Array, v_code: KIVICode,
-                   ring: jax.Array, cfg: KIVIConfig, start: jax.Array, num_new: int
-                   ) -> jax.Array:
+                   ring: jax.Array, cfg: KIVIConfig, start: jax.Array, num_new: int,
+                   num_quantized: jax.Array | None = None) -> jax.Array:
     """KIVI decode attention with dequantization fused into the attention loop.
 
-    Slots ``s < nq = floor(length / N) N`` (``length = start + T``, N = ``cfg.residual``) have
-    quantized keys; slots ``s >= length - N`` have exact values (the sliding window). The loop
-    attends slots below ``length - N`` (quantized keys and values); one partial over 2N slots
-    attends the last complete key chunk (quantized keys) and the incomplete chunk ``window_k``
-    (exact keys) against the ring's exact values; the two are merged by log-sum-exp.
+    Slots ``s < nq`` (``num_quantized``, default ``floor(length / N) N`` with ``length = start +
+    T``, N = ``cfg.residual``) have quantized keys, slots ``nq + j`` the exact keys
+    ``window_k[j]``; slots ``s >= length - N`` have exact values (the sliding window). The loop
+    attends the quantized slots below ``min(nq, length - N)`` (quantized keys and values); one
+    partial attends the last complete key chunk (quantized keys) and the window (exact keys),
+    with the ring's exact values where ``s >= length - N`` and the per-token value codes before
+    (window slots below ``length - N`` exist when the window holds more than N tokens); the two
+    are merged by log-sum-exp.
 
     Args:
       q: float [B, K, R, D] query rows (R = G * T, row r is new token r % T).
       k_code: :class:`~kernels.kv_quant.reference.KIVICode`, fields [B, K, NC, ...] (per channel).
-      window_k: [B, K, N, D] exact keys of the incomplete chunk (slots nq .. nq + N - 1).
+      window_k: [B, K, W, D] exact keys of positions ``nq .. nq + W - 1`` (W a multiple of N).
       v_code: per-token value codes, fields [B, K, SP, ...] (SP = NC * N slots).
       ring: [B, K, N, D] exact values, position p at ring slot p mod N.
-      cfg: the KIVI config; start: int32 [B]; num_new: T.
+      cfg: the KIVI config; start: int32 [B]; num_new: T; num_quantized: int32 [B] or None.
 
     Returns:
       float32 [B, K, R, D] (every row sees at least its own slot).
     """
     b, kh, r, d = q.shape
     n = cfg.residual
+    wn = window_k.shape[2]
     w = _piece_width(d, cfg.bits, False)
     start = start.astype(jnp.int32)
     pos = _positions(start, r, num_new)
     length = start + num_new
-    nq = (length // n) * n
+    nq = (length // n) * n if num_quantized is None else num_quantized.astype(jnp.int32)
     old = length - n  # slots below it have quantized values
+    low = jnp.minimum(old, nq)  # the loop's slots: quantized keys and values
     scale = 1.0 / math.sqrt(d)
 
     def step(c, q_pieces):
         slots = c * n + jnp.arange(n, dtype=jnp.int32)
         kp = _kivi_key_pieces(_chunk(k_code, c), cfg.bits, cfg.group, w)
         logits = _logits(q_pieces, kp) * scale
-        valid = (slots[None, None, :] < old[:, None, None]) & (slots[None, None, :] <= pos[..., None])
+        valid = (slots[None, None, :] < low[:, None, None]) & (slots[None, None, :] <= pos[..., None])
         logits = jnp.where(valid[:, None], logits, -jnp.inf)
         vcode = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, c * n, n, axis=2), v_code)
         return logits, _kivi_value_pieces(vcode, cfg.bits, cfg.block, w)
 
-    steps = (jnp.max(old) + n - 1) // n
+    steps = (jnp.max(low) + n - 1) // n
     acc, m, l = _online_chunks(q, jnp.maximum(steps, 0), w, step)
     o1, lse1 = _finish(acc, m, l)
 
-    # The exact-value window: the last complete key chunk (quantized keys) and the incomplete one.
+    # The last complete key chunk (quantized keys) and the window (exact keys).
     last = jnp.maximum(nq // n - 1, 0)  # [B]
     k_last = jax.vmap(lambda code, c: jax.tree.map(
         lambda a: lax.dynamic_index_in_dim(a, c, axis=1, keepdims=False), code))(k_code, last)
     k_last = jax.tree.map(lambda a: a[:, :, None], k_last)  # fields [B, K, 1, ...]
     k_last = jnp.concatenate(_kivi_key_pieces(_chunk(k_last, 0), cfg.bits, cfg.group, w), -1)
-    keys = jnp.concatenate([k_last, window_k.astype(jnp.float32)], axis=2)  # [B, K, 2N, D]
-    vals = jnp.concatenate([ring, ring], axis=2).astype(jnp.float32)  # slot p -> ring[p mod N]
-    slots = jnp.concatenate([last[:, None] * n + jnp.arange(n), nq[:, None] + jnp.arange(n)], 1)
-    valid = ((slots >= old[:, None]) & (slots < length[:, None]))[:, None, :]
+    keys = jnp.concatenate([k_last, window_k.astype(jnp.float32)], axis=2)  # [B, K, N + W, D]
+    # slot p -> ring[p mod N] (every block of N slots starts at a multiple of N)
+    vals = jnp.concatenate([ring] * (1 + wn // n), axis=2).astype(jnp.float32)
+    if wn > n:  # window slots nq .. nq + W - N - 1 may lie below length - N: their value codes
+        vw = jax.vmap(lambda code, s0: jax.tree.map(
+            lambda a: lax.dynamic_slice_in_dim(a, s0, wn - n, axis=1), code))(v_code, nq)
+        vw = jnp.concatenate(_kivi_value_pieces(vw, cfg.bits, cfg.block, w), -1)
+        # (a slice clamped at the store's end is never used: its slots lie past length - N)
+        wslots = nq[:, None] + jnp.arange(wn - n)
+        coded = (wslots < old[:, None])[:, None, :, None]
+        vals = vals.at[:, :, n:wn].set(jnp.where(coded, vw, vals[:, :, n:wn]))
+    slots = jnp.concatenate([last[:, None] * n + jnp.arange(n), nq[:, None] + jnp.arange(wn)], 1)
+    in_last = jnp.concatenate([jnp.broadcast_to(nq[:, None] > 0, (b, n)) & (slots[:, :n] >= old[:, None]),
+                               jnp.ones((b, wn), bool)], axis=1)
+    valid = (in_last & (slots < length[:, None]))[:, None, :]
     valid = valid & (slots[:, None, :] <= pos[..., None])
-    valid = valid & jnp.concatenate([jnp.broadcast_to(nq[:, None] > 0, (b, n)),
-                                     jnp.ones((b, n), bool)], axis=1)[:, None, :]
     o2, lse2 = attention_math.partial_attention(q, keys, vals, valid[:, None])
     return attention_math.merge_lse(o1, lse1, o2, lse2)

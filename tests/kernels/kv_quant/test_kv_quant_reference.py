@@ -126,8 +126,9 @@ def _dense_of_qvg(layer, cfg, length, rope_base):
     k = rope_slots(k, rope_base)
     n = cfg.chunk
     nq = (length // n) * n
-    k = k.at[:, :, nq:nq + n].set(layer["wk"][:, :, : k.shape[2] - nq])
-    v = v.at[:, :, nq:nq + n].set(layer["wv"][:, :, : v.shape[2] - nq])
+    # the window's first N slots (a prefill leaves fewer than N tokens there)
+    k = k.at[:, :, nq:nq + n].set(layer["wk"][:, :, :n][:, :, : k.shape[2] - nq])
+    v = v.at[:, :, nq:nq + n].set(layer["wv"][:, :, :n][:, :, : v.shape[2] - nq])
     return k, v
 
 
@@ -164,12 +165,12 @@ def test_kivi_cache_streaming_equals_prefill_and_int8_is_close_to_dense():
     k = jax.random.normal(ks[0], (b, kh, 12, d))
     v = jax.random.normal(ks[1], (b, kh, 12, d))
     q = jax.random.normal(ks[2], (b, h, 1, d))
-    upd, att = jax.jit(be.update), jax.jit(be.attend)
+    upd, att, flush = jax.jit(be.update), jax.jit(be.attend), jax.jit(be.flush)
     one = upd(be.init(b, 16, kh, d, jnp.float32), k, v, jnp.zeros((b,), jnp.int32))
     steps = upd(be.init(b, 16, kh, d, jnp.float32), k[:, :, :6], v[:, :, :6],
                 jnp.zeros((b,), jnp.int32))
-    for i in range(6, 12):
-        steps = upd(steps, k[:, :, i:i + 1], v[:, :, i:i + 1], jnp.full((b,), i, jnp.int32))
+    for i in range(6, 12):  # a decode loop: a flush after every one-token step
+        steps = flush(upd(steps, k[:, :, i:i + 1], v[:, :, i:i + 1], jnp.full((b,), i, jnp.int32)))
     chex.assert_trees_all_equal(one, steps)
     start = jnp.full((b,), 11, jnp.int32)
     dense = cache_backend.DenseKVCache()
@@ -182,6 +183,7 @@ _KIVI_WINDOW = KIVICache(config=ref.KIVIConfig(bits=2, group=4, block=8, residua
 # one jitted update / attend for every length below (their shapes repeat: one compile each)
 _kivi_update = jax.jit(_KIVI_WINDOW.update)
 _kivi_attend = jax.jit(_KIVI_WINDOW.attend)
+_kivi_flush = jax.jit(_KIVI_WINDOW.flush)
 _kivi_roundtrip = jax.jit(ref.kivi_roundtrip, static_argnums=2)
 
 
@@ -209,8 +211,9 @@ def test_kivi_values_keep_a_sliding_exact_window(length):
     prefill = upd(be.init(b, 32, kh, d, jnp.float32), k, v, jnp.zeros((b,), jnp.int32))
     stream = upd(be.init(b, 32, kh, d, jnp.float32), k[:, :, :3], v[:, :, :3],
                  jnp.zeros((b,), jnp.int32))
-    for i in range(3, length):
-        stream = upd(stream, k[:, :, i:i + 1], v[:, :, i:i + 1], jnp.full((b,), i, jnp.int32))
+    for i in range(3, length):  # a decode loop: a flush after every one-token step
+        stream = _kivi_flush(upd(stream, k[:, :, i:i + 1], v[:, :, i:i + 1],
+                                 jnp.full((b,), i, jnp.int32)))
     chex.assert_trees_all_equal(prefill, stream)
     # The expected cache, built from the chunk quantizer directly.
     nq = (length // r) * r
