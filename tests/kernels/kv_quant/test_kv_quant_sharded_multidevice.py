@@ -110,3 +110,34 @@ def test_sharded_update_equals_the_plain_update():
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                  jax.jit(part.update)(got, one_k, one_v, nxt),
                  jax.jit(plain.update)(want, one_k, one_v, nxt))
+
+
+def test_sharded_flush_equals_the_plain_flush():
+    """The flush in shard_map quantizes what the plain flush quantizes (k-means codes included:
+    each block seeds with its kv heads' global indices), on ragged rows: windows of N, N + 5 and
+    2N - 1 tokens (quantized) and of 3 tokens (unchanged), above 0, 1 or 2 quantized chunks."""
+    mesh = _mesh()
+    cfg = ref.qvg_preset("qvg", bits=2, block=16, num_centroids=4, chunk=N, kmeans_iters=2)
+    plain = QVGCache(config=cfg, rope_base=10_000.0, implementation="reference")
+    part = sharded.ShardedQVGCache(config=cfg, rope_base=10_000.0, implementation="reference",
+                                   mesh=mesh)
+    rng = np.random.default_rng(2)
+    _, cache, _, _ = _filled(0)  # two chunks quantized in every row
+    window = (B, K, 2 * N, D)
+    cache = dict(cache, wk=jnp.asarray(rng.standard_normal(window), jnp.float32),
+                 wv=jnp.asarray(rng.standard_normal(window), jnp.float32),
+                 num_quantized=jnp.asarray([0, N, 2 * N, N], jnp.int32),
+                 window_len=jnp.asarray([N, N + 5, 3, 2 * N - 1], jnp.int32))
+    want = jax.jit(plain.flush)(cache)
+    got = jax.jit(part.flush)(jax.device_put(cache, part.cache_sharding(cache)))
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 got, want)
+    assert got["wk"].sharding.spec[:2] == ("data", "model")
+    np.testing.assert_array_equal(np.asarray(want["num_quantized"]), [N, 2 * N, 2 * N, 2 * N])
+    np.testing.assert_array_equal(np.asarray(want["window_len"]), [0, 5, 3, N - 1])
+    # row 2 (3 tokens) is unchanged; in row 0 the chunk written is the window's first N slots
+    for name in ("k", "v", "wk", "wv"):
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a[2]), np.asarray(b[2])),
+                     want[name], cache[name])
+    assert not np.array_equal(np.asarray(want["k"].codes[0, :, 0]),
+                              np.asarray(cache["k"].codes[0, :, 0]))
