@@ -28,6 +28,26 @@ from hypothesis import settings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when jaxlib loads: before any jax import
 
+# XLA:CPU's LLVM backend at optimization level 0 (XLA_FLAGS is read when the first backend starts,
+# after this file is imported). The suite is bound by compiling thousands of small programs, not
+# by running them: level 0 halves an experiment's smoke run (rl_scaling 107 -> 54 s) and cuts the
+# model tests by a quarter, while the programs compute the same operations (no fast-math; a result
+# may differ in its last bits, which every tolerance here already allows: results must not depend
+# on the machine's code generation). Benchmarks and `make run` keep XLA's default level. A level
+# set by the caller wins; the accelerator compile tests (``-m aot``) keep the default, so that
+# their GPU kernels are compiled as a user's are.
+_OPT_FLAG = "--xla_backend_optimization_level"
+
+
+def pytest_configure(config):
+    markexpr = (config.option.markexpr or "").replace(" ", "")
+    if markexpr == "aot":
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _OPT_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_OPT_FLAG}=0".strip()
+
+
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
 settings.register_profile("thorough", max_examples=10 * settings.get_profile("ci").max_examples,
                           derandomize=False, deadline=None, print_blob=True)

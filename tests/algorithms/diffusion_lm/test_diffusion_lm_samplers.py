@@ -125,6 +125,7 @@ def _assert_shares(tokens, law, k):
         assert abs(counts[g] - n * p) <= k * se, (g, counts[g] / n, p, se / n)
 
 
+@pytest.mark.slow  # 1024 sampler steps: run-bound, started first (tests/conftest.py)
 def test_mdlm_draws_rare_bytes_at_their_rate_at_1024_steps():
     """The worked example: MDLM, the fixed x_theta above, B = 8, L = 128, 1024 steps, 12 keys'
     worth of tokens (one call with B = 96: 12,288 tokens). With carry-over every token is drawn

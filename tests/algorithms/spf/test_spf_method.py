@@ -54,17 +54,24 @@ def test_parameter_count_does_not_depend_on_dimension():
 
 
 def test_equivariant_to_gradient_scale_and_coordinate_permutation():
+    # in float64: both identities are exact in real arithmetic, and float32 rounding amplified by
+    # 12 steps would make the tolerance depend on the machine's code generation (FMA or not)
     cfg = S.SPFConfig(step=0.05)
     graphdef, params = S.init_spf(cfg)
-    params = _random_params(params)
-    A, y, x0 = _stream("lsq")
-    X = S.spf(graphdef, params, A, y, x0, "lsq", cfg)
-    # least squares: (y, x0) -> (c y, c x0) scales every gradient feature and the decision by c
-    chex.assert_trees_all_close(S.spf(graphdef, params, A, 3.0 * y, 3.0 * x0, "lsq", cfg), 3.0 * X,
-                                rtol=2e-3, atol=1e-3)  # f32 rounding, amplified by 12 steps
-    perm = np.random.default_rng(0).permutation(A.shape[-1])
-    Xp = S.spf(graphdef, params, A[..., perm], y, x0[perm], "lsq", cfg)
-    chex.assert_trees_all_close(Xp, X[:, perm], rtol=1e-3, atol=1e-3)  # summation order differs
+    with jax.enable_x64(True):
+        params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), _random_params(params))
+        A, y, x0 = (jnp.asarray(a, jnp.float64) for a in _stream("lsq"))
+        X = S.spf(graphdef, params, A, y, x0, "lsq", cfg)
+        assert X.dtype == jnp.float64
+        # least squares: (y, x0) -> (c y, c x0) scales every gradient feature and the decision by
+        # c, up to the normaliser's floor sqrt(mean(g^2) + 1e-12): a relative 1e-12 / mean(g^2)
+        # that grows to about 3e-9 as the gradients shrink over the episode (float32 rounding
+        # would be 1e-3)
+        chex.assert_trees_all_close(S.spf(graphdef, params, A, 3.0 * y, 3.0 * x0, "lsq", cfg),
+                                    3.0 * X, rtol=1e-7, atol=1e-12)
+        perm = np.random.default_rng(0).permutation(A.shape[-1])
+        Xp = S.spf(graphdef, params, A[..., perm], y, x0[perm], "lsq", cfg)
+        chex.assert_trees_all_close(Xp, X[:, perm], rtol=1e-9, atol=1e-12)  # summation order
 
 
 def test_aux_diagnostics_and_population_grad():
