@@ -329,6 +329,20 @@ def decode_step(graphdef, backend):
     return step
 
 
+def flush_step(graphdef, backend):
+    """``(params, cache, tokens, start) -> cache``: the model's ``flush_cache`` (QVG quantizes a
+    complete window chunk here, outside the one-token decode step), as ``models.sampling.generate``
+    calls it after each decode step; ``tokens`` and ``start`` are unused (the decode step's
+    signature, so that both compile from the same arguments)."""
+    from flax import nnx
+
+    def step(params, cache, tokens, start):
+        del tokens, start
+        return nnx.merge(graphdef, params).flush_cache(cache, backend)
+
+    return step
+
+
 def lm_decode_spec(backend_name: str, devices, context: int = DECODE_CONTEXT,
                    batch: int = DECODE_BATCH):
     """One-token decode of the ``lm`` paper model over a ``context``-slot KV cache of backend
@@ -427,7 +441,7 @@ def ffd_analytic(batch: int, context: int, kept_fraction: float, mesh) -> str:
 
 
 def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLAMA_CONTEXT,
-                      kept_fraction: float = FFD_KEPT_FRACTION):
+                      kept_fraction: float = FFD_KEPT_FRACTION, flush: bool = False):
     """One-token decode of a Llama-3-8B-shaped model (bfloat16, :data:`LLAMA3_8B`) over a
     ``context``-slot cache of ``backend_name``: ``"dense"``, ``"ffd"`` (this experiment's paper
     page size and delta) or ``"qvg"`` (kv_quant's paper QVG at head dim 128), on ``devices``.
@@ -438,6 +452,8 @@ def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLA
     path on CPU) inside ``shard_map`` (``kernels.*.sharded``): a ``pallas_call`` is not
     partitioned by XLA itself. ``kept_fraction`` is the fraction of pages FFD's kernels declare
     (``pl.CostEstimate``) that they attend: it changes the cost XLA reports, not the program.
+    With ``flush`` the step is the cache's flush (:func:`flush_step`: for QVG the k-means and
+    chunk write of every full window, once per chunk of N tokens) instead of the decode step.
     Returns a ``core.aot_steps.StepSpec``.
 
     Raises:
@@ -493,6 +509,12 @@ def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLA
             jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=per_row))
     n = aot_steps.count_params(params)
     flops = 2.0 * n + 4.0 * cfg.num_layers * cfg.num_heads * cfg.dim_per_head * context
+    if flush:
+        return aot_steps.StepSpec(
+            flush_step(graphdef, backend), args, (1,), None, n,
+            f"{what} cache flush (every window holding a full chunk quantized), B {batch} over "
+            f"{context} slots, Llama-3-8B shape ({cfg.kv_heads} kv heads x D {cfg.dim_per_head}), "
+            f"mesh data {mesh.shape[sharding.DATA]} x model {mesh.shape[sharding.MODEL]}")
     return aot_steps.StepSpec(
         decode_step(graphdef, backend), args, (1,), flops * batch, n,
         f"{what} cache, B {batch} x 1 new token over {context} slots, Llama-3-8B shape "
@@ -518,6 +540,11 @@ def paper_steps():
         **{f"llama3_8b/decode-ffd-all-pages@128k-b{n}": (
             lambda devices, n=n: llama_decode_spec("ffd", n, devices, kept_fraction=1.0),
             f"Llama-3-8B decode, FFD cache with every page kept, batch {n}, 128k context")
+           for n in (1, 8)},
+        # QVG's chunk quantization, out of the decode step: once per chunk of N tokens
+        **{f"llama3_8b/flush-qvg@128k-b{n}": (
+            lambda devices, n=n: llama_decode_spec("qvg", n, devices, flush=True),
+            f"Llama-3-8B QVG cache flush, batch {n}, 128k context")
            for n in (1, 8)},
     }
 

@@ -244,7 +244,8 @@ EXPECTED_STEPS = {
                       *(f"llama3_8b/decode-{b}@128k-b{n}" for b in ("dense", "ffd", "qvg")
                         for n in (1, 8)),
                       "llama3_8b/decode-ffd-all-pages@128k-b1",
-                      "llama3_8b/decode-ffd-all-pages@128k-b8"],
+                      "llama3_8b/decode-ffd-all-pages@128k-b8",
+                      "llama3_8b/flush-qvg@128k-b1", "llama3_8b/flush-qvg@128k-b8"],
     "spf": ["spf/train"],
 }
 
@@ -319,7 +320,7 @@ def test_every_registered_step_builds(name):
     assert spec.params > 0 or name.startswith("benchmark_game/")  # a game has no parameters
     # train steps donate the state (argument 0), decode steps the cache (1), GRPO params and Adam
     # state (0, 1); fits and sweeps donate nothing
-    expected = ((1,) if "decode" in name else (0, 1) if name == "rl_scaling/grpo"
+    expected = ((1,) if "decode" in name or "flush" in name else (0, 1) if name == "rl_scaling/grpo"
                 else (0,) if "train" in name or "diffusion" in name else ())
     assert spec.donate_argnums == expected
     for leaf in jax.tree.leaves(spec.args):
