@@ -145,9 +145,14 @@ class _ChunkedQuantCache(abc.ABC):
         ok = rel <= 2 * n - num_new
         if low:
             ok = ok & (rel >= 0)
-        if not (checks.is_traced(start) or checks.is_traced(nq)):
-            cap = np.asarray(self._in_capacity(layer_cache, start, num_new))
-            bad = np.flatnonzero(cap & ~np.asarray(ok))
+        if not any(checks.is_traced(x) for x in (start, nq, layer_cache["max_len"])):
+            # in NumPy: under a jit that closes over concrete arrays, jnp results are traced
+            s_np, q_np = np.asarray(start).astype(np.int64), np.asarray(nq).astype(np.int64)
+            cap = (s_np >= 0) & (s_np + num_new <= np.asarray(layer_cache["max_len"]))
+            fits = s_np - q_np <= 2 * n - num_new
+            if low:
+                fits &= s_np >= q_np
+            bad = np.flatnonzero(cap & ~fits)
             if bad.size:
                 b = int(bad[0])
                 s, q = int(np.asarray(start)[b]), int(np.asarray(nq)[b])
