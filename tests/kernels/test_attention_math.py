@@ -10,7 +10,6 @@ import pytest
 
 from kernels import attention_math
 
-
 # jitted: one compile per shape instead of one per eager op
 _softmax_partial = jax.jit(attention_math.softmax_partial)
 _merge_partials = jax.jit(attention_math.merge_partials, static_argnums=3)

@@ -14,6 +14,7 @@ from core import aot
 from kernels.kv_quant import pallas_gpu, pallas_tpu
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import QVGConfig
+from tests.kernels import compiled_steps
 
 pytestmark = pytest.mark.aot
 
@@ -97,26 +98,15 @@ def test_gpu_decode_step_reads_little_outside_the_kernel():
     heads, D 128) over 128k slots with the paper config (2-bit, block 64, 16 centroids, chunk
     256): the instructions around the kernel read at most 10% of dense bf16 attention's 67.1 MB
     (``core.aot.bytes_read_outside_custom_calls``; XLA:GPU gives no cost analysis)."""
-    target = "h100"
-    if not aot.extras_available(target):
-        pytest.skip(f"compile extras for {target} are not installed here (make aot-env)")
     from kernels.kv_quant.cache import QVGCache
 
-    b, kh, g, d, slots = 1, 1, 4, 128, 131072
+    slots, d = 131072, 128
     cfg = ref.qvg_preset("qvg", bits=2, block=64, num_centroids=16, chunk=256)
     backend = QVGCache(config=cfg, rope_base=500000.0, implementation="pallas_gpu")
-    cache = jax.eval_shape(lambda: backend.init(b, slots, kh, d, jnp.bfloat16))
-
-    def step(cache, k, v, q, start):
-        cache = backend.update(cache, k, v, start)
-        return cache, backend.attend(cache, q, start)
-
-    S = jax.ShapeDtypeStruct
-    kv = S((b, kh, 1, d), jnp.bfloat16)
-    args = (cache, kv, kv, S((b, kh * g, 1, d), jnp.bfloat16), S((b,), jnp.int32))
-    text = aot.compile_for(jax.jit(step, donate_argnums=0), args, target).compiled.as_text()
+    text, cache = compiled_steps.decode_step_hlo(backend, "h100", batch=1, slots=slots,
+                                                 kv_heads=1, group=4, head_dim=d)
     outside, kernel = aot.bytes_read_outside_custom_calls(text)
-    dense = b * kh * 2 * slots * d * 2
+    dense = 2 * slots * d * 2
     assert outside <= 0.1 * dense, f"{outside / 1e6:.2f} MB outside the kernel"
     stores = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((cache["k"], cache["v"])))
     assert kernel >= stores  # the kernel is handed both chunk stores

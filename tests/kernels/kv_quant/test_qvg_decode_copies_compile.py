@@ -12,12 +12,12 @@ assignments and centroids, in and out), 154 MB accessed per layer at 128k agains
 import re
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from core import aot
 from kernels.kv_quant.cache import QVGCache
 from kernels.kv_quant.reference import QVGConfig
+from tests.kernels import compiled_steps
 
 pytestmark = pytest.mark.aot
 
@@ -27,25 +27,16 @@ CFG = QVGConfig(bits=2, stages=1, block=64, num_centroids=16, chunk=256, kmeans_
 @pytest.fixture(scope="module")
 def compiled():
     """(decode step HLO, flush HLO, {store HLO shape: field})."""
-    if not aot.extras_available("tpu-v5e"):
-        pytest.skip("compile extras for tpu-v5e are not installed here (make aot-env)")
     backend = QVGCache(config=CFG, rope_base=10_000.0, implementation="pallas_tpu")
-    cache = jax.eval_shape(lambda: backend.init(1, 16 * CFG.chunk, 1, 128, jnp.bfloat16))
-
-    def step(cache, k, v, q, start):
-        cache = backend.update(cache, k, v, start)
-        return cache, backend.attend(cache, q, start)
-
-    S = jax.ShapeDtypeStruct
-    args = (cache, S((1, 1, 1, 128), jnp.bfloat16), S((1, 1, 1, 128), jnp.bfloat16),
-            S((1, 4, 1, 128), jnp.bfloat16), S((1,), jnp.int32))
-    res = aot.compile_for(jax.jit(step, donate_argnums=0), args, "tpu-v5e")
+    step, cache = compiled_steps.decode_step_hlo(backend, "tpu-v5e", batch=1,
+                                                 slots=16 * CFG.chunk, kv_heads=1, group=4,
+                                                 head_dim=128)
     flush = aot.compile_for(jax.jit(backend.flush, donate_argnums=0), (cache,), "tpu-v5e")
     stores = {f"{x.dtype.name.replace('uint8', 'u8').replace('bfloat16', 'bf16')}"
               f"[{','.join(map(str, x.shape))}]": name
               for name, x in zip(("codes", "scales", "assign", "centroids"),
                                  jax.tree.leaves(cache["k"]))}
-    return res.compiled.as_text(), flush.compiled.as_text(), stores
+    return step, flush.compiled.as_text(), stores
 
 
 def _copies(text, shape):

@@ -16,6 +16,7 @@ import pytest
 from core import aot
 from kernels.sparse_decode import api
 from kernels.sparse_decode import reference as ref
+from tests.kernels import compiled_steps
 
 pytestmark = pytest.mark.aot
 
@@ -66,23 +67,11 @@ def test_tpu_decode_step_copies_no_cache_array():
     of the size and dtype of a cache field (the codes are written in place in their stored
     token-minor layout, the scales by a window update, and the kernels read the cache where it
     lies)."""
-    target = "tpu-v5e"
-    if not aot.extras_available(target):
-        pytest.skip(f"compile extras for {target} are not installed here (make aot-env)")
     from kernels.sparse_decode.cache import FFDCache
 
-    b, kh, g, d, p, n = 1, 2, 4, 128, 128, 8
-    backend = FFDCache(page_size=p, delta=3.0, implementation="pallas_tpu", scan_copy=False)
-    cache = jax.eval_shape(lambda: backend.init(b, n * p, kh, d, jnp.bfloat16))
-
-    def step(cache, k, v, q, start):
-        cache = backend.update(cache, k, v, start)
-        return cache, backend.attend(cache, q, start)
-
-    S = jax.ShapeDtypeStruct
-    kv = S((b, kh, 1, d), jnp.bfloat16)
-    args = (cache, kv, kv, S((b, kh * g, 1, d), jnp.bfloat16), S((b,), jnp.int32))
-    text = aot.compile_for(jax.jit(step, donate_argnums=0), args, target).compiled.as_text()
+    backend = FFDCache(page_size=128, delta=3.0, implementation="pallas_tpu", scan_copy=False)
+    text, cache = compiled_steps.decode_step_hlo(backend, "tpu-v5e", batch=1, slots=8 * 128,
+                                                 kv_heads=2, group=4, head_dim=128)
     fields = {(jnp.dtype(x.dtype), x.size) for x in jax.tree.leaves(cache)}
     assert len(fields) == 5  # codes, scale, resid, tail, v: no two alike
     found = relayouts(text)
@@ -98,25 +87,14 @@ def test_gpu_decode_step_reads_little_outside_the_kernel():
     D 128) over 128k slots: the instructions around the kernel read at most 10% of dense bf16
     attention's 67.1 MB (XLA:GPU has no cost analysis, so the bytes are counted from the compiled
     program's operand shapes, ``core.aot.bytes_read_outside_custom_calls``)."""
-    target = "h100"
-    if not aot.extras_available(target):
-        pytest.skip(f"compile extras for {target} are not installed here (make aot-env)")
     from kernels.sparse_decode.cache import FFDCache
 
-    b, kh, g, d, slots = 1, 1, 4, 128, 131072
+    slots, d = 131072, 128
     backend = FFDCache(page_size=128, delta=6.0, implementation="pallas_gpu", scan_copy=False)
-    cache = jax.eval_shape(lambda: backend.init(b, slots, kh, d, jnp.bfloat16))
-
-    def step(cache, k, v, q, start):
-        cache = backend.update(cache, k, v, start)
-        return cache, backend.attend(cache, q, start)
-
-    S = jax.ShapeDtypeStruct
-    kv = S((b, kh, 1, d), jnp.bfloat16)
-    args = (cache, kv, kv, S((b, kh * g, 1, d), jnp.bfloat16), S((b,), jnp.int32))
-    text = aot.compile_for(jax.jit(step, donate_argnums=0), args, target).compiled.as_text()
+    text, cache = compiled_steps.decode_step_hlo(backend, "h100", batch=1, slots=slots,
+                                                 kv_heads=1, group=4, head_dim=d)
     outside, kernel = aot.bytes_read_outside_custom_calls(text)
-    dense = b * kh * 2 * slots * d * 2
+    dense = 2 * slots * d * 2
     assert outside <= 0.1 * dense, f"{outside / 1e6:.2f} MB outside the kernel"
     # the kernel is handed the whole cache (it reads the kept pages of it): codes, scales,
     # residuals and values
