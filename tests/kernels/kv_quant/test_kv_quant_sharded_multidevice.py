@@ -83,15 +83,19 @@ def test_sharded_backend_attends_like_the_plain_backend():
                                             mesh, batch_axis="rows")
 
 
+def _plain_and_sharded():
+    """A QVGCache (reference path, small k-means) and its ShardedQVGCache on the test mesh."""
+    cfg = ref.qvg_preset("qvg", bits=2, block=16, num_centroids=4, chunk=N, kmeans_iters=2)
+    plain = QVGCache(config=cfg, rope_base=10_000.0, implementation="reference")
+    return plain, sharded.ShardedQVGCache(config=cfg, rope_base=10_000.0,
+                                          implementation="reference", mesh=_mesh())
+
+
 def test_sharded_update_equals_the_plain_update():
     """The update in shard_map (rows on data, kv heads on model) writes what the plain update
     writes, k-means codes included (each block seeds with its kv heads' global indices), over a
     prefill that fills two chunks and one more token that completes nothing, on ragged rows."""
-    mesh = _mesh()
-    cfg = ref.qvg_preset("qvg", bits=2, block=16, num_centroids=4, chunk=N, kmeans_iters=2)
-    plain = QVGCache(config=cfg, rope_base=10_000.0, implementation="reference")
-    part = sharded.ShardedQVGCache(config=cfg, rope_base=10_000.0, implementation="reference",
-                                   mesh=mesh)
+    plain, part = _plain_and_sharded()
     rng = np.random.default_rng(1)
     cache = plain.init(B, N * NC, K, D, jnp.float32)
     k = jnp.asarray(rng.standard_normal((B, K, 2 * N + 5, D)), jnp.float32)
@@ -116,11 +120,7 @@ def test_sharded_flush_equals_the_plain_flush():
     """The flush in shard_map quantizes what the plain flush quantizes (k-means codes included:
     each block seeds with its kv heads' global indices), on ragged rows: windows of N, N + 5 and
     2N - 1 tokens (quantized) and of 3 tokens (unchanged), above 0, 1 or 2 quantized chunks."""
-    mesh = _mesh()
-    cfg = ref.qvg_preset("qvg", bits=2, block=16, num_centroids=4, chunk=N, kmeans_iters=2)
-    plain = QVGCache(config=cfg, rope_base=10_000.0, implementation="reference")
-    part = sharded.ShardedQVGCache(config=cfg, rope_base=10_000.0, implementation="reference",
-                                   mesh=mesh)
+    plain, part = _plain_and_sharded()
     rng = np.random.default_rng(2)
     _, cache, _, _ = _filled(0)  # two chunks quantized in every row
     window = (B, K, 2 * N, D)
