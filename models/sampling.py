@@ -112,7 +112,7 @@ def _generate(graphdef, params, prompt, key, *, max_new_tokens, temperature, bac
         logp = jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
         logits, cache = model.decode(tok[:, None], cache, pos, backend)
         # the backend's work kept out of the one-token step (QVG / KIVI chunk quantization)
-        cache = cache_backend.flush_layers(backend, cache)
+        cache = model.flush_cache(cache, backend)  # QVG / KIVI: chunk quantization
         return (cache, restrict(logits[:, 0]), pos + 1), (tok, logp)
 
     keys = jax.random.split(key, max_new_tokens)

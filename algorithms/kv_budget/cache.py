@@ -16,7 +16,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from algorithms.kv_budget import entrokv
-from kernels import cache_backend
 from models import kv_cache as kvc
 
 BudgetedKVCache = kvc.BudgetedKVCache  # the "budgeted" backend; defined with the others
@@ -107,7 +106,7 @@ def _teacher_forced_nll(graphdef, params, tokens, backend, prompt_len, keep):
         tok = jax.lax.dynamic_index_in_dim(tokens, i, axis=1, keepdims=False)
         nll = -jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
         lg, cache = model.decode(tok[:, None], cache, jnp.full((b,), i, jnp.int32), backend)
-        cache = cache_backend.flush_layers(backend, cache)  # QVG / KIVI: chunk quantization
+        cache = model.flush_cache(cache, backend)  # QVG / KIVI: chunk quantization
         return (cache, lg[:, 0]), nll
 
     _, losses = jax.lax.scan(body, (cache, logits[:, -1]), jnp.arange(prompt_len, l))

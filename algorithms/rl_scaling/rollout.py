@@ -115,7 +115,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, prompts: jax.Array, key: 
         tok = jnp.where(done, end_id, tok)
         logp = jnp.take_along_axis(jax.nn.log_softmax(scaled), tok[:, None], axis=-1)[:, 0]
         logits, cache = model.decode(tok[:, None], cache, pos, backend)
-        cache = cache_backend.flush_layers(backend, cache)  # QVG / KIVI: chunk quantization
+        cache = model.flush_cache(cache, backend)  # QVG / KIVI: chunk quantization
         return (cache, logits[:, 0], pos + 1, done | (tok == end_id)), (tok, logp)
 
     init = (cache, logits, jnp.full((r,), p, jnp.int32), jnp.zeros((r,), bool))
