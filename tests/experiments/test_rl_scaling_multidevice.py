@@ -1,6 +1,8 @@
 """Scale-out of the GRPO sweep: (n, B_p, seed) lanes split over 8 fake CPU devices give the same
 runs as on one device (run in their own process; see the Makefile)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,7 @@ from models.transformer import Transformer, TransformerConfig
 pytestmark = pytest.mark.multidevice
 
 
-def test_sweep_lanes_sharded_over_8_devices_match_one_device():
+def test_sweep_lanes_sharded_over_8_devices_match_one_device(caplog):
     assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
     task = tasks.ArithmeticTask(2, 1)
     train, held = tasks.make_split(task, 64, 16, seed=0)
@@ -34,8 +36,15 @@ def test_sweep_lanes_sharded_over_8_devices_match_one_device():
     runs = {}
     for num in (8, 1):
         mesh = sharding.make_mesh(devices=jax.devices()[:num])
-        res = sweep.run_sweep(cfg, gd, params, pool, evals, mesh=mesh)
+        caplog.clear()
+        with jax.log_compiles(), caplog.at_level("WARNING"):
+            res = sweep.run_sweep(cfg, gd, params, pool, evals, mesh=mesh)
         runs[num] = (res.records, res.step_metrics)
+        # Lowered once for all its steps: the optimizer state the sweep starts from is placed as
+        # the step returns it (an unplaced eager init compiled each group twice on one device).
+        lowered = [r.getMessage()[:60] for r in caplog.records
+                   if re.match(r"Compiling (jit\()?sweep_step\b", r.getMessage())]
+        assert len(lowered) == 1, (num, lowered)
     (rec8, steps8), (rec1, steps1) = runs[8], runs[1]
     assert len(rec8) == len(rec1) == 3 * len(budgets)  # seeds x budgets
     for a, b in zip(rec8, rec1):
