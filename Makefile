@@ -46,14 +46,16 @@ install: $(STAMP)
 
 install-test: $(TEST_STAMP)
 
-# The project without its dependencies plus the `aot` extra (jax with libtpu, the CUDA plugin, ptxas,
-# pytest, flax and optax): all that the compile tests import.
+# The `aot` extra (jax with libtpu, the CUDA plugin, ptxas, pytest, flax and optax) and the
+# project's source tree on the path (a .pth file, not a build: `make test` installs this venv beside
+# the main one, and two builds of the project would write the same egg-info): all that the compile
+# tests import.
 $(AOT_STAMP): pyproject.toml
 	test -x $(AOT_PY) || $(PYTHON) -m venv $(AOT_VENV)
 	$(AOT_PY) -m pip install --quiet --upgrade pip
 	$(AOT_PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["aot"]))' > $(AOT_VENV)/aot-requirements.txt
 	$(AOT_PY) -m pip install --quiet -r $(AOT_VENV)/aot-requirements.txt
-	$(AOT_PY) -m pip install --quiet --no-deps -e .
+	$(AOT_PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "icml26-source.pth").write_text(sys.argv[1] + "\n")' "$(CURDIR)"
 	touch $(AOT_STAMP)
 
 aot-env: $(AOT_STAMP)
@@ -102,13 +104,22 @@ run: $(STAMP)
 # Single-device tests, then the multi-device tests in their own processes with 8 fake CPU devices each, then
 # the compile tests (TPU and GPU targets, compile-only) in .venv-aot.
 # pytest exits 5 when it collected no test: that is a failure here, like any non-zero code.
-test: $(TEST_STAMP)
+# Both venvs are installed first, side by side (pip mostly waits on downloads and unpacking).
+# Python writes bytecode caches during the tests even where the caller's environment turns them
+# off: every worker and test subprocess would otherwise compile the project's modules (and pytest
+# rewrite the test modules) again.
+test test-multidevice test-aot: export PYTHONDONTWRITEBYTECODE :=
+test:
+	$(MAKE) --no-print-directory -j2 $(TEST_STAMP) $(AOT_STAMP)
 	$(PY) -m pytest -q -n 2 -m "not multidevice and not aot" tests
 	$(MAKE) --no-print-directory test-multidevice
 	$(MAKE) --no-print-directory test-aot
 
+# The multi-device tests are the files named test_*_multidevice.py (marker `multidevice`); only
+# those are collected.
 test-multidevice: $(TEST_STAMP)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -n 2 -m multidevice tests
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest -q -n 2 -m multidevice \
+	  -o python_files="test_*_multidevice.py" tests
 
 # Compile tests are the files named test_*_compile.py (marker `aot`); only those are collected, since
 # .venv-aot holds jax and not the rest of the project's dependencies. One process: libtpu is loaded once.

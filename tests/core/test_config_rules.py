@@ -3,8 +3,6 @@ bad values are refused with one ValueError naming the field (core.config.validat
 
 import importlib
 import math
-import os
-import subprocess
 import sys
 
 import ml_collections
@@ -16,9 +14,9 @@ from hypothesis import strategies as st
 from core import config as cfg_lib
 from core import report
 from experiments import registry
+from tests.experiments import forked_cli
 from tests.hypothesis_budget import examples
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULES = {name: importlib.import_module(f"experiments.configs.{name}")
            for name in registry.EXPERIMENTS}
 VARIANT_CASES = [(name, v) for name, m in MODULES.items() for v in m.VARIANTS]
@@ -349,20 +347,31 @@ def test_every_choice_the_library_lists_is_accepted(name, paths):
 
 # -- the entry points: one line, exit status 2, before any work ------------------------------------
 
-@pytest.mark.parametrize("args, expected", [
-    (["experiments.lm", "--config=experiments/configs/lm.py:smoke,steps=abc"],
+ENTRY_POINT_CASES = [
+    (("experiments.lm", "--config=experiments/configs/lm.py:smoke,steps=abc"),
      "error: lm: --config=experiments/configs/lm.py:smoke,steps=abc: config field 'steps' = "
      "'abc': expected an integer"),
-    (["experiments.main", "--experiments=judge_btl", "--variant=smoke,heldout_fraction=1.0"],
+    (("experiments.main", "--experiments=judge_btl", "--variant=smoke,heldout_fraction=1.0"),
      "error: main: judge_btl: config field 'heldout_fraction' = 1.0: expected a finite number "
      "in (0, 1)"),
-])
-def test_entry_points_refuse_bad_fields_in_one_line(args, expected, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", *args, f"--workdir={tmp_path}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+]
+
+
+@pytest.fixture(scope="module")
+def entry_point_runs(tmp_path_factory):
+    """{args: (CompletedProcess, its empty workdir)} of every case, run as forks of one process."""
+    workdirs = {args: tmp_path_factory.mktemp("workdir") for args, _ in ENTRY_POINT_CASES}
+    runs = forked_cli.run_commands({args: [sys.executable, "-m", *args, f"--workdir={w}"]
+                                    for args, w in workdirs.items()})
+    return {args: (runs[args], workdirs[args]) for args in workdirs}
+
+
+@pytest.mark.parametrize("args, expected", ENTRY_POINT_CASES)
+def test_entry_points_refuse_bad_fields_in_one_line(entry_point_runs, args, expected):
+    proc, workdir = entry_point_runs[args]
     assert proc.returncode == 2
     assert proc.stderr.strip() == expected
-    assert not any(tmp_path.iterdir())  # nothing written
+    assert not any(workdir.iterdir())  # nothing written
 
 
 @pytest.mark.parametrize("name, warmup, bound, steps", [

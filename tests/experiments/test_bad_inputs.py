@@ -25,6 +25,7 @@ import pytest
 from core.checkpoint import run_dir_lock
 from core.report import read_json_lines
 from experiments import registry
+from tests.experiments import forked_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRATCH = tempfile.mkdtemp(prefix="bad-inputs-")
@@ -111,18 +112,16 @@ def _interrupted_at_start():
 
 @pytest.fixture(scope="module")
 def fast():
-    """Every fast case, run concurrently while this process holds the lock of ``LOCKED``."""
+    """Every fast case, run while this process holds the lock of ``LOCKED``, as forks of one
+    process (``forked_cli``); the interrupt at start-up, meanwhile, in a process of its own (it
+    interrupts the imports)."""
     _setup()
-
-    def run(cmd):
-        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-
+    commands = {k: cmd for k, (cmd, _, _) in CASES.items()}
+    commands |= {f"help {k}": cmd for k, cmd in HELP.items()}
     with run_dir_lock(os.path.join(LOCKED, "lm")), run_dir_lock(LOCKED):
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            futures = {k: pool.submit(run, cmd) for k, (cmd, _, _) in CASES.items()}
-            futures |= {f"help {k}": pool.submit(run, cmd) for k, cmd in HELP.items()}
-            futures["interrupt"] = pool.submit(_interrupted_at_start)
-            return {k: f.result() for k, f in futures.items()}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            interrupt = pool.submit(_interrupted_at_start)
+            return forked_cli.run_commands(commands) | {"interrupt": interrupt.result()}
 
 
 def _one_line(proc):

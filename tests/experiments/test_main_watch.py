@@ -11,7 +11,6 @@ margin on its speed).
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -19,6 +18,7 @@ import time
 import pytest
 
 from experiments import main as main_lib
+from tests.experiments import forked_cli
 
 GUARD_S = 120.0  # real seconds a child may take for one step before the test gives up
 
@@ -269,11 +269,21 @@ def test_files_state_changes_with_each_file_created_grown_or_removed(tmp_path):
     assert all(a != b for a, b in zip(states, states[1:]))
 
 
-@pytest.mark.parametrize("flag", ["--stall_minutes=-1", "--stall_minutes=0",
-                                  "--timeout_minutes=-1", "--timeout_minutes=0"])
-def test_non_positive_limits_are_rejected(flag):
-    proc = subprocess.run([sys.executable, "-m", "experiments.main", flag, "--only_check_args"],
-                          capture_output=True, text=True, timeout=120)
+LIMIT_FLAGS = ["--stall_minutes=-1", "--stall_minutes=0", "--timeout_minutes=-1",
+               "--timeout_minutes=0"]
+
+
+@pytest.fixture(scope="module")
+def limit_runs():
+    """Every flag of LIMIT_FLAGS given to ``experiments.main``, run as forks of one process."""
+    return forked_cli.run_commands({
+        flag: [sys.executable, "-m", "experiments.main", flag, "--only_check_args"]
+        for flag in LIMIT_FLAGS})
+
+
+@pytest.mark.parametrize("flag", LIMIT_FLAGS)
+def test_non_positive_limits_are_rejected(limit_runs, flag):
+    proc = limit_runs[flag]
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "expected a positive number of minutes" in lines[0], lines
