@@ -23,6 +23,8 @@ Hypothesis profiles, chosen with the environment variable ``HYPOTHESIS_PROFILE``
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -30,15 +32,39 @@ from hypothesis import settings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read when jaxlib loads: before any jax import
 
-# XLA:CPU's LLVM backend at optimization level 0 (XLA_FLAGS is read when the first backend starts,
-# after this file is imported). The suite is bound by compiling thousands of small programs, not
-# by running them: level 0 halves an experiment's smoke run (rl_scaling 107 -> 54 s) and cuts the
-# model tests by a quarter, while the programs compute the same operations (no fast-math; a result
-# may differ in its last bits, which every tolerance here already allows: results must not depend
-# on the machine's code generation). Benchmarks and `make run` keep XLA's default level. A level
-# set by the caller wins; the accelerator compile tests (``-m aot``) keep the default, so that
-# their GPU kernels are compiled as a user's are.
-_OPT_FLAG = "--xla_backend_optimization_level"
+# XLA:CPU's cheapest code generation (XLA_FLAGS is read when the first backend starts, after this
+# file is imported). The suite is bound by compiling thousands of small programs, not by running
+# them. LLVM at optimization level 0 halves an experiment's smoke run (rl_scaling 107 -> 54 s) and
+# cuts the model tests by a quarter; XLA:CPU's older loop emitter for fusions instead of its MLIR
+# fusion emitters compiles in about half the time again (rl_scaling's smoke run: backend compiles
+# 20.4 -> 11.4 s). The programs compute the same operations (no fast-math); a result may differ in
+# its last bits, which every tolerance here already allows: results must not depend on the
+# machine's code generation. Benchmarks and `make run` keep XLA's defaults. Flags set by the
+# caller win; the accelerator compile tests (``-m aot``) keep the defaults, so that their GPU
+# kernels are compiled as a user's are. A flag this jaxlib does not know (XLA would abort) is left
+# out: the process that starts the run tries them first.
+_FAST_COMPILE_FLAGS = {"--xla_backend_optimization_level": "0",
+                       "--xla_cpu_use_fusion_emitters": "false"}
+_FLAGS_CHECKED = "ICML26_TEST_XLA_FLAGS_CHECKED"
+
+
+def _accepted(flags: str) -> bool:
+    """Whether XLA:CPU starts with ``flags`` (an unknown flag aborts the process)."""
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                           capture_output=True, timeout=120)
+    return probe.returncode == 0
+
+
+def _fast_compile_flags():
+    if os.environ.get(_FLAGS_CHECKED):  # an xdist worker or a test's subprocess: already set
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    added = " ".join(f"{k}={v}" for k, v in _FAST_COMPILE_FLAGS.items() if k not in flags)
+    if added and _accepted(f"{flags} {added}".strip()):
+        os.environ["XLA_FLAGS"] = f"{flags} {added}".strip()
+    os.environ[_FLAGS_CHECKED] = "1"
+
 
 # JAX's persistent compilation cache, one fresh folder per run, shared by the xdist workers and every
 # process a test starts (notebook kernels, `main` in isolated processes, the bad-input runs): they
@@ -65,9 +91,7 @@ def pytest_configure(config):
     markexpr = (config.option.markexpr or "").replace(" ", "")
     if markexpr == "aot":
         return
-    flags = os.environ.get("XLA_FLAGS", "")
-    if _OPT_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {_OPT_FLAG}=0".strip()
+    _fast_compile_flags()
     _share_compilation_cache()
 
 
