@@ -145,7 +145,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def shard_batch(batch, mesh: Mesh):
-    """Places a pytree of host arrays with leading batch dimension on ``mesh``, split over ``data``.
+    """Places a pytree of arrays with leading batch dimension on ``mesh``, split over ``data``
+    (host arrays are copied to the devices; JAX arrays move between devices, not through the host).
 
     Raises:
       ValueError: a leaf's batch size is not divisible by the ``data`` axis size.
@@ -153,7 +154,8 @@ def shard_batch(batch, mesh: Mesh):
     n_data = mesh.shape[DATA]
 
     def put(x):
-        x = np.asarray(x)
+        if not isinstance(x, jax.Array):
+            x = np.asarray(x)
         if x.ndim == 0 or x.shape[0] % n_data:
             raise ValueError(
                 f"batch leaf of shape {x.shape} cannot be split over {n_data} data-parallel devices"

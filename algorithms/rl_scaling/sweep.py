@@ -230,9 +230,7 @@ def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
         params = sharding.shard_batch(stack(params0, len(run_lanes)), mesh)
         # Placed as the step returns it (lanes over `data`): an optimizer state left where the
         # eager init puts it would make the second step compile the group's program again.
-        opt_state = jax.vmap(tx.init)(params)
-        opt_state = jax.device_put(opt_state, jax.tree.map(
-            lambda x: sharding.batch_sharding(mesh, x.ndim), opt_state))
+        opt_state = sharding.shard_batch(jax.vmap(tx.init)(params), mesh)
         ns = sharding.shard_batch(np.asarray([n for n, _, _ in run_lanes], np.int32), mesh)
         base_keys = jax.device_put(jnp.stack([lane_key(cfg.seed, n, bp, s)
                                               for n, bp, s in run_lanes]),
