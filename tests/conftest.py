@@ -82,7 +82,7 @@ def max_map_count() -> int:
 
 # Room left below the limit for the next module: the largest test module (the FFD implementation
 # contract) adds about 14,400 maps, the next ones 8,000 and fewer. With the default limit, caches
-# are kept up to 45,530 maps: one release per worker in a full run instead of four (each costs its
+# are kept up to 45,530 maps: one release in a full two-worker run instead of four (each costs its
 # worker 5-12 s, and the small programs of later modules compile again).
 MAP_HEADROOM = 20_000
 MAX_MEMORY_MAPS = max(max_map_count() - MAP_HEADROOM, 10_000)
