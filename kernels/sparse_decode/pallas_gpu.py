@@ -208,7 +208,11 @@ def _fused_kernel(len_ref, q_ref, codes_ref, scale_ref, resid_ref, v_ref, keep_r
         return jnp.where(real, jnp.max(logits, axis=1), -jnp.inf)  # [R]
 
     last = jnp.maximum(num_full - 1, 0)
-    theta = jnp.maximum(page_max(estimate(0)[0]), page_max(estimate(last)[0])) - delta
+    first_max, last_max = page_max(estimate(0)[0]), page_max(estimate(last)[0])
+    theta = jnp.maximum(first_max, last_max) - delta
+    # the page that sets the threshold, kept by its index: the loop below estimates it again, and
+    # the compiler may round that evaluation differently (reference.select_pages)
+    ref_page = jnp.where(jnp.max(jnp.where(real & ~(first_max < last_max), 1, 0)) > 0, 0, last)
     lo = s * pages_per_program
     hi = jnp.minimum(lo + pages_per_program, num_full)
     slots = keep_ref.shape[0]
@@ -217,7 +221,7 @@ def _fused_kernel(len_ref, q_ref, codes_ref, scale_ref, resid_ref, v_ref, keep_r
         acc, m, l, flags = carry
         logits, qs = estimate(j)
         pm = jnp.max(logits, axis=1)
-        keep = jnp.max(jnp.where(real & ~(pm < theta), 1, 0)) > 0  # NaN keeps, as the rule
+        keep = (jnp.max(jnp.where(real & ~(pm < theta), 1, 0)) > 0) | (j == ref_page)  # NaN keeps
 
         def attend(state):
             acc, m, l = state

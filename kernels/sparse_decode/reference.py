@@ -401,7 +401,14 @@ def select_pages(page_max: jax.Array, num_full: jax.Array, delta: float | jax.Ar
         last = jnp.take_along_axis(
             page_max, jnp.broadcast_to(last_idx, page_max.shape[:-1] + (1,)), axis=-1)[..., 0]
         theta = ffd_threshold(first, last, delta)  # [B, K, G]
-        keep = jnp.any(~(page_max < theta[..., None]), axis=2) & valid
+        keep = jnp.any(~(page_max < theta[..., None]), axis=2)
+        # The page that sets the threshold is kept by its index, not by comparing its estimate
+        # with itself: XLA may compute the estimate once per consumer (in two fusions, say, one of
+        # them with a fused multiply-add), and two evaluations that differ in the last bit must
+        # not leave a row whose masked maximum skips the page that its exponential sum attends.
+        # In exact arithmetic the rule keeps this page anyway.
+        ref_page = jnp.where(jnp.any(~(first < last), axis=2), 0, last_idx[:, :, 0, 0])  # [B, K]
+        keep = (keep | (jnp.arange(n) == ref_page[..., None])) & valid
     if max_pages is not None and max_pages < n:
         keep = keep & top_mask(jnp.where(keep, rankable(score), -jnp.inf), max_pages)
     return keep

@@ -214,6 +214,19 @@ class FFDContract:
         # the page that sets the threshold is always kept
         assert np.all(np.asarray(keep).any(-1)[nf > 0])
 
+    def test_threshold_page_survives_rounding(self):
+        """Row 1 has one full page, which sets the threshold; at delta = 0 it is kept only because
+        its estimate equals itself. Here XLA:CPU (loop emitter, LLVM level 0, a CPU with FMA)
+        computes that estimate ``m - 1.5 s`` once with a fused multiply-add and once without, one
+        bit apart: a selection that compared the two dropped the page from the masked maximum
+        while the exponential sum attended it (inf / NaN output). Held on every code generation:
+        finite, the page kept, the contract's values."""
+        q, cache, lengths, _, _ = make_case(CONFIGS[2], "random", 1e-2, 1, (1, 16), self.scan_copy)
+        out, keep = self.decode(q, cache, lengths, delta=0.0)
+        assert bool(jnp.all(jnp.isfinite(out)))
+        np.testing.assert_array_equal(np.asarray(keep)[1, :, 0], True)
+        self.check(q, cache, lengths, out, keep, delta=0.0)
+
     def test_top_k_one_on_all_equal_keys_keeps_one_page(self):
         """512 tokens, 4 full pages of 128, every score tied: exactly one page, finite output."""
         config = (1, 1, 4, 64, 128, 4, jnp.float32)
