@@ -22,6 +22,7 @@ Hypothesis profiles, chosen with the environment variable ``HYPOTHESIS_PROFILE``
 """
 
 import os
+import re
 
 import pytest
 from hypothesis import settings
@@ -61,9 +62,14 @@ def _test_xla_flags(flags: str, jaxlib_version: str) -> str:
     return flags.strip()
 
 
+def selects_compile_tests(markexpr: str) -> bool:
+    """Whether a ``-m`` expression selects the accelerator compile tests (names ``aot`` other than
+    as ``not aot``), which keep XLA's default flags."""
+    return re.search(r"(?<!not )\baot\b", " ".join(markexpr.split())) is not None
+
+
 def pytest_configure(config):
-    markexpr = (config.option.markexpr or "").replace(" ", "")
-    if markexpr == "aot":
+    if selects_compile_tests(config.option.markexpr or ""):
         return
     from importlib import metadata
 

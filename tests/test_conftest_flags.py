@@ -3,7 +3,7 @@
 import os
 from importlib import metadata
 
-from tests.conftest import _test_xla_flags
+from tests.conftest import _test_xla_flags, selects_compile_tests
 
 LEVEL0 = "--xla_backend_optimization_level=0"
 LOOP = "--xla_cpu_use_fusion_emitters=false"
@@ -33,3 +33,10 @@ def test_this_run_compiles_as_the_conftest_says():
     assert any(f.startswith("--xla_backend_optimization_level=") for f in flags)
     if metadata.version("jaxlib").startswith("0.10."):
         assert any(f.startswith("--xla_cpu_use_fusion_emitters=") for f in flags)
+
+
+def test_compile_test_selections_keep_xla_defaults():
+    for expr in ("aot", " aot ", "aot and not slow", "slow or aot", "(aot)"):
+        assert selects_compile_tests(expr), expr
+    for expr in ("", "not aot", "not multidevice and not aot", "not  aot", "multidevice", "aotx"):
+        assert not selects_compile_tests(expr), expr
