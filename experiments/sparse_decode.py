@@ -119,7 +119,7 @@ def greedy_match(config, model: measured_model.MeasuredModel) -> dict:
     prompt = jnp.asarray(model.windows(config.greedy_prompt, 2))
     kw = dict(max_new_tokens=config.greedy_new, temperature=0.0)
     dense, _ = generate(model.graphdef, model.params, prompt, jax.random.key(0),
-                        backend=kvc.DENSE, **kw)
+                        backend=kvc.get_backend("dense"), **kw)
     ffd, _ = generate(model.graphdef, model.params, prompt, jax.random.key(0),
                       backend=kvc.get_backend("ffd", page_size=page, delta=50.0), **kw)
     return {"greedy_token_match": float(jnp.mean(dense == ffd)), "greedy_tokens": int(dense.size)}

@@ -33,9 +33,9 @@ import jax.numpy as jnp
 from core.report import markdown_table
 from core.timing import best_seconds, read_bandwidth_gbs
 from experiments.bench.timing import pick_size
-from kernels import cache_backend
 from kernels.kv_quant import api, cache
 from kernels.kv_quant import reference as ref
+from models.kv_cache import get_backend
 
 SIZES = {
     "smoke": dict(slots=512, head_dim=64, kv_heads=2, groups=2, chunk=128, num_centroids=16,
@@ -92,12 +92,12 @@ def run(size: str = "cpu") -> str:
     q = jax.random.normal(ks[2], (b, h, 1, d), jnp.float32)
     start = jnp.full((b,), slots - 1, jnp.int32)
 
-    dense = cache_backend.DENSE
+    dense = get_backend("dense")
     backends = {
-        "qvg_xla": cache.QVGCache(config=qcfg, implementation="xla"),
-        "qvg_ref": cache.QVGCache(config=qcfg, implementation="reference"),
-        "kivi_xla": cache.KIVICache(config=kcfg, implementation="xla"),
-        "kivi_ref": cache.KIVICache(config=kcfg, implementation="reference"),
+        "qvg_xla": get_backend("qvg", config=qcfg, implementation="xla"),
+        "qvg_ref": get_backend("qvg", config=qcfg, implementation="reference"),
+        "kivi_xla": get_backend("kivi", config=kcfg, implementation="xla"),
+        "kivi_ref": get_backend("kivi", config=kcfg, implementation="reference"),
     }
     layers = {"dense": _fill(dense, b, slots, kh, d, k, v, slots)}
     layers["qvg"] = _fill(backends["qvg_xla"], b, slots, kh, d, k, v, n)

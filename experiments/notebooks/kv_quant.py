@@ -119,27 +119,29 @@ plt.show()
 # the same answer; the fused path reads only the packed cache.
 
 # %%
-from kernels.cache_backend import DENSE
-from kernels.kv_quant import cache
+from kernels.kv_quant.cache import cache_bytes
+from models.kv_cache import get_backend
 
 S = N
 chunk = nbu.size(smoke=64, colab=512)
 kq, vq = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)  # the keys above, as a model's cache
 query = q[:, :, :4].reshape(1, 4 * K, 1, D)  # 4 query heads per kv head, one new token
 start, zero = jnp.array([S - 1], jnp.int32), jnp.zeros((1,), jnp.int32)
+DENSE = get_backend("dense")
 dense = DENSE.attend(DENSE.update(DENSE.init(1, S, K, D, jnp.bfloat16), kq, vq, zero), query, start)
 backends = {
-    "QVG": lambda impl: cache.QVGCache(config=ref.qvg_preset("qvg", num_centroids=16, chunk=chunk,
-                                                             kmeans_iters=4), implementation=impl),
-    "KIVI": lambda impl: cache.KIVICache(config=ref.KIVIConfig(residual=chunk),
-                                         implementation=impl),
+    "QVG": lambda impl: get_backend("qvg", config=ref.qvg_preset("qvg", num_centroids=16,
+                                                                 chunk=chunk, kmeans_iters=4),
+                                    implementation=impl),
+    "KIVI": lambda impl: get_backend("kivi", config=ref.KIVIConfig(residual=chunk),
+                                     implementation=impl),
 }
 for name, make in backends.items():
     be = make("xla")
     layer = jax.jit(be.update)(be.init(1, S, K, D, jnp.bfloat16), kq, vq, zero)
     fused = jax.jit(be.attend)(layer, query, start)
     reference = jax.jit(make("reference").attend)(layer, query, start)
-    print(f"{name}: {cache.cache_bytes([layer]):,} bytes vs dense bf16 {2 * kq.nbytes:,}; "
+    print(f"{name}: {cache_bytes([layer]):,} bytes vs dense bf16 {2 * kq.nbytes:,}; "
           f"fused - reference {float(jnp.abs(fused - reference).max()):.1e}; "
           f"error vs dense attention {quality.relative_error(fused, dense):.3f}")
 

@@ -65,14 +65,14 @@ print(f"q {q.shape}, k/v {k.shape}: {S // P} pages of {P} tokens")
 
 # %% [markdown]
 # ## The FFD cache
-# `FFDCache` is a KV-cache backend (`models.kv_cache.get_backend("ffd")` finds it too): full pages
+# The FFD KV-cache backend (`get_backend("ffd")`, the class `FFDCache`): full pages
 # hold 2-bit codes with a per-channel scale, a float8 residual relative to that scale, and bf16
 # values; the unfinished page stays exact.
 
 # %%
-from kernels.sparse_decode.cache import FFDCache
+from models.kv_cache import get_backend
 
-backend = FFDCache(page_size=P)
+backend = get_backend("ffd", page_size=P)
 cache = backend.init(B, S, K, D, jnp.float32)
 cache = jax.jit(backend.update)(cache, k, v, jnp.zeros((B,), jnp.int32))
 for name, x in cache.items():
