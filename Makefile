@@ -16,7 +16,7 @@ VARIANT ?= tiny
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONHASHSEED := 0
 
-# Compile-only TPU/GPU targets (libtpu, the CUDA plugin and ptxas: about 1.3 GB) live in their own
+# Compile-only TPU/GPU targets (libtpu, the CUDA plugin and ptxas: about 2 GB installed) live in their own
 # venv so that the main one starts JAX without probing for accelerators; see core/aot.py.
 AOT_VENV  := .venv-aot
 AOT_PY    := $(AOT_VENV)/bin/python
