@@ -281,8 +281,8 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
 FAILURE_NOTES = {
     "tuple parameter that is being flattened": (
         "float64 on TPU is emulated: the same fit compiles for one v5e chip (225 s at 1000 rows) "
-        "and in float32 on the 16-chip mesh (10 s); `experiments.judge_btl.aot_precision` compiles it in float32 "
-        "on TPU"),
+        "and in float32 on the 16-chip mesh (10 s); `experiments.judge_btl.aot_precision` "
+        "compiles it in float32 on TPU"),
 }
 
 

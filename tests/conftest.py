@@ -53,7 +53,7 @@ _EMITTER_FLAG = "--xla_cpu_use_fusion_emitters"
 _EMITTER_CHECKED_JAXLIB = ("0.10.",)
 
 
-def _test_xla_flags(flags: str, jaxlib_version: str) -> str:
+def suite_xla_flags(flags: str, jaxlib_version: str) -> str:
     """``flags`` with the suite's code-generation flags added where the caller set none."""
     if _OPT_FLAG not in flags:
         flags = f"{flags} {_OPT_FLAG}=0"
@@ -73,7 +73,7 @@ def pytest_configure(config):
         return
     from importlib import metadata
 
-    os.environ["XLA_FLAGS"] = _test_xla_flags(os.environ.get("XLA_FLAGS", ""),
+    os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""),
                                               metadata.version("jaxlib"))
 
 

@@ -85,9 +85,9 @@ class EpisodeBatches:
     Batch ``i`` is ``(theta [E, T, d], A [E, T, M, d], y [E, T, M])`` float32, the first fields of
     ``sample_episodes(fold_in(key, i), problem, E)``: a function of ``key`` and ``i`` only, so a
     resumed run sees the same episodes, and any mesh the same values up to float32 rounding (each
-    mesh compiles its own program, which may fuse a multiply-add where another does not). The episodes are simulated on
-    the devices by one jitted call whose outputs are laid out along ``mesh``'s ``data`` axis
-    (E / n per device; nothing passes through the host). The simulator's batched draw is one
+    mesh compiles its own program, which may fuse a multiply-add where another does not). The
+    episodes are simulated on the devices by one jitted call whose outputs are laid out along
+    ``mesh``'s ``data`` axis (E / n per device; nothing passes through the host). The simulator's batched draw is one
     ``rbg`` stream for all E episodes, which XLA may compute whole on each device before keeping
     its slice; that is O(E T M d), small beside the training step's rollout and backward pass,
     which are split.

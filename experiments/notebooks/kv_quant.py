@@ -127,8 +127,9 @@ chunk = nbu.size(smoke=64, colab=512)
 kq, vq = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)  # the keys above, as a model's cache
 query = q[:, :, :4].reshape(1, 4 * K, 1, D)  # 4 query heads per kv head, one new token
 start, zero = jnp.array([S - 1], jnp.int32), jnp.zeros((1,), jnp.int32)
-DENSE = get_backend("dense")
-dense = DENSE.attend(DENSE.update(DENSE.init(1, S, K, D, jnp.bfloat16), kq, vq, zero), query, start)
+dense_cache = get_backend("dense")
+dense = dense_cache.attend(
+    dense_cache.update(dense_cache.init(1, S, K, D, jnp.bfloat16), kq, vq, zero), query, start)
 backends = {
     "QVG": lambda impl: get_backend("qvg", config=ref.qvg_preset("qvg", num_centroids=16,
                                                                  chunk=chunk, kmeans_iters=4),
