@@ -33,6 +33,29 @@ def test_kmeans_objective_never_increases_and_finds_separated_clusters():
     np.testing.assert_allclose(float(objs[-1]), optimum, rtol=1e-5)
 
 
+@pytest.mark.parametrize("offset", [100.0, 1e3])
+def test_kmeans_assigns_nearest_centroid_under_a_large_common_offset(offset):
+    # A chunk whose spread (0.1) is small beside its common offset: |x|^2 - 2 x.c + |c|^2 in
+    # float32 loses the distances to cancellation (about half the points went to a centroid that
+    # is not their nearest, and the objective rose). Assignments are checked against brute-force
+    # float64 distances, each Lloyd step's objective against the previous one.
+    rng = np.random.default_rng(7)
+    x = (offset + 0.1 * rng.standard_normal((256, 64))).astype(np.float32)
+    c, a, objs = jax.jit(ref.kmeans, static_argnums=(1, 2))(jnp.asarray(x), 16, 8,
+                                                            jax.random.key(1))
+    x64, c64 = x.astype(np.float64), np.asarray(c, np.float64)
+    d64 = np.sum((x64[:, None, :] - c64[None]) ** 2, -1)
+    chosen = d64[np.arange(len(x)), np.asarray(a)]
+    np.testing.assert_allclose(chosen, d64.min(1), rtol=1e-5)  # rounding-level ties only
+    objs = np.asarray(objs, np.float64)
+    assert np.all(np.diff(objs) <= 1e-6 * objs[0]), objs
+    # The returned objective is that of the returned assignment, in float64.
+    np.testing.assert_allclose(objs[-1], chosen.sum(), rtol=1e-5)
+    # One more Lloyd step from the returned centroids keeps the same nearest-centroid rule.
+    _, a2 = ref.lloyd_step(jnp.asarray(x), c)
+    np.testing.assert_allclose(d64[np.arange(len(x)), np.asarray(a2)], d64.min(1), rtol=1e-5)
+
+
 def test_lloyd_step_from_bad_start_decreases_objective():
     x = jax.random.normal(jax.random.key(1), (64, 4))
     c = x[:8] + 3.0
