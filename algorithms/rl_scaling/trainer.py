@@ -178,9 +178,12 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
 
     Returns:
       (params, opt_state, metrics) with scalar metrics: reward (mean over rollouts), informative
-      (share of groups with mixed rewards), loss, clip_frac, kl, grad_norm, pass_before /
-      pass_after (mean exact pass@1 of the batch problems at the sampling temperature), fallen
-      (share of batch problems whose pass@1 fell), length (mean completion tokens).
+      (share of groups with mixed rewards), loss, clip_frac, ratio_mean, kl and grad_norm (each
+      the mean over the ``inner_steps`` optimizer steps, as TRL's GRPOTrainer and verl average
+      them over their updates on one batch; the first step's ratio is exactly 1, so its own
+      clip_frac is 0), pass_before / pass_after (mean exact pass@1 of the batch problems at the
+      sampling temperature), fallen (share of batch problems whose pass@1 fell), length (mean
+      completion tokens).
     """
     cfg = spec.grpo
     r, t, g = spec.rollouts_per_step, spec.max_new_tokens, spec.problem_rows
@@ -240,7 +243,9 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
             "pass_after": (after * validf).sum() / validf.sum(),
             "fallen": metrics.fraction_fallen(before, after, batch_valid),
             "length": mask.sum(axis=1).astype(jnp.float32).mean(),
-            **{k: v[0] if k in ("loss", "clip_frac") else v[-1] for k, v in inner_m.items()},
+            # Means over the inner steps, as TRL and verl log them: the first step's ratio is 1
+            # by construction, so its clip_frac is 0 and it alone would say nothing.
+            **{k: v.mean() for k, v in inner_m.items()},
         }
         return new_params, opt_state, out
 

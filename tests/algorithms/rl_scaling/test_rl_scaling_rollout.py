@@ -292,7 +292,8 @@ def test_shared_prompt_prefill_matches_repeated_prompts():
 
 def test_rl_step_on_distinct_problem_rows_matches_all_rows():
     """max_problems = R // (smallest n) (prefill and pass-rate probe on G rows) gives the step
-    of max_problems = R, with a first inner step whose ratio is exactly 1 (no clipping)."""
+    of max_problems = R: the same metrics (clip fraction and ratio means over both inner steps
+    included) and the same parameters."""
     gd, params = _model()
     # targets: the policy's own most likely first byte, sampled at a temperature at which it is
     # drawn about half the time, so that groups have mixed rewards
@@ -310,7 +311,6 @@ def test_rl_step_on_distinct_problem_rows_matches_all_rows():
     for k in m_all:
         np.testing.assert_allclose(np.asarray(m_g[k]), np.asarray(m_all[k]), rtol=1e-4,
                                    atol=1e-6, err_msg=k)
-    np.testing.assert_array_equal(np.asarray(m_g["clip_frac"]), [0.0, 0.0])
     for a, b in zip(jax.tree.leaves(p_g), jax.tree.leaves(p_all)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="max_problems"):
@@ -330,3 +330,59 @@ def test_policy_config_follows_the_config_and_the_tokenizer():
                                                                         512)
     tiny = trainer.policy_config(rl_config.get_config("tiny").model, 9, 4)
     assert (tiny.dtype, tiny.remat) == (jnp.float32, "none")
+
+
+def test_rl_step_reports_the_mean_over_inner_steps_and_replays_the_second():
+    """With inner_steps = 2 the step's clip_frac, ratio_mean, loss and grad_norm are the means over
+    both optimizer steps (as TRL and verl log them), not the first step's: that step runs at the
+    behaviour policy (ratio exactly 1, clip fraction 0 by construction). The second step is
+    replayed here on the same rollouts, and its clip fraction counted in NumPy from the ratio."""
+    gd, params = _model()
+    pool, temperature = _self_target_pool()
+    spec = trainer.RLSpec(rollouts_per_step=8, max_new_tokens=4, grpo=_STEP_GRPO,
+                          temperature=temperature)
+    key, n = jax.random.key(3), jnp.int32(2)
+    new_params, _, m = jax.jit(trainer.make_rl_step(gd, _TX, spec))(
+        params, _TX.init(params), key, n, pool)
+
+    # Replay: the step's rollouts, advantages and two updates, from the public pieces.
+    k_batch, k_roll = jax.random.split(key)
+    prob_of_rollout, ids = trainer.sample_batch(k_batch, pool["prompts"].shape[0], 8, n)
+    rows = jnp.arange(8) // n
+    prompts = pool["prompts"][ids[:8]]
+    comps, _, mask = rollout.rollout(gd, params, prompts, k_roll, max_new_tokens=4,
+                                     end_id=tasks.END_ID, temperature=temperature,
+                                     prompt_rows=rows)
+    rewards = tasks.exact_match(comps, pool["targets"][prob_of_rollout],
+                                pool["lens"][prob_of_rollout])
+    adv = grpo.group_advantages(rewards, n, mode=_STEP_GRPO.advantage, eps=_STEP_GRPO.adv_eps)
+
+    def logp(p):
+        return trainer.policy_logprobs(gd, p, prompts, comps, rows, temperature)
+
+    old = logp(params)
+
+    def loss(p):
+        return grpo.grpo_loss(logp(p), old, adv, mask, _STEP_GRPO)[0]
+
+    p, o, losses, norms, clip, ratio_mean = params, _TX.init(params), [], [], [], []
+    for _ in range(2):
+        value, grads = jax.value_and_grad(loss)(p)
+        ratio = np.exp(np.asarray(logp(p), np.float64) - np.asarray(old, np.float64))
+        on = np.asarray(mask)
+        clip.append(np.mean((ratio[on] > 1 + _STEP_GRPO.eps_high)
+                            | (ratio[on] < 1 - _STEP_GRPO.clip_eps)))
+        ratio_mean.append(ratio[on].mean())
+        losses.append(float(value))
+        norms.append(float(optax.tree.norm(grads)))
+        updates, o = _TX.update(grads, o, p)
+        p = optax.apply_updates(p, updates)
+
+    assert clip[0] == 0.0 and ratio_mean[0] == pytest.approx(1.0, abs=1e-6)
+    assert clip[1] > 0.1  # the second step is off-policy and clips: the first alone reads 0
+    assert float(m["clip_frac"]) == pytest.approx(np.mean(clip), abs=1e-6)
+    assert float(m["ratio_mean"]) == pytest.approx(np.mean(ratio_mean), rel=1e-4)
+    assert float(m["loss"]) == pytest.approx(np.mean(losses), rel=1e-4, abs=1e-6)
+    assert float(m["grad_norm"]) == pytest.approx(np.mean(norms), rel=1e-4)
+    for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(p)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
