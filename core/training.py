@@ -314,7 +314,8 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
                on_log: Callable[[int, dict[str, float]], None] | None = None,
                stop_when: Callable[[int, PyTree], bool] | None = None,
                fingerprint: str | None = None,
-               evaluate: Callable[[int, PyTree], dict[str, Any]] | None = None) -> LoopResult:
+               evaluate: Callable[[int, PyTree], dict[str, Any]] | None = None,
+               schedule_steps: int | None = None) -> LoopResult:
     """Runs ``step_fn`` for ``config.num_steps`` steps, resuming from ``workdir`` if possible.
 
     Args:
@@ -345,6 +346,11 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
         step donates it) and should be deterministic in ``(step, state)`` for exact resume
         (derive its keys from ``step``). :class:`EarlyStopping` in ``config`` stops on one of the
         names it returns, and ends training as ``stop_when`` does.
+      schedule_steps: the run length the optimizer's schedule was built for, when the schedule
+        depends on it (e.g. a cosine decay that ends at the last step; ``None``: it does not).
+        Stored with every checkpoint; a checkpoint whose schedule was built for another length
+        is not resumed from (``ValueError``), since the rate would jump to the new schedule's
+        value at the step resumed from and the run would be neither schedule.
 
     Returns:
       :class:`LoopResult` with the final state, the logged history and evaluations
@@ -354,8 +360,8 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
     Raises:
       NonFiniteLossError: a NaN/inf loss; the checkpoint directory keeps the last good step.
       ValueError: ``workdir`` holds a checkpoint of a different run (another fingerprint, or a
-        state of another structure), or one trained beyond ``config.num_steps``; nothing is
-        overwritten. Evaluation steps or early stopping without ``evaluate``, or an
+        state of another structure), one trained beyond ``config.num_steps``, or one whose
+        ``schedule_steps`` differs from this call's; nothing is overwritten. Evaluation steps or early stopping without ``evaluate``, or an
         ``evaluate`` result without the early-stopping metric.
       core.checkpoint.CheckpointRestoreError: no checkpoint in ``workdir`` restores cleanly. (A
         damaged newest step with an intact older one is not an error: the older one is restored
@@ -367,7 +373,7 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
         raise ValueError(f"{config.desc}: LoopConfig asks for evaluations (eval_every, "
                          "eval_every_epoch or eval_steps) but no evaluate function was given")
     args = (step_fn, state, batches, key, config, workdir, put_batch, on_log, stop_when,
-            fingerprint, evaluate)
+            fingerprint, evaluate, schedule_steps)
     if workdir is None or jax.process_index() != 0:
         return _train_loop(*args)
     with run_dir_lock(workdir):
@@ -380,7 +386,7 @@ def _copy(tree: PyTree) -> PyTree:
 
 
 def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log, stop_when,
-                fingerprint, evaluate) -> LoopResult:
+                fingerprint, evaluate, schedule_steps) -> LoopResult:
     jitted = jax.jit(step_fn, donate_argnums=0)
     early = config.early_stopping
     ckpt = Checkpointer(files.join(workdir, "checkpoints"), config.keep_checkpoints) if workdir \
@@ -415,6 +421,17 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
                 f"{config.desc}: {ckpt.directory} holds this run trained to step {start}, beyond "
                 f"num_steps={config.num_steps}; ask for at least {start} steps to reuse it, or use "
                 "another --workdir")
+        # A checkpoint from before schedule_steps was stored: its run's schedule was built for
+        # the steps it was asked for (the only callers that pass schedule_steps pass num_steps).
+        stored = meta.get("schedule_steps", meta.get("target_steps"))
+        if schedule_steps is not None and stored is not None and int(stored) != schedule_steps:
+            ckpt.close()
+            raise ValueError(
+                f"{config.desc}: {ckpt.directory} holds a run (at step {start}) whose learning-rate "
+                f"schedule was built for {int(stored)} steps, and this run's for {schedule_steps}; "
+                f"continuing would switch schedules at step {start} and train neither. Ask for "
+                f"{int(stored)} steps to finish or restore that run, or use another --workdir to "
+                f"train {schedule_steps} steps afresh")
         batches.position = int(meta["data_position"])
         tracker.update({k: meta[k] for k in tracker if k in meta})
         if meta.get("stopped_early"):
@@ -517,6 +534,8 @@ def _train_loop(step_fn, state, batches, key, config, workdir, put_batch, on_log
                     meta.update(tracker)
                 if fingerprint is not None:
                     meta["fingerprint"] = fingerprint
+                if schedule_steps is not None:
+                    meta["schedule_steps"] = int(schedule_steps)
                 last_good = None  # unknown until the save returns (it may raise after committing)
                 ckpt.save(step_done, packed(state, best), meta)
                 last_good = step_done

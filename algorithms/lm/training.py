@@ -44,14 +44,21 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
     return TransformerConfig(vocab_size=vocab_size, causal=True, **m)
 
 
-def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """AdamW (b1 0.9, b2 0.95) with linear warm-up to ``learning_rate`` over ``warmup_steps``,
-    cosine decay to a tenth of it at ``steps``, after global-norm clipping at ``grad_clip``."""
-    schedule = optax.warmup_cosine_decay_schedule(
+def learning_rate(config: ml_collections.ConfigDict) -> optax.Schedule:
+    """The learning rate at each update count: linear warm-up from 0 to ``learning_rate`` over
+    ``warmup_steps``, then cosine decay to a tenth of it at ``steps`` (constant after), so the
+    schedule is built for ``steps`` (:func:`train` refuses to continue a run asked for another)."""
+    return optax.warmup_cosine_decay_schedule(
         0.0, config.learning_rate, config.warmup_steps, max(config.steps, config.warmup_steps + 1),
         end_value=config.learning_rate * 0.1)
+
+
+def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """AdamW (b1 0.9, b2 0.95) under :func:`learning_rate`, after global-norm clipping at
+    ``grad_clip``."""
     return optax.chain(optax.clip_by_global_norm(config.grad_clip),
-                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=config.weight_decay))
+                       optax.adamw(learning_rate(config), b1=0.9, b2=0.95,
+                                   weight_decay=config.weight_decay))
 
 
 def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
@@ -68,7 +75,9 @@ def lm_loss(model: Transformer, tokens: jax.Array, key: jax.Array):
 
 
 def fingerprint(config: ml_collections.ConfigDict) -> str:
-    """The settings that shape a run (not ``steps``: a finished run can be extended)."""
+    """The settings that shape a run, but for ``steps``, which :func:`train` checks on its own
+    (the learning-rate schedule is built for ``steps``: a checkpoint of a run asked for another
+    number of steps is refused with a message that names both)."""
     return config_fingerprint(config.model, config.data_path, config.seed, config.val_fraction,
                               config.seq_len, config.batch_size, config.learning_rate,
                               config.warmup_steps, config.weight_decay, config.grad_clip)
@@ -89,11 +98,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
           desc: str = "lm") -> TrainedLM:
     """Trains the LM of ``config`` in ``workdir`` (``<workdir>/checkpoints``,
     ``train_metrics.jsonl``), resuming from its newest intact checkpoint; a finished run is only
-    restored.
+    restored. The cosine schedule decays to a tenth at ``steps`` (:func:`optimizer`), so a
+    checkpoint of a run asked for another number of steps is not resumed from: finishing it
+    under this schedule would train neither run.
 
     Raises:
       ValueError: ``seq_len`` above ``model.max_len``, a checkpoint of another run in
-        ``workdir`` (settings fingerprint), a ``model_parallelism`` that does not divide the heads
+        ``workdir`` (settings fingerprint), or of this run asked for another ``steps`` (one
+        line naming both step counts), a ``model_parallelism`` that does not divide the heads
         or MLP width, an attention implementation the platform lacks, or unreadable or unsplittable
         text at ``data_path`` (naming the file, :func:`core.data.text.load_corpus`), or a split
         shorter than one window of ``seq_len + 1`` tokens.
@@ -129,5 +141,5 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         LoopConfig(num_steps=config.steps, log_every=config.log_every,
                    checkpoint_every=config.checkpoint_every, progress=progress, desc=desc),
         workdir=workdir, put_batch=lambda b: sharding.shard_batch(b, mesh),
-        fingerprint=fingerprint(config))
+        fingerprint=fingerprint(config), schedule_steps=int(config.steps))
     return TrainedLM(graphdef, result.state["params"], mcfg, corpus, result)
