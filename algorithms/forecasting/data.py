@@ -14,7 +14,7 @@ training segment's mean and (population) standard deviation.
 
 from __future__ import annotations
 
-import math
+import warnings
 
 import numpy as np
 
@@ -108,18 +108,105 @@ def gather_windows(series: np.ndarray, starts: np.ndarray, input_len: int, horiz
     return w[:, :input_len], w[:, input_len:]
 
 
+def _datetime_index(timestamps: tuple[str, ...]):
+    """The timestamps as a ``pandas.DatetimeIndex``, or ``None`` for undated rows (plain numbers
+    other than ``YYYYMMDD``) and text pandas cannot read."""
+    import pandas as pd
+
+    stamps = [t.strip() for t in timestamps]
+    if all(t.lstrip("+-").replace(".", "", 1).isdigit() for t in stamps) and not all(
+            len(t) == 8 and t.isdigit() for t in stamps):
+        return None  # indices, or years as plain integers: no calendar step to read
+    for fmt in ("ISO8601", None):  # None: pandas' own guess, which reads YYYYQn
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return pd.DatetimeIndex(pd.to_datetime(stamps, format=fmt))
+        except (ValueError, TypeError, OverflowError):
+            continue
+    return None
+
+
 def seasonal_period_guess(timestamps: tuple[str, ...] | None) -> int:
-    """A seasonal period from the timestamp spacing (used by the seasonal-naive baseline): one day
-    for sub-daily data (24 hourly, 48 half-hourly, 96 at 15 minutes), 7 for daily data, and 1 (the
-    naive last-value forecast) for undated rows such as exchange rates."""
-    if not timestamps or len(timestamps) < 2:
+    """The seasonal period, in steps, of a series at the timestamps ``timestamps`` (used by the
+    seasonal-naive baseline when ``seasonal_period = 0``).
+
+    The step is the frequency ``pandas.infer_freq`` finds (every one it can infer); the period is
+    the length of the calendar cycle above it, as forecasting texts set a series' frequency
+    (Hyndman & Athanasopoulos, *Forecasting: Principles and Practice*, 3rd ed., Sec. 2.1):
+
+      * k minutes or k hours (``min``, ``h``): one day, 1440 / (minutes per step);
+      * k seconds (``s``; not whole minutes): one hour, 3600 / k;
+      * k business hours (``bh``): one business day, (opening hours, 8 by default) / k;
+      * k days (``D``): one week, 7 / k;  k business days (``B``): one business week, 5 / k;
+      * k weeks (``W-SUN``, ...): one year, 52 / k;
+      * k months (``MS``, ``ME``, ``BMS``, ``BME``, one week a month ``WOM-1MON``): 12 / k;
+      * k quarters (``QS-JAN``, ``QE-DEC``, ``BQS-JAN``, ``BQE-DEC``): 4 / k;
+      * years (``YS-JAN``, ``YE-DEC``, ``BYS-JAN``, ``BYE-DEC``): 1 (no cycle above the step).
+
+    As gluonts' ``get_seasonality``, a multiple k of the step that does not divide the cycle
+    (5 hours, 2 days, 3 weeks) gets 1, as do years, sub-second steps, undated rows (plain numbers
+    such as exchange-rate indices), fewer than 3 timestamps and timestamps at no single pandas
+    frequency (e.g. business days with holidays left out): period 1 is the naive last-value
+    forecast. gluonts uses the same cycles but for days and weeks, where it sets 1 (no weekly or
+    yearly season); 7 and 52 are the cycles a seasonal-naive forecast of daily and weekly data
+    repeats (the forecasting texts' ``frequency``).
+
+    Args:
+      timestamps: T strings as :class:`core.data.series.Table` keeps them (ISO 8601, ``YYYYMMDD``,
+        ``YYYYQn``, plain numbers) or ``None``.
+
+    Returns:
+      int >= 1.
+    """
+    import pandas as pd
+
+    if not timestamps or len(timestamps) < 3:
+        return 1
+    index = _datetime_index(timestamps)
+    if index is None:
         return 1
     try:
-        a, b = (np.datetime64(t.replace(" ", "T")) for t in timestamps[:2])
-    except ValueError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pandas 3 announces infer_freq's return type
+            freq = pd.infer_freq(index)
+    except (ValueError, TypeError):
         return 1
-    minutes = (b - a) / np.timedelta64(1, "m")
-    if not minutes > 0 or not math.isfinite(minutes):
+    if freq is None:
         return 1
-    per_day = 24 * 60 / minutes
-    return int(round(per_day)) if per_day >= 2 else 7
+    offset = pd.tseries.frequencies.to_offset(freq)
+    k, o = int(offset.n), pd.offsets
+    if k < 1:
+        return 1
+    if isinstance(offset, o.Tick):  # fixed durations: hours, minutes, seconds and below
+        nanos = int(offset.nanos)
+        minute, second = 60 * 10**9, 10**9
+        if nanos % minute == 0:
+            cycle, k = 24 * 60, nanos // minute
+        elif nanos % second == 0:
+            cycle, k = 60 * 60, nanos // second
+        else:
+            return 1
+    elif isinstance(offset, o.Day):
+        cycle = 7
+    elif isinstance(offset, o.BusinessHour):
+        opens = [h.hour * 60 + h.minute for h in offset.start]
+        closes = [h.hour * 60 + h.minute for h in offset.end]
+        minutes = sum((c - a) % (24 * 60) for a, c in zip(opens, closes, strict=True))
+        cycle = minutes // 60 if minutes % 60 == 0 else 1
+    elif isinstance(offset, (o.BusinessDay, o.CustomBusinessDay)):
+        cycle = 5
+    elif isinstance(offset, o.Week):
+        cycle = 52
+    elif isinstance(offset, (o.MonthBegin, o.MonthEnd, o.BusinessMonthBegin, o.BusinessMonthEnd,
+                             o.CustomBusinessMonthBegin, o.CustomBusinessMonthEnd,
+                             o.WeekOfMonth, o.LastWeekOfMonth)):
+        cycle = 12
+    elif isinstance(offset, (o.SemiMonthBegin, o.SemiMonthEnd)):
+        cycle = 24
+    elif isinstance(offset, (o.QuarterBegin, o.QuarterEnd, o.BQuarterBegin, o.BQuarterEnd)):
+        cycle = 4
+    else:  # years, and anything else: no cycle above the step
+        return 1
+    period, rest = divmod(cycle, k)
+    return period if period >= 1 and rest == 0 else 1

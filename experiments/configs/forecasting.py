@@ -52,7 +52,7 @@ def base() -> ml_collections.ConfigDict:
     c.baselines = ("gaussian_prior", "linear", "seasonal_naive", "arima")
     c.gaussian_learning_rate = 1e-3
     c.linear_ridge = 1e-3
-    c.seasonal_period = 0       # 0 = from the timestamps (one day for sub-daily data)
+    c.seasonal_period = 0       # 0 = from the timestamps (data.seasonal_period_guess)
     c.arima_order = (2, 0, 1)
     c.arima_seasonal_order = (1, 0, 0, 24)
     c.arima_fit_steps = 1000    # the last this-many training steps fit the ARIMA parameters

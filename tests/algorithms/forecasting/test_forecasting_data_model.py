@@ -27,6 +27,52 @@ def test_parse_ett_and_headerless():
     assert data.seasonal_period_guess(t.timestamps) == 24
 
 
+# Every frequency pandas.infer_freq returns, with the period a seasonal-naive forecast repeats
+# (the calendar cycle above the step; a multiple that does not divide the cycle: 1). Written out
+# by hand, not computed by the code under test.
+SEASONAL_PERIODS = [
+    ("s", 3600), ("30s", 120), ("90s", 40), ("7s", 1), ("ms", 1), ("us", 1),
+    ("min", 1440), ("2min", 720), ("7min", 1), ("10min", 144), ("15min", 96), ("30min", 48),
+    ("h", 24), ("2h", 12), ("5h", 1), ("bh", 8),
+    ("D", 7), ("2D", 1), ("B", 5),
+    ("W-SUN", 52), ("W-WED", 52), ("2W-MON", 26), ("4W-SUN", 13), ("3W-SUN", 1),
+    ("WOM-1MON", 12),
+    ("MS", 12), ("ME", 12), ("BMS", 12), ("BME", 12), ("2MS", 6), ("5MS", 1),
+    ("QS-JAN", 4), ("QE-DEC", 4), ("QS-MAR", 4), ("BQS-JAN", 4), ("BQE-DEC", 4), ("2QS-JAN", 2),
+    ("YS-JAN", 1), ("YE-DEC", 1), ("BYS-JAN", 1), ("BYE-DEC", 1),
+]
+
+
+@pytest.mark.parametrize("freq,period", SEASONAL_PERIODS)
+def test_seasonal_period_of_every_inferable_frequency(freq, period):
+    import pandas as pd
+
+    index = pd.date_range("2019-12-30 09:00", periods=40, freq=freq)
+    stamps = tuple(str(t) for t in index)
+    assert data.seasonal_period_guess(stamps) == period
+
+
+def test_seasonal_period_of_files_as_the_reader_keeps_them():
+    """Weekly and monthly files (which read 7 from the step before) give 52 and 12; quarters as
+    YYYYQn 4; YYYYMMDD days 7; plain integers (undated) and two rows 1."""
+    def stamps(first_column):
+        text = "date,x\n" + "".join(f"{t},{i % 5}.5\n" for i, t in enumerate(first_column))
+        return data.parse_table(text, "s.csv").timestamps
+
+    weekly = [str(np.datetime64("2020-01-05") + np.timedelta64(7 * i, "D")) for i in range(30)]
+    monthly = [f"{2000 + i // 12}-{i % 12 + 1:02d}-01" for i in range(30)]
+    quarterly = [f"{1959 + i // 4}Q{i % 4 + 1}" for i in range(30)]
+    compact = [str(np.datetime64("2020-02-20") + np.timedelta64(i, "D")).replace("-", "")
+               for i in range(30)]
+    assert data.seasonal_period_guess(stamps(weekly)) == 52
+    assert data.seasonal_period_guess(stamps(monthly)) == 12
+    assert data.seasonal_period_guess(stamps(quarterly)) == 4
+    assert data.seasonal_period_guess(stamps(compact)) == 7
+    assert data.seasonal_period_guess(stamps([str(1990 + i) for i in range(30)])) == 1
+    assert data.seasonal_period_guess(stamps(weekly[:2])) == 1
+    assert data.seasonal_period_guess(None) == 1
+
+
 @pytest.mark.parametrize("text,match", [
     ("date,A\n2016,1\n2016,x1\n", r"x.csv, line 3, column 'A': non-numeric cell 'x1'"),
     ("date,A,B\n2016,1,2\n2016,1\n", r"line 3: 2 cells, expected 3"),
