@@ -164,6 +164,8 @@ class StepCompile:
       bytes_accessed: XLA's HBM bytes per device (None on GPU); loop bodies counted once.
       seconds: wall time of lowering plus compiling (both compiles when a fallback was needed).
       fallback: the ``core.aot.CompileFallback`` the compile needed (None: XLA's defaults).
+      hlo_text: the compiled program's text (``compiled.as_text()``) on TPU, whose instructions
+        carry XLA's ``estimated_cycles`` (``core.tpu_schedule``); None on other platforms.
     """
 
     memory: dict[str, int]
@@ -171,6 +173,7 @@ class StepCompile:
     bytes_accessed: float | None
     seconds: float
     fallback: aot.CompileFallback | None = None
+    hlo_text: str | None = None
 
     @property
     def needed_bytes(self) -> int:
@@ -215,7 +218,8 @@ def compile_step(fn: Callable, args: tuple, *, donate_argnums: tuple[int, ...] =
     with timing.Stopwatch() as clock:
         lowered = jax.jit(fn, donate_argnums=donate_argnums,
                           static_argnums=static_argnums).lower(*args)
-        compiled, fallback = aot.compile_lowered(lowered, _platform(args, static_argnums))
+        platform = _platform(args, static_argnums)
+        compiled, fallback = aot.compile_lowered(lowered, platform)
     seconds = clock.seconds
     memory = aot.memory_bytes(compiled)
     try:
@@ -226,7 +230,8 @@ def compile_step(fn: Callable, args: tuple, *, donate_argnums: tuple[int, ...] =
         cost = cost[0] if cost else None
     flops = float(cost["flops"]) if cost and "flops" in cost else None
     nbytes = float(cost["bytes accessed"]) if cost and "bytes accessed" in cost else None
-    return StepCompile(memory, flops, nbytes, seconds, fallback)
+    return StepCompile(memory, flops, nbytes, seconds, fallback,
+                       compiled.as_text() if platform == "tpu" else None)
 
 
 def _platform(args: tuple, static_argnums: tuple[int, ...]) -> str:
@@ -325,6 +330,9 @@ class StepSpec:
         change the step for this target; None otherwise. Shown in ``AOT.md``.
       layer_loop: the layers run in one loop (``scan_layers``): XLA's cost analysis counts one
         block, so the row gets no roofline.
+      dynamic_trips: {Pallas kernel name: iterations} of kernel loops whose bound is a runtime
+        value, as the kernel's cost estimate assumes (for the static step time,
+        ``core.tpu_schedule.static_step``); None if there are none.
     """
 
     fn: Callable
@@ -336,6 +344,7 @@ class StepSpec:
     x64: bool = False
     fallback: tuple[str, str] | None = None
     layer_loop: bool = False
+    dynamic_trips: dict[str, int] | None = None
 
 
 # What an experiment's ``paper_steps()`` returns: step name -> (builder(devices) -> StepSpec,

@@ -41,7 +41,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core import aot, aot_steps, timing
+from core import aot, aot_steps, timing, tpu_schedule
 
 DEFAULT_TOPOLOGIES = ("v5e:4x4", "v6e:4x4", "h100:1x2x8", "h200:1x2x8")
 
@@ -103,6 +103,8 @@ def compile_row(step: str, topology: str) -> dict:
     topo = aot_steps.pod_topology(topology)
     row: dict[str, Any] = {"step": step, "topology": topology, "chip": topo.chip,
                            "chips": topo.num_devices}
+    dump = tpu_schedule.dump_enabled() if topo.chip.startswith("tpu") else None
+    before = set(os.listdir(dump)) if dump and os.path.isdir(dump) else set()
     with timing.Stopwatch() as clock:
         try:
             devices = aot_steps.pod_devices(topology)
@@ -120,6 +122,8 @@ def compile_row(step: str, topology: str) -> dict:
     row.update(status="ok", seconds=result.seconds, memory=result.memory,
                needed_bytes=result.needed_bytes, flops=result.flops,
                bytes_accessed=result.bytes_accessed)
+    if dump and result.hlo_text is not None:
+        row.update(static_schedule(dump, before, result.hlo_text, topo.chip, spec.dynamic_trips))
     if spec.fallback is not None:
         row.update(fallback_change=spec.fallback[0], fallback=spec.fallback[1])
     if result.fallback is not None:
@@ -127,6 +131,28 @@ def compile_row(step: str, topology: str) -> dict:
                    fallback_change=", ".join(f"`{k}={v}`" for k, v in
                                              result.fallback.options.items()))
     return row
+
+
+def static_schedule(dump: str, before: set[str], hlo_text: str, chip: str,
+                    dynamic_trips: dict[str, int] | None = None) -> dict:
+    """``{"static": ...}``: the static step time of the program just compiled (its kernels'
+    schedules from the files libtpu added to the dump folder ``dump`` since ``before``, plus XLA's
+    estimated cycles; ``core.tpu_schedule.static_step``), or ``{"static_note": why not}``. The
+    program's dump files are deleted."""
+    new = sorted(set(os.listdir(dump)) - before) if os.path.isdir(dump) else []
+    try:
+        st = tpu_schedule.static_step(tpu_schedule.read_dump(dump, files=new), hlo_text, chip,
+                                      dynamic_trips)
+        out = {"static": {"seconds": st.seconds, "kernel_cycles": st.kernel_cycles,
+                          "xla_cycles": st.xla_cycles, "clock_hz": st.clock_hz,
+                          "kernels": list(st.kernels)}}
+    except ValueError as e:
+        out = {"static_note": one_line(e)}
+    for name in new:
+        path = os.path.join(dump, name)
+        if os.path.isfile(path):
+            os.unlink(path)
+    return out
 
 
 def add_roofline(row: dict) -> dict:
@@ -204,6 +230,21 @@ def fit_cell(row: dict | None) -> str:
             f"{mark}")
 
 
+def static_cell(row: dict) -> str:
+    """The static step time of a TPU row (``>= 15.5 ms``: a lower bound from the compiler's
+    schedule, ``core.tpu_schedule``) with its kernels' share and each kernel's bound unit, or
+    ``-``."""
+    st = row.get("static")
+    if st is None:
+        return "-"
+    total = st["kernel_cycles"] + st["xla_cycles"]
+    cell = f">= {st['seconds'] * 1e3:.1f} ms"
+    if st["kernels"]:
+        bound = ", ".join(sorted({k["bound_unit"] for k in st["kernels"] if "bound_unit" in k}))
+        cell += f" (kernels {st['kernel_cycles'] / total:.0%}" + (f", {bound}" if bound else "") + ")"
+    return cell
+
+
 def _fallback_change(row: dict) -> str:
     """What a fallback row changed: the builder's words, else the compile options."""
     return row.get("fallback_change") or ", ".join(
@@ -227,8 +268,8 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
     out += ["", "## Details (per device)", ""]
     if ok:
         out += ["| step | topology | sizes | arguments | outputs (aliased) | temporaries | code | "
-                "XLA FLOPs | XLA bytes | roofline step | bound | MFU | compile s |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "XLA FLOPs | XLA bytes | roofline step | bound | MFU | static step | compile s |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(ok, key=lambda r: (list(steps).index(r["step"]) if r["step"] in steps
                                            else len(steps), r["topology"])):
             m = r["memory"]
@@ -246,7 +287,7 @@ def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str]
                 _gib(m["generated_code"]), flops, nbytes, step_t,
                 "-" if rf is None else rf["bound"],
                 "-" if rf is None or rf["mfu"] is None else _percent(rf["mfu"]),
-                f"{r['seconds']:.0f} |"]))
+                static_cell(r), f"{r['seconds']:.0f} |"]))
     else:
         out.append("No step has compiled yet.")
     fell_back = [r for r in ok if r.get("fallback")]
@@ -320,7 +361,13 @@ NOTES = (
     "counts a loop body once (layer scans, blockwise attention), so the roofline uses the larger "
     "of XLA's FLOP count and the model's share per chip (shown as \"model: ...\" when larger); "
     "XLA's byte count is its estimate of HBM traffic after fusion (a loop body again counted "
-    "once; rows whose layers are scanned therefore have no roofline). Train steps with "
+    "once; rows whose layers are scanned therefore have no roofline). Static step (TPU, loop-free "
+    "programs): a lower bound from the compiler's own schedule (`core/tpu_schedule.py`): each "
+    "Pallas kernel's VLIW bundles weighted by its loops' trip counts, times its calls, plus XLA's "
+    "estimated cycles of every other instruction, at the TensorCore clock (v5e 1.50 GHz, v6e "
+    "1.75 GHz); no stalls or DMA latency are counted. Beside it: the kernels' share of those "
+    "cycles and the unit that bounds each kernel's inner loop (AOT.md.json, `static`: per kernel "
+    "its cycles, calls, inner-loop bundles and trips, and slot utilization per unit). Train steps with "
     "attention 'auto' run splash attention on TPU; on GPU they run "
     "blockwise attention here, because cuDNN's is chosen only when a GPU is attached while "
     "tracing, so their GPU temporaries are an upper bound. The Llama-3-8B decode rows run FFD's "
@@ -454,7 +501,13 @@ def main(argv: Sequence[str]) -> None:
         steps = parse_list(f.steps, list(STEPS), "steps") if f.steps != "all" else list(STEPS)
         topos = parse_list(f.topologies, aot_steps.topology_names(), "topologies")
         only = [p.strip() for p in f.only.split(",") if p.strip()]
-        run(f.out, steps, topos, fresh=f.fresh, retry_failed=f.retry_failed, only=only)
+        with tempfile.TemporaryDirectory(prefix="libtpu-schedules-") as dump:
+            # every TPU program's final schedule (core.tpu_schedule), read and deleted per row;
+            # libtpu reads these flags once, when it loads
+            if tpu_schedule.dump_enabled() is None:
+                os.environ["LIBTPU_INIT_ARGS"] = " ".join(filter(None, (
+                    os.environ.get("LIBTPU_INIT_ARGS", ""), tpu_schedule.dump_flags(dump))))
+            run(f.out, steps, topos, fresh=f.fresh, retry_failed=f.retry_failed, only=only)
     except (ValueError, aot.CompileExtrasMissing) as e:
         print(f"aot: {e}", file=sys.stderr)
         sys.exit(2)

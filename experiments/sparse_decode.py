@@ -509,6 +509,19 @@ def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLA
             jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=per_row))
     n = aot_steps.count_params(params)
     flops = 2.0 * n + 4.0 * cfg.num_layers * cfg.num_heads * cfg.dim_per_head * context
+    dynamic_trips = None
+    if backend_name == "ffd" and kernel == "pallas_tpu":
+        # the attention kernel's rounds over the kept pages (a runtime count): as many as its
+        # cost estimate assumes, ceil(kept / pages per round)
+        import inspect
+
+        from kernels.sparse_decode import cost as sd_cost
+        from kernels.sparse_decode import pallas_tpu as sd_tpu
+        pages = context // sd.page_size
+        per_round = inspect.signature(sd_tpu.ffd_pages_attention).parameters[
+            "pages_per_round"].default
+        dynamic_trips = {"ffd_pages_attention": math.ceil(
+            sd_cost.kept_pages(pages, pages, f) / per_round)}
     if flush:
         return aot_steps.StepSpec(
             flush_step(graphdef, backend), args, (1,), None, n,
@@ -519,7 +532,8 @@ def llama_decode_spec(backend_name: str, batch: int, devices, context: int = LLA
         decode_step(graphdef, backend), args, (1,), flops * batch, n,
         f"{what} cache, B {batch} x 1 new token over {context} slots, Llama-3-8B shape "
         f"({n / 1e9:.2f}B params, bf16, {cfg.kv_heads} kv heads x D {cfg.dim_per_head}), mesh "
-        f"data {mesh.shape[sharding.DATA]} x model {mesh.shape[sharding.MODEL]}")
+        f"data {mesh.shape[sharding.DATA]} x model {mesh.shape[sharding.MODEL]}",
+        dynamic_trips=dynamic_trips)
 
 
 def paper_steps():

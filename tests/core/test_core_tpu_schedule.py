@@ -1,0 +1,126 @@
+"""core.tpu_schedule: reading libtpu's final VLIW schedules.
+
+The fixtures under ``data/tpu_schedule/`` are real libtpu 0.0.42.1 dumps (the final passes only,
+``core.tpu_schedule.dump_flags``) of two small Pallas kernels compiled for a compile-only v5e:
+``tiny_loop`` (a 16-trip ``fori_loop`` over 8 x 128 rows, ``sin(v) * v`` each), with the XLA fusion
+around it and the compiled HLO (its Mosaic body removed), and ``nested/tiny_grid`` (grid 3, two
+nested ``fori_loop``s of 5 and 16 trips). The compile test (``test_core_tpu_schedule_compile.py``)
+checks the reader on fresh compiles.
+"""
+
+import pathlib
+import re
+import shutil
+
+import pytest
+
+from core import tpu_schedule as ts
+
+DATA = pathlib.Path(__file__).parent / "data" / "tpu_schedule"
+
+
+def _bundle_lines(path):
+    return [ln for ln in path.read_text().splitlines()
+            if re.match(r"^\s*(0x[0-9a-f]+|\d+)\s+(LB:|PF:|PB:|LH:|LE:|CT:)?\s*:?\s*>*\s*\{", ln)]
+
+
+def test_reads_the_kernel_and_its_loop_from_a_stored_dump():
+    kernels = ts.read_dump(DATA)
+    assert list(kernels) == ["tiny_loop.1"]  # the XLA fusion beside it is not a kernel
+    k = kernels["tiny_loop.1"]
+    bundle_file = next(DATA.glob("*tiny_loop.1-*-final_bundles.txt"))
+    assert k.bundles == len(_bundle_lines(bundle_file)) == 84
+    (loop,) = k.loops
+    # the loop runs from its LB: bundle 0x6 through 0x52 (the branch at 0x4e and its four delay
+    # slots), 16 trips as the fori_loop says
+    assert (loop.start, loop.depth, loop.bundles, loop.trips) == (6, 1, 0x52 - 0x6 + 1, 16)
+    assert k.inner_loop == loop and loop.bound_unit == "VALU"  # sin's range reduction
+    assert k.cycles == (k.bundles - loop.bundles) + 16 * loop.bundles
+    assert all(0.0 <= u <= 1.0 for u in loop.utilization.values())
+    assert set(ts.read_dump(DATA, kernels_only=False)) == {"tiny_loop.1", "multiply_add_fusion"}
+
+
+def test_nested_loops_multiply_their_trip_counts():
+    (k,) = ts.read_dump(DATA / "nested").values()
+    grid, mid, inner = k.loops
+    assert [lp.depth for lp in k.loops] == [1, 2, 3]
+    # grid of 3 runs 3 + 2 pipeline steps (prologue and epilogue); the fori_loops 5 and 16
+    assert [lp.trips for lp in k.loops] == [5, 5, 16]
+    assert grid.start < mid.start < inner.start
+    assert inner.start + inner.bundles <= mid.start + mid.bundles <= grid.start + grid.bundles
+    assert k.inner_loop == inner
+    expected = ((k.bundles - grid.bundles) + 5 * (grid.bundles - mid.bundles)
+                + 25 * (mid.bundles - inner.bundles) + 25 * 16 * inner.bundles)
+    assert k.cycles == expected == 4729
+
+
+def test_static_step_adds_the_kernels_to_xla_estimated_cycles():
+    hlo = (DATA / "compiled_hlo.txt").read_text()
+    assert ts.kernel_calls(hlo) == {"tiny_loop.1": ["tiny_loop.1"]}
+    assert ts.xla_estimated_cycles(hlo) == 1832  # the multiply_add fusion after the kernel
+    st = ts.static_step(ts.read_dump(DATA), hlo, "tpu-v5e")
+    assert st.kernel_cycles == 1239 and st.xla_cycles == 1832
+    assert st.clock_hz == pytest.approx(1.503e9, rel=1e-3)
+    assert st.seconds == pytest.approx((1239 + 1832) / st.clock_hz, rel=1e-12)
+    (row,) = st.kernels
+    assert row["calls"] == 1 and row["inner_loop_trips"] == 16 and row["bound_unit"] == "VALU"
+
+
+def test_clocks_follow_from_the_published_peaks():
+    # peak bf16 = 2 x MXU MACs per cycle x clock: v5e 4 x 128^2, v6e 4 x 256^2
+    assert ts.CLOCK_HZ["tpu-v5e"] * 2 * 4 * 128 ** 2 == pytest.approx(197e12)
+    assert ts.CLOCK_HZ["tpu-v6e"] * 2 * 4 * 256 ** 2 == pytest.approx(918e12)
+
+
+def test_a_dynamic_loop_needs_an_assumed_trip_count(tmp_path):
+    # the same kernel with its exit test's bound replaced by a register: no static trip count
+    for f in DATA.glob("*tiny_loop*"):
+        text = f.read_text()
+        if f.name.endswith("final_bundles.txt"):
+            text, n = re.subn(r"(%s\w+), 16 /\* loop exit test \*/", r"\1, %s99_s30 /* loop exit test */", text)
+            assert n == 1
+        (tmp_path / f.name).write_text(text)
+    (k,) = ts.read_dump(tmp_path).values()
+    assert k.loops[0].trips is None and k.dynamic and k.cycles is None
+    assert k.cycles_at(3) == (k.bundles - k.loops[0].bundles) + 3 * k.loops[0].bundles
+    hlo = (DATA / "compiled_hlo.txt").read_text()
+    with pytest.raises(ValueError, match="without a static trip count; pass dynamic_trips=.'tiny_loop'"):
+        ts.static_step(ts.read_dump(tmp_path), hlo, "tpu-v5e")
+    st = ts.static_step(ts.read_dump(tmp_path), hlo, "tpu-v5e", {"tiny_loop": 3})
+    assert st.kernel_cycles == k.cycles_at(3) and st.kernels[0]["assumed_trips"] == 3
+    with pytest.raises(ValueError, match="dynamic_trips=-1"):
+        k.cycles_at(-1)
+
+
+def test_bad_dumps_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="is not a folder"):
+        ts.read_dump(tmp_path / "missing")
+    bundles = next(DATA.glob("*tiny_loop.1-*-final_bundles.txt"))
+    shutil.copy(bundles, tmp_path / bundles.name)
+    with pytest.raises(ValueError, match="'tiny_loop.1' has only its \\['final_bundles'\\] file"):
+        ts.read_dump(tmp_path)
+    util = next(DATA.glob("*tiny_loop.1-*-utilization.txt"))
+    (tmp_path / util.name).write_text(util.read_text() + "0 0 0 0 0 0 0 0 0 0\n")
+    with pytest.raises(ValueError, match="84 bundles but 85 utilization rows"):
+        ts.read_dump(tmp_path)
+    with pytest.raises(ValueError, match="no VLIW bundle lines"):
+        ts.parse_bundles("nothing here", "x")
+    with pytest.raises(ValueError, match="CAPACTIY.*UTILIZATION"):
+        ts.parse_utilization("== UTILIZATION:\n0 1\n", "x")
+    hlo = (DATA / "compiled_hlo.txt").read_text()
+    with pytest.raises(ValueError, match="target 'h100' has no clock"):
+        ts.static_step({}, hlo, "h100")
+    with pytest.raises(ValueError, match="kernel 'tiny_loop.1' \\(1 calls\\) has no schedule"):
+        ts.static_step({}, hlo, "tpu-v5e")
+    with pytest.raises(ValueError, match="while loop"):
+        ts.xla_estimated_cycles(hlo + "\n  %w = (s32[]) while(%t), condition=%c, body=%b\n")
+    with pytest.raises(ValueError, match="no instruction carries estimated_cycles"):
+        ts.xla_estimated_cycles("HloModule m\n")
+
+
+def test_dump_flags_name_the_folder(monkeypatch):
+    flags = ts.dump_flags("/some/dir")
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--other=1 " + flags)
+    assert ts.dump_enabled() == "/some/dir"
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--other=1")
+    assert ts.dump_enabled() is None
