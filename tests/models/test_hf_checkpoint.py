@@ -428,17 +428,54 @@ def test_a_prompt_that_begins_with_bos_gets_one_bos(tmp_path, kind):
     bos = ref.convert_tokens_to_ids("<s>")
     assert ours.prefix_ids() == (bos,)
     # a plain prompt: the post-processor's BOS, as transformers encodes it
-    ids, dropped = ours.encode_prompt("to be or")
-    assert ids == ref("to be or")["input_ids"] and ids[0] == bos and dropped == 0
+    ids, dropped, cut = ours.encode_prompt("to be or")
+    assert ids == ref("to be or")["input_ids"] and ids[0] == bos and dropped == cut == 0
     # a chat-template-like prompt that carries its own BOS text: the tokenizer alone gives two
     templated = "<s>to be or"
     assert ours.encode(templated)[:2] == [bos, bos]
-    ids, dropped = ours.encode_prompt(templated)
+    ids, dropped, _ = ours.encode_prompt(templated)
     assert dropped == 1 and ids[0] == bos and ids.count(bos) == 1
     assert ids == ref(templated, add_special_tokens=False)["input_ids"]
     # a BOS text inside the prompt is text the user wrote, not a duplicate: kept
-    ids, dropped = ours.encode_prompt("to <s> be")
+    ids, dropped, _ = ours.encode_prompt("to <s> be")
     assert dropped == 0 and ids == ref("to <s> be")["input_ids"] and ids.count(bos) == 2
+
+
+def _word_tokenizer(path, single: str | None) -> str:
+    """A word-level tokenizer.json in ``path`` whose ids for "to be or not to be" are
+    [4, 3, 7, 6, 4, 3], with post-processing template ``single`` (None: none)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "be": 3, "to": 4, "that": 5, "not": 6, "or": 7}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "</s>"])
+    if single is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=single, special_tokens=[("<s>", 1), ("</s>", 2)])
+    os.makedirs(path, exist_ok=True)
+    tok.save(os.path.join(str(path), "tokenizer.json"))
+    return str(path)
+
+
+@pytest.mark.parametrize("single,want,cut", [
+    ("<s> $A </s>", [1, 4, 3, 7, 6, 4, 3], 1),   # the template's EOS is not part of the prompt
+    ("$A </s>", [4, 3, 7, 6, 4, 3], 1),
+    ("<s> $A", [1, 4, 3, 7, 6, 4, 3], 0),        # a template that adds nothing after: untouched
+    (None, [4, 3, 7, 6, 4, 3], 0),
+])
+def test_a_prompt_does_not_end_in_the_eos_its_template_appends(tmp_path, single, want, cut):
+    path = _word_tokenizer(tmp_path / "tok", single)
+    ours, ref = hfc.load_tokenizer(path), _reference_tokenizer(path)
+    text = "to be or not to be"
+    # what the tokenizer alone gives (transformers encodes the same), EOS last where templated
+    assert ours.encode(text) == ref(text)["input_ids"] == want + [2] * cut
+    assert ours.suffix_ids() == (2,) * cut
+    ids, dropped, dropped_suffix = ours.encode_prompt(text)
+    assert ids == want and dropped == 0 and dropped_suffix == cut
+    # a prompt that itself ends with the EOS text keeps that one (the user wrote it)
+    ids, _, dropped_suffix = ours.encode_prompt(text + " </s>")
+    assert ids == want + [2] and dropped_suffix == cut
 
 
 @pytest.mark.parametrize("kind", ["metaspace", "bytelevel"])
