@@ -274,6 +274,21 @@ def path_or_empty(several: bool = False) -> Rule:
                 f"{what} (a string without surrounding blanks) or '' for the default")
 
 
+def dataset_names(*names: str, several: bool = False) -> Rule:
+    """``""`` (none) or one of the downloadable data sets ``names`` (keys of
+    :data:`core.data.download.DATASETS`, any case); with ``several``, comma-separated names."""
+    allowed = {n.lower() for n in names}
+
+    def test(value: Any) -> bool:
+        if not isinstance(value, str):
+            return False
+        parts = [p.strip().lower() for p in value.split(",")] if value.strip() else []
+        return (several or len(parts) <= 1) and all(p in allowed for p in parts)
+
+    what = "comma-separated names" if several else "a name"
+    return Rule(test, f"{what} of {', '.join(names)} or '' for none")
+
+
 def tuple_of(rule: Rule, min_len: int = 1, max_len: int | None = None) -> Rule:
     """A tuple (or list) of ``min_len`` to ``max_len`` items, each accepted by ``rule``."""
     if max_len == min_len:

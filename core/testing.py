@@ -65,3 +65,85 @@ class BadInputs:
         import pytest
 
         return [pytest.param(case, id=case_id) for case_id, case in self._cases.items()]
+
+
+class LoopbackFileServer:
+    """An HTTP server on 127.0.0.1 (a free port) in a daemon thread that serves one body at any
+    path, for tests of downloads that must not reach the network. Use it as a context manager;
+    it stops on exit.
+
+    ``mode``: ``"ok"`` (honours ``Range: bytes=N-`` with 206, or 416 past the end),
+    ``"ignore_range"`` (always 200 and the whole body), ``"truncate"`` (announces the full length
+    and closes after ``cut`` bytes, for the first ``cuts`` requests, then as ``"ok"``), ``"error"``
+    (HTTP 500). ``requests`` records each request's ``Range`` header (``None`` without one).
+    """
+
+    def __init__(self, body: bytes, mode: str = "ok", cut: int = 0, cuts: int = 1):
+        import http.server
+        import threading
+
+        self.body, self.mode, self.cut, self.cuts = body, mode, cut, cuts
+        self.requests: list[str | None] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = 10  # a stuck client cannot hold its thread
+
+            def do_GET(self):  # noqa: N802 (the http.server hook's name)
+                rng = self.headers.get("Range")
+                server.requests.append(rng)
+                body = server.body
+                if server.mode == "error":
+                    self.send_error(500, "test server error")
+                    return
+                start = 0
+                if rng and server.mode != "ignore_range":
+                    start = int(rng.removeprefix("bytes=").split("-")[0])
+                    if start >= len(body):
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{len(body)}")
+                        self.end_headers()
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                else:
+                    self.send_response(200)
+                rest = body[start:]
+                self.send_header("Content-Length", str(len(rest)))
+                self.end_headers()
+                if server.mode == "truncate" and server.cuts > 0:
+                    server.cuts -= 1
+                    self.wfile.write(rest[:server.cut])
+                    return  # HTTP/1.0: the connection closes short of the announced length
+                self.wfile.write(rest)
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def url(self, name: str) -> str:
+        """``http://127.0.0.1:<port>/<name>``."""
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/{name}"
+
+    def __enter__(self) -> LoopbackFileServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def closed_port_url(name: str) -> str:
+    """A loopback URL on a port nothing listens on (bound, then released): an offline source."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/{name}"

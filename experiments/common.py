@@ -429,6 +429,7 @@ def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.
     from ml_collections import config_flags
 
     from core.checkpoint import RunDirectoryInUseError
+    from core.data.download import DataUnavailableError
 
     plain_output_if_not_tty()
     default_spec = f"{default_config_path(name)}:tiny"
@@ -477,8 +478,8 @@ def _app_main(name: str, run: Callable[[ml_collections.ConfigDict, str], report.
         try:
             with lock_workdir(files.join(workdir, name)):
                 section = run(config_flag.value, workdir)
-        except (ValueError, FileNotFoundError, RunDirectoryInUseError) as e:
-            # bad input: one clear line, no traceback
+        except (ValueError, FileNotFoundError, RunDirectoryInUseError, DataUnavailableError) as e:
+            # bad input or a data set that cannot be downloaded: one clear line, no traceback
             message = (str(e).strip().splitlines() or [type(e).__name__])[0]
             if message.startswith(f"{name}: "):  # do not repeat the experiment's name
                 message = message[len(name) + 2:]

@@ -16,6 +16,7 @@ CRPS, the estimator of the authors' code, is kept for the comparison with their 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import matplotlib.pyplot as plt
@@ -25,7 +26,8 @@ import numpy as np
 from algorithms.forecasting import data
 from algorithms.forecasting.benchmark import METHODS, BenchmarkConfig, run_horizon
 from core import figures as style
-from core import report
+from core import files, report
+from core.data import download
 from core.data.series import load_table, statsmodels_series_path
 from core.timing import Stopwatch
 from experiments import common
@@ -63,7 +65,7 @@ def _fan_figure(fan: dict, title: str, channel: int, channel_name: str) -> plt.F
     return fig
 
 
-def _crps_figure(results: dict) -> plt.Figure:
+def _crps_figure(results: dict, draws: int) -> plt.Figure:
     keys = [(d, h) for d in results for h in results[d]]
     methods = [m for m in METHODS if any(m in results[d][h] for d, h in keys)]
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(keys) + 2) + 2.0, 3.2))
@@ -72,7 +74,7 @@ def _crps_figure(results: dict) -> plt.Figure:
         vals = [results[d][h].get(m, {}).get("crps", np.nan) for d, h in keys]
         ax.bar(np.arange(len(keys)) + j * width, vals, width, label=LABELS[m])
     ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2, [f"{d}\nH={h}" for d, h in keys], fontsize=8)
-    ax.set_ylabel("fair CRPS of 100 draws\n(lower is better)")
+    ax.set_ylabel(f"fair CRPS of {draws} draws\n(lower is better)")
     style.legend_outside(ax)
     return fig
 
@@ -127,7 +129,7 @@ def seed_summary(rows: list[dict], level: float = 0.9) -> dict:
                                  for m in methods}}
 
 
-def _claim_metrics(results: dict, seeds: dict) -> dict:
+def _claim_metrics(results: dict, seeds: dict, missing: str = "") -> dict:
     """PPM's (fair) CRPS and QICE wins over the baselines across seeds, how many cases the seeds
     leave undecided, the gap to the authors' ETTh1 96->192 result (``None`` without ETTh1: not
     measured; our plain CRPS against theirs, the same estimator), and the one-line summary of the
@@ -162,7 +164,9 @@ def _claim_metrics(results: dict, seeds: dict) -> dict:
     if etth1 is None:
         gap = None
         summary = (f"PPM has the lowest CRPS (in most seeds) in {wins} of {cases} cases and the "
-                   f"lowest QICE in {qice_wins}: " + "; ".join(parts) + " (ETTh1 not in this run)")
+                   f"lowest QICE in {qice_wins}: " + "; ".join(parts)
+                   + (f" (ETTh1 96->192 not measured here: {missing})" if missing
+                      else " (ETTh1 not in this run)"))
     else:
         gap = max(etth1["crps_plain"] / PAPER_ETTH1_192["crps"],
                   etth1["mse"] / PAPER_ETTH1_192["mse"])
@@ -178,8 +182,11 @@ def _claim_metrics(results: dict, seeds: dict) -> dict:
 def _seed_table(seeds: dict, per_seed: dict) -> str:
     """The report's table of PPM against the best baseline per seed, and the mean over seeds with
     its 90% interval."""
-    n = next(s["seeds"] for d in seeds for s in seeds[d].values())
-    head = (f"Over {n} seed{'s' if n > 1 else ''} (network initialisation, shuffling and draws; "
+    counts = {f"{d} H={h}": s["seeds"] for d in seeds for h, s in seeds[d].items()}
+    n = max(counts.values())
+    fewer = ", ".join(f"{c} for {k}" for k, c in counts.items() if c != n)
+    head = (f"Over {n} seed{'s' if n > 1 else ''}{f' ({fewer})' if fewer else ''} (network "
+            "initialisation, shuffling and draws; "
             f"the table above is seed 0; {', '.join(LABELS[m] for m in SEEDED)} are refitted per "
             "seed, the other baselines are fitted once since their fit does not depend on it). "
             "Gap: PPM's CRPS over the best baseline's, minus 1.")
@@ -201,24 +208,55 @@ def _seed_table(seeds: dict, per_seed: dict) -> str:
          "PPM cov 90"], rows)
 
 
+def _add_benchmark_case(config: ml_collections.ConfigDict, bench: BenchmarkConfig,
+                        cases: list) -> str:
+    """Adds the paper's case (``config.benchmark``) to ``cases`` when its file is cached or its
+    download starts within ``benchmark.timeout`` seconds; returns ``""`` then (or when no
+    benchmark is set), else how to get the file (the report's "not measured here" note). A data
+    set already in the run gets the benchmark's horizons added to its own.
+
+    Raises:
+      ValueError: a cached file or a download whose checksum differs from the pin.
+    """
+    b = config.benchmark
+    if not b.data.strip():
+        return ""
+    path, missing = download.fetch_if_reachable(b.data, config.data_dir, timeout=b.timeout)
+    if path is None:
+        return missing
+    horizons = tuple(int(h) for h in b.horizons)
+    for i, (p, hs, n, s) in enumerate(cases):
+        if files.is_local(p) and os.path.abspath(p) == path:
+            cases[i] = (p, tuple(sorted(set(hs) | set(horizons))), n, s)
+            return ""
+    if b.max_steps_per_epoch:
+        bench = dataclasses.replace(bench, max_steps_per_epoch=b.max_steps_per_epoch)
+    cases.append((path, horizons, b.num_seeds or config.num_seeds, bench))
+    return ""
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
-    out = common.experiment_dir(workdir, NAME)
-    paths = [p.strip() for p in config.data_path.split(",") if p.strip()] or \
-        [statsmodels_series_path()]
+    # files by name are fetched (downloaded once into the cache) before any other work
+    paths = [p.strip() for p in config.data_path.split(",") if p.strip()] + [
+        download.fetch(n, config.data_dir) for n in config.data.split(",") if n.strip()]
+    paths = paths or [statsmodels_series_path()]
     if not config.horizons:
         raise ValueError("config.horizons is empty")
     bench = BenchmarkConfig.from_mapping(config)
+    # (file, horizons, seeds, settings) per data set; the paper's case is added when reachable
+    cases = [(p, tuple(int(h) for h in config.horizons), config.num_seeds, bench) for p in paths]
+    missing = _add_benchmark_case(config, bench, cases)
+    out = common.experiment_dir(workdir, NAME)
     key = jax.random.key(config.seed)
     results, figures, histories, info = {}, {}, {}, {}
     per_seed, seeds = {}, {}
     with Stopwatch() as total:
-        for di, path in enumerate(paths):
+        for di, (path, horizons, num_seeds, bench) in enumerate(cases):
             table = load_table(path, config.columns, config.fill_gaps,
                                columns_option="--config.columns")
             name = table.source.split(".")[0]
             split = data.resolve_split(config.split, table.source)
-            borders = data.split_borders(len(table.values), config.input_len, max(config.horizons),
-                                         split)
+            borders = data.split_borders(len(table.values), config.input_len, max(horizons), split)
             series, _, _ = data.standardize(table.values, borders["train"][1], table.columns)
             info[name] = {"file": table.source, "steps": len(series), "channels": list(table.columns),
                           "split": split, "step": table.step, "fill_gaps": config.fill_gaps,
@@ -228,14 +266,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                       f"{table.filled_rows} row(s) and interpolated {table.filled_cells} missing "
                       "value(s)", flush=True)
             results[name], histories[name], arima_cache = {}, {}, {}
-            for H in config.horizons:
+            for H in horizons:
                 r = run_horizon(series, table.timestamps, split, int(H), bench,
                                 jax.random.fold_in(key, 1000 * di + int(H)), name, arima_cache,
                                 log=lambda line: print(f"[forecasting] {line}", flush=True))
                 results[name][str(H)], histories[name][str(H)] = r.results, r.histories
                 rows = [_seed_row(r.results)]
                 fixed = {m: v for m, v in r.results.items() if m not in SEEDED}
-                for i in range(1, config.num_seeds):
+                for i in range(1, num_seeds):
                     b = dataclasses.replace(bench, seed=bench.seed + i, fan_windows=0,
                                             baselines=tuple(m for m in bench.baselines
                                                             if m in SEEDED))
@@ -247,22 +285,27 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                     rows.append(_seed_row({**ri.results, **fixed}))
                 per_seed.setdefault(name, {})[str(H)] = rows
                 seeds.setdefault(name, {})[str(H)] = seed_summary(rows)
-                if r.fan.get("x") is not None and H == max(config.horizons):
+                if r.fan.get("x") is not None and H == max(horizons):
                     ch = len(table.columns) - 1
                     figures[f"fan_{name}_{H}"] = _fan_figure(
                         r.fan, f"{name}, L={config.input_len}, H={H}", ch, table.columns[ch])
-    figures["crps"] = _crps_figure(results)
+    figures["crps"] = _crps_figure(results, config.eval_samples)
     metrics = {"results": results, "datasets": info, "paper_etth1_96_192": PAPER_ETTH1_192,
                "units": "standardised scale; qice in percent; *_seconds wall-clock",
                "config": config.to_dict(), "histories": histories,
                "total_seconds": total.seconds,
                "seeds": {"num_seeds": config.num_seeds, "summary": seeds, "per_seed": per_seed},
-               **_claim_metrics(results, seeds)}
-    rows = [[d, h, LABELS[m], v["crps"], v["crps_plain"], v["crps_sum"], v["qice"], v["mse"],
+               "benchmark": {"data": config.benchmark.data,
+                             "measured": bool(config.benchmark.data) and not missing,
+                             "how_to_get": missing or None},
+               **_claim_metrics(results, seeds, missing)}
+    rows = [[d, h, LABELS[m], v["crps"], v["crps_plain"], v["crps_sum"], v["crps_sum_raw"],
+             v["qice"], v["mse"],
              v["mae"], v["coverage_50"], v["coverage_90"], v["train_seconds"]]
             for d in results for h, res in results[d].items() for m, v in res.items()]
     table_md = report.markdown_table(
-        ["data", "H", "method", "CRPS", "CRPS plain", "CRPS-sum", "QICE %", "MSE", "MAE", "cov 50",
+        ["data", "H", "method", "CRPS", "CRPS plain", "CRPS-sum", "CRPS-sum raw", "QICE %", "MSE",
+         "MAE", "cov 50",
          "cov 90", "train s"], rows)
     filled = "; ".join(
         f"{d}: {v['filled_rows']} row(s) inserted for missing time steps and {v['filled_cells']} "
@@ -271,7 +314,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     body = (f"Input length {config.input_len}, {config.eval_samples} iid draws per window from every "
             f"method's predictive distribution (the closed-form baselines too), metrics on "
             f"the standardised scale over the test windows (every {config.test_stride}-th). CRPS "
-            f"and CRPS-sum are the fair ensemble CRPS (Ferro 2014), unbiased for such draws; "
+            f"is the fair ensemble CRPS (Ferro 2014), unbiased for such draws; CRPS-sum is the "
+            f"fair CRPS of the channel sum over the sum of the target sum's magnitude (the "
+            f"literature's normalised CRPS-sum, as gluonts computes it), 'CRPS-sum raw' its "
+            f"unnormalised mean (CRPS itself on one channel); "
             f"'CRPS plain' is the empirical distribution's CRPS, higher by E|X - X'|/(2S) in "
             f"expectation, the estimator of the authors' numbers. QICE "
             f"with the {config.qice_out_of_range.upper()} reference code's treatment of targets "

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from algorithms.ranking import btl, data, speed, studies
 from core import figures as style
 from core import report, timing
-from core.data import judgments
+from core.data import download, judgments
 from experiments import common
 
 NAME = "judge_btl"
@@ -105,11 +105,20 @@ def _real_figures(config, d, r):
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
-    # a named file must exist (FileNotFoundError naming it); "" = simulation only
+    # a named file must exist (FileNotFoundError naming it); a data set by name is downloaded
+    # once (one-line error offline); "" = simulation only, or the benchmark data set if reachable
     path = common.check_data_path(config.data_path, "judge_btl comparisons (--config.data_path)")
+    if config.data:
+        path = download.fetch(config.data, config.data_dir)
+    data_only, missing, benchmark = config.data_only, "", None
+    if path is None and config.benchmark.data:
+        benchmark = config.benchmark.data
+        data_only = False  # the benchmark is fitted beside the studies
+        path, missing = download.fetch_if_reachable(benchmark, config.data_dir,
+                                                    timeout=config.benchmark.timeout)
     real = load_comparisons(path, config) if path else None  # validated before any other work
     out_dir = common.experiment_dir(workdir, NAME)
-    if real is not None and config.data_only:
+    if real is not None and data_only:
         return _run_data_only(config, real, out_dir)
     sim_c, cov_c, tim_c = config.sim, config.coverage, config.timing
     panel = studies.judge_panel(sim_c.num_reliable, sim_c.num_noisy, sim_c.reliable_gamma,
@@ -158,8 +167,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         timing=dict(fit_compile_seconds=tim["compile_seconds"], models=tim_c.num_models,
                     judges=tim_c.num_judges, comparisons=tim_c.num_comparisons,
                     **{k: v for k, v in tim.items() if k not in ("compile_seconds", "gamma_recovery_max_abs")}),
-        real_data=llm, part_seconds=part_seconds, data_only=False)
+        real_data=llm, part_seconds=part_seconds, data_only=False,
+        benchmark=benchmark and {"data": benchmark, "measured": not missing,
+                                 "how_to_get": missing or None})
     metrics["summary"] = _summary(metrics)
+    if missing:
+        metrics["summary"] += f"; {benchmark} not measured here: {missing}"
     return report.finish(out_dir, title=TITLE, metrics=metrics,
                          body=_body(config, metrics), claim=config.claim, figures=figures)
 
@@ -371,8 +384,11 @@ def _body(config, m) -> str:
         "coverage study the median of the per-data-set mean ratio is "
         f"{cov['se_ratio_observed_to_expected']:.3f}."]
     if llm is None:
-        return "\n".join(lines + ["", "No comparisons file given (`--config.data_path`): held-out "
-                                   "numbers are from the simulation."])
+        bm = m.get("benchmark") or {}
+        why = (f"{bm['data']} not measured here: {bm['how_to_get']}. " if bm.get("how_to_get")
+               else "")
+        return "\n".join(lines + ["", f"{why}No comparisons file given (`--config.data_path` or "
+                                   "`--config.data`): held-out numbers are from the simulation."])
     return "\n".join(lines + ["", *_real_lines(config, llm)])
 
 

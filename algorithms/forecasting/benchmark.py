@@ -118,8 +118,8 @@ class HorizonResult:
     """What :func:`run_horizon` returns.
 
     Attributes:
-      results: {method: metrics (``crps`` and ``crps_sum`` fair, ``crps_plain``, ``qice`` in
-        percent, ``mse``, ``mae``, ``coverage_50``, ``coverage_90``; see
+      results: {method: metrics (``crps`` fair, ``crps_plain``, ``crps_sum`` normalised,
+        ``crps_sum_raw``, ``qice`` in percent, ``mse``, ``mae``, ``coverage_50``, ``coverage_90``; see
         :func:`algorithms.forecasting.metrics.finalize_metrics`) + ``train_seconds``,
         ``sample_seconds``, ``test_windows``}.
       fan: ``{"x": f32 [F, L, N], "y": f32 [F, H, N], method: f32 [F, S, H, N]}`` for F fan

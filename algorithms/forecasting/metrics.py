@@ -40,8 +40,19 @@ Conventions:
     spread term at large offsets). The fair CRPS needs S >= 2. Reported as the mean over all B*H*N
     points (as in the PPM authors' evaluation); :func:`metric_sums` also returns the plain one
     (``crps_plain``) for comparison with numbers computed that way.
-  * CRPS-sum is the fair CRPS of the channel sum (samples and target summed over N), averaged over
-    the B*H points; it is not normalised by the target's magnitude. With N = 1 it equals CRPS.
+  * CRPS-sum (``crps_sum``) is the literature's normalised one (Salinas et al. 2019, "High-
+    dimensional multivariate forecasting with low-rank Gaussian copula processes", NeurIPS; Rasul
+    et al. 2021, TimeGrad, ICML; gluonts' ``MultivariateEvaluator`` with a sum target): the
+    CRPS of the channel sum (samples and target summed over N), summed over the B*H points and
+    divided by the sum of the channel sum's absolute values,
+
+        CRPS-sum = sum_{b,h} CRPS(F_sum, sum_n y_bhn) / sum_{b,h} |sum_n y_bhn|,
+
+    with the fair CRPS (above) for the numerator where gluonts and CSDI (Tashiro et al. 2021)
+    approximate it by the mean weighted quantile loss at the levels 0.05, 0.10, ..., 0.95. It is
+    scale-free but undefined (NaN here) when every channel sum is 0, and large when the sums
+    are near 0, as on standardised data whose channels cancel. ``crps_sum_raw`` is the
+    unnormalised mean over the B*H points of the same CRPS; with N = 1 it equals CRPS.
   * QICE (quantile interval coverage error; Han et al. 2022, CARD) with M bins: the sample
     quantiles ``q_0 <= ... <= q_M`` at levels 0, 1/M, ..., 1 cut the line into M intervals; a target
     y is in interval m (1..M) when exactly m of them are strictly below it. QICE = mean_m
@@ -243,8 +254,9 @@ def metric_sums(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS
 
     Returns:
       dict of f32 scalars (and ``qice_counts`` [num_bins]): ``points`` (B*H*N), ``sum_points``
-      (B*H), ``crps`` (fair), ``crps_plain``, ``crps_sum`` (fair), ``se``, ``ae``, ``covered_50``,
-      ``covered_90`` (sums), and ``qice_counts``. Jitted, so values are not checked: if any sample or target is NaN or
+      (B*H), ``crps`` (fair), ``crps_plain``, ``crps_sum`` (fair CRPS of the channel sum),
+      ``sum_abs`` (|channel sum of the target|), ``se``, ``ae``, ``covered_50``, ``covered_90``
+      (sums over the batch), and ``qice_counts``. Jitted, so values are not checked: if any sample or target is NaN or
       infinite, every entry except ``points`` and ``sum_points`` is NaN.
 
     Raises:
@@ -269,6 +281,7 @@ def metric_sums(samples: jax.Array, target: jax.Array, num_bins: int = QICE_BINS
         "crps": value_sum(_crps_sorted(xs, target, fair=True)),
         "crps_plain": value_sum(_crps_sorted(xs, target, fair=False)),
         "crps_sum": value_sum(crps_ensemble(samples.sum(-1), target.sum(-1), axis=1, fair=True)),
+        "sum_abs": value_sum(jnp.abs(target.sum(-1))),
         "se": value_sum((mean - target) ** 2),
         "ae": value_sum(jnp.abs(mean - target)),
         "qice_counts": _qice_counts_sorted(xs, target, num_bins, out_of_range),
@@ -286,14 +299,17 @@ def add_sums(a: dict | None, b: dict) -> dict:
 
 
 def finalize_metrics(sums: dict) -> dict[str, float]:
-    """Metrics from summed statistics: ``crps`` (fair), ``crps_plain``, ``crps_sum`` (fair), ``qice``
-    (fraction), ``mse``, ``mae``, ``coverage_50``, ``coverage_90`` as Python floats; NaN where the
-    sums are NaN (a batch held a non-finite sample or target, see :func:`metric_sums`).
+    """Metrics from summed statistics: ``crps`` (fair), ``crps_plain``, ``crps_sum`` (normalised,
+    the literature's; NaN when every channel sum of the target is 0), ``crps_sum_raw``
+    (unnormalised; module docstring), ``qice`` (fraction), ``mse``, ``mae``, ``coverage_50``,
+    ``coverage_90`` as Python floats; NaN where the sums are NaN (a batch held a non-finite
+    sample or target, see :func:`metric_sums`).
 
     Raises:
       ValueError: ``sums`` lacks a statistic or counts no points.
     """
-    need = ("points", "sum_points", "crps", "crps_plain", "crps_sum", "se", "ae", "qice_counts") + tuple(
+    need = ("points", "sum_points", "crps", "crps_plain", "crps_sum", "sum_abs", "se", "ae",
+            "qice_counts") + tuple(
         f"covered_{round(100 * p)}" for p in COVERAGE_LEVELS)
     missing = [k for k in need if k not in sums]
     if missing:
@@ -304,7 +320,9 @@ def finalize_metrics(sums: dict) -> dict[str, float]:
     out = {
         "crps": sums["crps"] / n,
         "crps_plain": sums["crps_plain"] / n,
-        "crps_sum": sums["crps_sum"] / sums["sum_points"],
+        "crps_sum": sums["crps_sum"] / sums["sum_abs"] if float(sums["sum_abs"]) != 0 else
+        jnp.nan,
+        "crps_sum_raw": sums["crps_sum"] / sums["sum_points"],
         "qice": qice_from_counts(sums["qice_counts"], n),
         "mse": sums["se"] / n,
         "mae": sums["ae"] / n,

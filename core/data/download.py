@@ -191,7 +191,7 @@ def fetch(name: str | Dataset, data_dir: str | os.PathLike | None = None, *,
         return final
     os.makedirs(os.path.dirname(final), exist_ok=True)
     part = final + ".part"
-    for attempt in range(ATTEMPTS):
+    for _ in range(ATTEMPTS):
         try:
             complete = _transfer(d, part, timeout, progress)
         except _Unreachable as e:
@@ -211,6 +211,23 @@ def fetch(name: str | Dataset, data_dir: str | os.PathLike | None = None, *,
                          f"expected {d.sha256}; removed it (the source may have changed the file)")
     os.replace(part, final)
     return final
+
+
+def fetch_if_reachable(name: str | Dataset, data_dir: str | os.PathLike | None = None, *,
+                       timeout: float = 10.0, progress: bool = True) -> tuple[str | None, str]:
+    """:func:`fetch` for an optional measurement: ``(path, "")`` when the file is cached or
+    downloads (an attempt that cannot connect ends within about ``timeout`` seconds), else
+    ``(None, how_to_get(name))`` after printing the one-line reason.
+
+    Raises:
+      ValueError: as :func:`fetch` (an unknown name, a checksum mismatch): a wrong file is an
+        error, not a missing one.
+    """
+    try:
+        return fetch(name, data_dir, timeout=timeout, progress=progress), ""
+    except DataUnavailableError as e:
+        print(f"not measured here: {e}", flush=True)
+        return None, how_to_get(name, data_dir)
 
 
 def _place_by_hand(d: Dataset, final: str) -> str:
@@ -315,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["ATTEMPTS", "DATASETS", "DataUnavailableError", "Dataset", "cache_dir", "cached_path",
-           "dataset", "fetch", "how_to_get", "is_cached", "sha256_of"]
+           "dataset", "fetch", "fetch_if_reachable", "how_to_get", "is_cached", "sha256_of"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

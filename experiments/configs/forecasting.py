@@ -4,14 +4,19 @@
     python -m experiments.forecasting --config=experiments/configs/forecasting.py:tiny --workdir=workdir
     # CPU benchmark, ETTh1 96 -> 192 at the paper's model size (K = 32 training, 100 test samples)
     python -m experiments.forecasting --config=experiments/configs/forecasting.py:bench \
-        --config.data_path=../shared/data/ETTh1.csv --workdir=workdir
-    # Accelerator: the paper's protocol on several files and all four horizons
+        --config.data=etth1 --workdir=workdir
+    # Accelerator: the paper's protocol on several data sets and all four horizons
     python -m experiments.forecasting --config=experiments/configs/forecasting.py:paper \
-        --config.data_path=../shared/data/ETTh1.csv,../shared/data/ETTh2.csv \
-        --workdir=workdir
+        --config.data=etth1,etth2 --workdir=workdir
 
-``data_path`` is a comma-separated list of ETT-style CSVs (timestamp column, then channels) or
-headerless numeric files (optionally gzipped); empty means the embedded default.
+``data`` names public data sets (``etth1``, ``etth2``, ``exchange_rate``): each is downloaded on
+first use into the cache folder ``data_dir`` (default ``$XDG_CACHE_HOME/icml26-jax`` or
+``~/.cache/icml26-jax``; :mod:`core.data.download`), and offline the run stops with one line naming
+the URL and where to place the file by hand. ``data_path`` is a comma-separated list of your own
+ETT-style CSVs (timestamp column, then channels) or headerless numeric files (optionally gzipped).
+With neither, the embedded default. ``benchmark.data`` (set in ``tiny``) adds the paper's case
+(ETTh1 96 -> 192) when the file is cached or can be downloaded; otherwise the report says it was
+not measured and how to get the file.
 """
 
 import ml_collections
@@ -23,7 +28,15 @@ from core import report
 def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 2021
-    c.data_path = ""            # comma-separated files; "" = statsmodels' mstl_elec_vic.csv (hourly)
+    c.data = ""                 # comma-separated public data sets by name (core.data.download)
+    c.data_path = ""            # comma-separated files; with data "" too: statsmodels' mstl_elec_vic.csv
+    c.data_dir = ""             # cache of downloaded data sets; "" = $XDG_CACHE_HOME/icml26-jax
+    # The paper's case beside the others: the data set `benchmark.data` at `benchmark.horizons`,
+    # measured when its file is cached or the download starts within `benchmark.timeout` seconds
+    # (else "not measured here", with how to get it); num_seeds and max_steps_per_epoch, when
+    # positive, replace the run's for this case.
+    c.benchmark = ml_collections.ConfigDict(dict(data="", horizons=(192,), num_seeds=0,
+                                                 max_steps_per_epoch=0, timeout=10.0))
     c.columns = ""              # comma-separated channel names to keep ("" = all)
     c.split = "auto"            # auto | ett_hour | ett_minute | ratio (70/10/20)
     # Timestamps must be at one step. "none": a missing step or value is an error naming the file
@@ -76,11 +89,14 @@ def base() -> ml_collections.ConfigDict:
 
 
 VARIANTS = {
-    # Embedded univariate series, two horizons, a smaller network, 5 seeds of the networks.
+    # Embedded univariate series, two horizons, a smaller network, 5 seeds of the networks; and
+    # the paper's case, ETTh1 96 -> 192, when its file is cached or downloads (3 seeds, at most
+    # 50 steps per epoch: a few minutes on 2 cores).
     "tiny": {
         "horizons": (24, 96), "d_model": 64, "d_ff": 128, "train_samples": 50, "batch_size": 32,
         "learning_rate": 3e-3, "gaussian_learning_rate": 3e-3, "max_epochs": 6, "patience": 3,
         "test_stride": 2, "val_stride": 2, "arima_fit_steps": 600,
+        "benchmark.data": "etth1", "benchmark.num_seeds": 3, "benchmark.max_steps_per_epoch": 50,
     },
     # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
     "smoke": {
@@ -103,11 +119,19 @@ VARIANTS = {
 
 
 _POSITIVE = cfg_lib.number(lo=0, lo_open=True)
+_SERIES = ("etth1", "etth2", "exchange_rate")  # downloadable series (core.data.download)
 
 # What each field accepts (checked once every override is in, before any work).
 RULES = {
     "seed": cfg_lib.integer(lo=0),
+    "data": cfg_lib.dataset_names(*_SERIES, several=True),
     "data_path": cfg_lib.path_or_empty(several=True),
+    "data_dir": cfg_lib.string(),
+    "benchmark.data": cfg_lib.dataset_names(*_SERIES),
+    "benchmark.horizons": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
+    "benchmark.num_seeds": cfg_lib.integer(lo=0),  # 0 = num_seeds
+    "benchmark.max_steps_per_epoch": cfg_lib.integer(lo=0),  # 0 = max_steps_per_epoch
+    "benchmark.timeout": cfg_lib.number(lo=0, lo_open=True),
     "columns": cfg_lib.string(),
     "split": cfg_lib.one_of("auto", "ett_hour", "ett_minute", "ratio"),
     "fill_gaps": cfg_lib.one_of("none", "linear"),
@@ -157,6 +181,10 @@ CROSS_CHECKS = (check_seasonal_order,)
 
 
 FIELD_HELP = {
+    "data": "public data sets by name, comma-separated: etth1, etth2, exchange_rate (downloaded "
+            "once into data_dir)",
+    "data_dir": "folder of downloaded data sets; '' = $XDG_CACHE_HOME/icml26-jax or "
+                "~/.cache/icml26-jax",
     "data_path": "your series: comma-separated CSV files (header row, first column the timestamps, "
                  "then numeric channels) or headerless numeric rows; '' = statsmodels' "
                  "mstl_elec_vic.csv",

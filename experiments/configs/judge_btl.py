@@ -7,13 +7,19 @@
         --config.data_path=my_votes.jsonl --config.columns.judge=annotator \
         --config.columns.outcome=label --config.columns.left_value=A --config.columns.right_value=B
 
-    # the LLMFAO crowd-sourced comparisons (the benchmark data folder beside the checkout):
+    # the LLMFAO crowd-sourced comparisons, by name (downloaded once into the cache folder):
     python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:tiny \
-        --config.data_path=../shared/data/llmfao.csv --workdir=workdir
+        --config.data=llmfao --workdir=workdir
 
-Comparisons are read from ``data_path`` when it is set (by default it is empty: the simulation
-parts run alone and the held-out numbers come from the simulation); a path that is set must name
-an existing file, or the run stops with an error naming it. With a file, ``data_only`` (default
+Comparisons are read from ``data_path`` when it is set, or from the public data set named by
+``data`` (``llmfao``: downloaded on first use into ``data_dir``, default
+``$XDG_CACHE_HOME/icml26-jax`` or ``~/.cache/icml26-jax``; :mod:`core.data.download`; offline
+the run stops with one line naming the URL and where to place the file by hand). By default both
+are empty: the simulation parts run alone and the held-out numbers come from the simulation; a
+path that is set must name an existing file, or the run stops with an error naming it. ``tiny``
+sets ``benchmark.data=llmfao``: with neither field set, LLMFAO is fitted beside the studies when
+its file is cached or its download starts within ``benchmark.timeout`` seconds; otherwise the
+report says it was not measured and how to get the file. With a file, ``data_only`` (default
 True) fits that file alone; ``--config.data_only=False`` runs the simulation, coverage, choix and
 timing studies as well. A file whose columns have other names is read with
 ``--config.columns.left=... --config.columns.right=... --config.columns.judge=...
@@ -35,6 +41,11 @@ def base() -> ml_collections.ConfigDict:
     c.rank_draws = 4000
     # Real data: a CSV, JSON-lines or JSON-array file of pairwise judgements.
     c.data_path = ""            # "" = no real data (simulation only); a set path must exist
+    c.data = ""                 # or a public data set by name: "llmfao" (core.data.download)
+    c.data_dir = ""             # cache of downloaded data sets; "" = $XDG_CACHE_HOME/icml26-jax
+    # With neither data_path nor data: the data set `benchmark.data` is fitted beside the studies
+    # when cached or downloadable within `benchmark.timeout` s, else "not measured here".
+    c.benchmark = ml_collections.ConfigDict(dict(data="", timeout=10.0))
     c.data_name = ""            # label in reports and metrics; "" = the file name without extension
     c.drop_unknown_outcomes = False  # drop (and count) rows whose outcome is none of the *_value
     # With a data_path: fit the user's comparisons only (True) or also run the simulation,
@@ -80,7 +91,7 @@ def base() -> ml_collections.ConfigDict:
 
 
 VARIANTS = {
-    "tiny": {},
+    "tiny": {"benchmark.data": "llmfao"},
     # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
     "smoke": {"rank_draws": 200, "cv_folds": 2, "ridge_grid": (1.0, 3.0), "data_path": "",
               "sim.num_models": 8, "sim.num_reliable": 2, "sim.num_noisy": 2,
@@ -108,6 +119,10 @@ RULES = {
     "level": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
     "rank_draws": _COUNT,
     "data_path": cfg_lib.path_or_empty(),
+    "data": cfg_lib.dataset_names("llmfao"),
+    "data_dir": cfg_lib.string(),
+    "benchmark.data": cfg_lib.dataset_names("llmfao"),
+    "benchmark.timeout": cfg_lib.number(lo=0, lo_open=True),
     "data_name": cfg_lib.string(),
     "drop_unknown_outcomes": cfg_lib.boolean(),
     "data_only": cfg_lib.boolean(),
@@ -161,10 +176,24 @@ def check_outcome_values(config: ml_collections.ConfigDict) -> None:
                          "different values")
 
 
-CROSS_CHECKS = (check_outcome_values,)
+def check_one_source(config: ml_collections.ConfigDict) -> None:
+    """One comparisons file: by path or by name, not both.
+
+    Raises:
+      ValueError: data_path and data both set.
+    """
+    if config.data_path and config.data:
+        raise ValueError(f"config fields data_path={config.data_path!r} and data={config.data!r}: "
+                         "expected one comparisons file, by path or by name")
+
+
+CROSS_CHECKS = (check_outcome_values, check_one_source)
 
 
 FIELD_HELP = {
+    "data": "a public comparisons data set by name: llmfao (downloaded once into data_dir)",
+    "data_dir": "folder of downloaded data sets; '' = $XDG_CACHE_HOME/icml26-jax or "
+                "~/.cache/icml26-jax",
     "data_path": "your pairwise judgements: a CSV, JSON-lines or JSON-array file (column names in "
                  "--config.columns.*); '' = simulated judgements only",
     "data_only": "with a data_path: fit your comparisons only (True) or also run the simulation, "

@@ -1,87 +1,21 @@
-"""core.data.download against a loopback HTTP server that the tests control: a first download and
+"""core.data.download against a loopback HTTP server that the tests control
+(:class:`core.testing.LoopbackFileServer`): a first download and
 a cache hit, resuming a broken transfer with HTTP Range, a server that ignores the range, a
 checksum mismatch, an HTTP error and a closed port (offline). The registry's pins are checked
 against the benchmark copies beside the checkout when that folder exists."""
 
 import hashlib
-import http.server
 import os
-import socket
-import threading
 
 import numpy as np
 import pytest
 
 from core.data import download
-from core.data.download import DataUnavailableError, Dataset
+from core.data.download import Dataset, DataUnavailableError
+from core.testing import LoopbackFileServer, closed_port_url
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
-
-
-class _Server:
-    """A loopback HTTP server in a daemon thread serving one file at ``/<name>``.
-
-    ``mode``: ``"ok"`` (honours ``Range``), ``"ignore_range"`` (always 200 and the whole file),
-    ``"truncate"`` (announces the full length and closes after ``cut`` bytes, ``cuts`` times,
-    then behaves as ``"ok"``), ``"error"`` (HTTP 500). ``requests`` records each request's
-    ``Range`` header (``None`` without one)."""
-
-    def __init__(self, body: bytes, mode: str = "ok", cut: int = 0, cuts: int = 1):
-        self.body, self.mode, self.cut, self.cuts = body, mode, cut, cuts
-        self.requests: list[str | None] = []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            timeout = 10  # a stuck client cannot hold the thread
-
-            def do_GET(self):  # noqa: N802 (the http.server hook's name)
-                rng = self.headers.get("Range")
-                server.requests.append(rng)
-                body = server.body
-                if server.mode == "error":
-                    self.send_error(500, "boom")
-                    return
-                start = 0
-                if rng and server.mode != "ignore_range":
-                    start = int(rng.removeprefix("bytes=").split("-")[0])
-                    if start >= len(body):
-                        self.send_response(416)
-                        self.send_header("Content-Range", f"bytes */{len(body)}")
-                        self.end_headers()
-                        return
-                    self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-                else:
-                    self.send_response(200)
-                rest = body[start:]
-                self.send_header("Content-Length", str(len(rest)))
-                self.end_headers()
-                if server.mode == "truncate" and server.cuts > 0:
-                    server.cuts -= 1
-                    self.wfile.write(rest[:server.cut])
-                    return  # HTTP/1.0: the connection closes, short of the announced length
-                self.wfile.write(rest)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
 
 
 def _body(n: int = 200_003, seed: int | None = None) -> bytes:
@@ -103,7 +37,7 @@ def _one_line(e: pytest.ExceptionInfo) -> str:
 
 def test_download_then_cache_hit_without_a_request(tmp_path):
     body = _body()
-    with _Server(body) as s:
+    with LoopbackFileServer(body) as s:
         d = _entry(s.url("series.csv"), body)
         path = download.fetch(d, tmp_path, progress=False)
         assert path == os.path.join(str(tmp_path), "series.csv")
@@ -118,7 +52,7 @@ def test_download_then_cache_hit_without_a_request(tmp_path):
 def test_broken_transfer_resumes_with_range_in_the_same_call(tmp_path):
     body = _body()
     cut = 70_001
-    with _Server(body, mode="truncate", cut=cut, cuts=1) as s:
+    with LoopbackFileServer(body, mode="truncate", cut=cut, cuts=1) as s:
         path = download.fetch(_entry(s.url("x"), body), tmp_path, progress=False)
         assert open(path, "rb").read() == body
         assert s.requests == [None, f"bytes={cut}-"]
@@ -128,7 +62,7 @@ def test_partial_file_of_an_earlier_call_is_resumed(tmp_path):
     body = _body()
     have = 123_457
     (tmp_path / "series.csv.part").write_bytes(body[:have])
-    with _Server(body) as s:
+    with LoopbackFileServer(body) as s:
         path = download.fetch(_entry(s.url("x"), body), tmp_path, progress=False)
         assert open(path, "rb").read() == body
         assert s.requests == [f"bytes={have}-"]
@@ -137,7 +71,7 @@ def test_partial_file_of_an_earlier_call_is_resumed(tmp_path):
 def test_complete_partial_file_is_verified_and_renamed(tmp_path):
     body = _body(5000)
     (tmp_path / "series.csv.part").write_bytes(body)
-    with _Server(body) as s:  # the range starts at the end: 416, the file is complete
+    with LoopbackFileServer(body) as s:  # the range starts at the end: 416, the file is complete
         path = download.fetch(_entry(s.url("x"), body), tmp_path, progress=False)
         assert open(path, "rb").read() == body and s.requests == ["bytes=5000-"]
 
@@ -145,14 +79,14 @@ def test_complete_partial_file_is_verified_and_renamed(tmp_path):
 def test_server_that_ignores_range_restarts_the_file(tmp_path):
     body = _body()
     (tmp_path / "series.csv.part").write_bytes(b"stale bytes of another file" * 100)
-    with _Server(body, mode="ignore_range") as s:
+    with LoopbackFileServer(body, mode="ignore_range") as s:
         path = download.fetch(_entry(s.url("x"), body), tmp_path, progress=False)
         assert open(path, "rb").read() == body
 
 
 def test_transfer_that_keeps_breaking_keeps_the_part_for_a_later_call(tmp_path):
     body = _body()
-    with _Server(body, mode="truncate", cut=10_000, cuts=download.ATTEMPTS) as s:
+    with LoopbackFileServer(body, mode="truncate", cut=10_000, cuts=download.ATTEMPTS) as s:
         d = _entry(s.url("x"), body)
         with pytest.raises(DataUnavailableError, match="broke off") as e:
             download.fetch(d, tmp_path, progress=False)
@@ -169,7 +103,7 @@ def test_transfer_that_keeps_breaking_keeps_the_part_for_a_later_call(tmp_path):
 def test_checksum_mismatch_keeps_no_bad_file(tmp_path):
     body = _body()
     wrong = hashlib.sha256(b"another file").hexdigest()
-    with _Server(body) as s:
+    with LoopbackFileServer(body) as s:
         d = _entry(s.url("x"), body, sha=wrong)
         with pytest.raises(ValueError) as e:
             download.fetch(d, tmp_path, progress=False)
@@ -181,7 +115,7 @@ def test_checksum_mismatch_keeps_no_bad_file(tmp_path):
 def test_bad_file_at_the_final_name_is_reported_not_deleted(tmp_path):
     body = _body()
     (tmp_path / "series.csv").write_bytes(b"hand-placed, wrong version")
-    with _Server(body) as s:
+    with LoopbackFileServer(body) as s:
         with pytest.raises(ValueError, match="expected " + hashlib.sha256(body).hexdigest()):
             download.fetch(_entry(s.url("x"), body), tmp_path, progress=False)
         assert s.requests == []
@@ -192,14 +126,14 @@ def test_good_cached_file_survives_a_bad_source(tmp_path):
     """A file already cached is used without a request, whatever the source would send now."""
     body = _body()
     (tmp_path / "series.csv").write_bytes(body)
-    with _Server(b"changed upstream") as s:
+    with LoopbackFileServer(b"changed upstream") as s:
         path = download.fetch(_entry(s.url("x"), body), tmp_path, progress=False)
         assert open(path, "rb").read() == body and s.requests == []
 
 
 def test_http_error_is_one_line_naming_url_and_where_to_place_the_file(tmp_path):
     body = _body(1000)
-    with _Server(body, mode="error") as s:
+    with LoopbackFileServer(body, mode="error") as s:
         d = _entry(s.url("series.csv"), body)
         with pytest.raises(DataUnavailableError) as e:
             download.fetch(d, tmp_path, progress=False)
@@ -210,12 +144,8 @@ def test_http_error_is_one_line_naming_url_and_where_to_place_the_file(tmp_path)
 
 
 def test_offline_closed_port_is_one_line(tmp_path):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now
     body = _body(1000)
-    d = _entry(f"http://127.0.0.1:{port}/ETTh1.csv", body, filename="ETTh1.csv")
+    d = _entry(closed_port_url("ETTh1.csv"), body, filename="ETTh1.csv")
     with pytest.raises(DataUnavailableError) as e:
         download.fetch(d, tmp_path / "cache", timeout=5, progress=False)
     msg = _one_line(e)
@@ -250,7 +180,7 @@ def test_registry_pins_match_the_benchmark_copies(name, tmp_path):
     body = open(copy, "rb").read()
     assert len(body) == d.size
     assert hashlib.sha256(body).hexdigest() == d.sha256
-    with _Server(body) as s:
+    with LoopbackFileServer(body) as s:
         local = Dataset(**{**d.__dict__, "url": s.url(d.filename)})
         path = download.fetch(local, tmp_path, progress=False)
     assert os.path.basename(path) == d.filename and download.is_cached(d, tmp_path)
@@ -260,3 +190,17 @@ def test_command_line_lists_the_cache(tmp_path, capsys):
     assert download.main(["--list", f"--data_dir={tmp_path}", "etth1"]) == 0
     out = capsys.readouterr().out
     assert "etth1" in out and "not cached" in out and download.DATASETS["etth1"].url in out
+
+
+def test_optional_fetch_offline_says_how_to_get_the_file(tmp_path, capsys):
+    body = _body(1000)
+    d = _entry(closed_port_url("ETTh1.csv"), body, filename="ETTh1.csv")
+    path, how = download.fetch_if_reachable(d, tmp_path, timeout=5, progress=False)
+    assert path is None
+    assert d.url in how and os.path.join(str(tmp_path), "ETTh1.csv") in how and d.sha256 in how
+    assert "python -m core.data.download test" in how
+    assert capsys.readouterr().out.count("\n") == 1  # the reason, on one line
+    with LoopbackFileServer(body) as s:
+        d = _entry(s.url("ETTh1.csv"), body, filename="ETTh1.csv")
+        path, how = download.fetch_if_reachable(d, tmp_path, progress=False)
+    assert how == "" and open(path, "rb").read() == body

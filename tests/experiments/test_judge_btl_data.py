@@ -261,3 +261,62 @@ def test_mle_diagnosis_names_a_judge_with_only_ties(tmp_path):
     text = judge_btl._mle_reason(dict(mle_diagnosis=diag))
     assert text.startswith("The unpenalised judge-aware MLE does not exist: judges 'calm' have only "
                            "tied comparisons")
+
+
+def _registry_entry(monkeypatch, url: str, body: bytes):
+    """Points the registry's ``llmfao`` at ``url`` (a loopback server or a closed port)."""
+    import dataclasses
+    import hashlib
+
+    from core.data import download
+
+    entry = dataclasses.replace(download.DATASETS["llmfao"], url=url, size=len(body),
+                                sha256=hashlib.sha256(body).hexdigest())
+    monkeypatch.setitem(download.DATASETS, "llmfao", entry)
+    return entry
+
+
+def test_data_by_name_is_downloaded_once_then_fitted(tmp_path, monkeypatch, no_simulation):
+    from core.testing import LoopbackFileServer
+
+    fitted = []  # the data-only fit (tested above) receives the downloaded comparisons
+    monkeypatch.setattr(judge_btl, "_run_data_only", lambda config, real, out: fitted.append(real))
+    body = open(_csv(tmp_path / "src.csv", _rows(n=400)), "rb").read()
+    with LoopbackFileServer(body) as server:
+        _registry_entry(monkeypatch, server.url("llmfao.csv"), body)
+        config = _config("", data="llmfao", data_dir=str(tmp_path / "cache"))
+        judge_btl.run(config, str(tmp_path / "a"))
+        judge_btl.run(config, str(tmp_path / "b"))
+        assert server.requests == [None]  # the second run read the cache
+    assert open(tmp_path / "cache" / "llmfao.csv", "rb").read() == body
+    assert [(r["name"], r["path"], r["left"].shape) for r in fitted] == [
+        ("llmfao", str(tmp_path / "cache" / "llmfao.csv"), (400,))] * 2
+
+
+def test_benchmark_offline_is_not_measured_and_says_how_to_get_it(tmp_path, monkeypatch):
+    from core.testing import closed_port_url
+
+    _stub_parts(monkeypatch, tmp_path)
+    entry = _registry_entry(monkeypatch, closed_port_url("llmfao.csv"), b"unused")
+    config = _config("", data_dir=str(tmp_path / "cache"))
+    config.benchmark.data, config.benchmark.timeout = "llmfao", 5.0
+    section = judge_btl.run(config, str(tmp_path))
+    m = json.load(open(tmp_path / "judge_btl" / "metrics.json"))
+    assert m["real_data"] is None and m["headline"]["heldout_source"] == "simulation"
+    place = str(tmp_path / "cache" / "llmfao.csv")
+    assert m["benchmark"]["measured"] is False
+    for text in (m["benchmark"]["how_to_get"], section.headline["ours"], section.body):
+        assert entry.url in text and place in text and "python -m core.data.download llmfao" in text
+    assert "llmfao not measured here" in section.headline["ours"]
+
+
+def test_data_path_and_data_together_are_refused():
+    from core import config as cfg_lib
+    from experiments.configs import judge_btl as module
+
+    config = _config("votes.csv", data="llmfao")
+    with pytest.raises(ValueError, match="data_path='votes.csv' and data='llmfao'"):
+        cfg_lib.validate_module_config(config, module)
+    config = _config("", data="arena")
+    with pytest.raises(ValueError, match="llmfao"):
+        cfg_lib.validate_module_config(config, module)
