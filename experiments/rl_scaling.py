@@ -2,9 +2,11 @@
 
 A small byte-level transformer is warm-started by supervised training on sums (an easy and a hard
 split, :mod:`algorithms.rl_scaling.warmstart`), then trained with GRPO under rollout budgets
-C = n * B_p * M for a grid of rollouts per problem n, problems per batch B_p and seeds
+C = n * B_p * M for a grid of rollouts per problem n, problems per batch B_p, seeds (orders of the
+training problems) and rollout streams (the rollouts' randomness within a seed)
 (:mod:`algorithms.rl_scaling.sweep`). Measured (:mod:`algorithms.rl_scaling.analysis`): held-out
-exact pass@1 (easy) and pass@k (hard), n*(C) with bootstrap intervals, power law vs sigmoid for
+exact pass@1 (easy) and pass@k (hard), n*(C) with bootstrap intervals over seeds and streams,
+power law vs sigmoid for
 n*(C) with a bootstrap of their leave-one-budget-out comparison, interference, seed variance per
 B_p, and rollout throughput.
 
@@ -56,7 +58,8 @@ def settings(config: ml_collections.ConfigDict):
     cfg = sweep.SweepConfig(ns=tuple(config.ns), problems_per_batch=tuple(config.problems_per_batch),
                             num_seeds=config.num_seeds, budgets=budgets, grpo=gcfg,
                             learning_rate=config.learning_rate, grad_clip=config.grad_clip,
-                            temperature=config.temperature, pass_k=config.pass_k, seed=config.seed)
+                            temperature=config.temperature, pass_k=config.pass_k, seed=config.seed,
+                            num_streams=config.num_streams)
     for pairs in cfg.groups().values():
         for n, bp in pairs:
             allocation.Allocation(budgets[-1], n, bp, gcfg.advantage == "grpo")
@@ -107,7 +110,8 @@ def plot_curves(records: list, cfg: sweep.SweepConfig) -> plt.Figure:
     for ax, (split, obj) in zip(axes, analysis.OBJECTIVES.items()):
         for n in cfg.ns:
             pts = [(c, v.mean()) for c in cfg.budgets
-                   for p, v, _ in [analysis.best_curve(records, c, [n], obj, cfg.num_seeds)] if p]
+                   for p, v, _ in [analysis.best_curve(records, c, [n], obj, cfg.num_seeds,
+                                                       cfg.num_streams)] if p]
             if pts:
                 ax.plot(*zip(*pts), "o-", color=colors[n], label=f"n = {n}")
         ax.set_xscale("log", base=2)
@@ -147,9 +151,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         nstar, fits = {}, {}
         for j, (split, obj) in enumerate(analysis.OBJECTIVES.items()):
             nstar[split] = analysis.n_star_by_budget(recs, cfg.budgets, ns, obj, cfg.num_seeds,
-                                                     config.num_boot, config.seed)
+                                                     config.num_boot, config.seed, cfg.num_streams)
             fits[split] = analysis.fit_n_star(recs, nstar[split], ns, obj, cfg.num_seeds,
-                                              config.fit_boot, config.seed + 100 * (j + 1))
+                                              config.fit_boot, config.seed + 100 * (j + 1),
+                                              cfg.num_streams)
         inter = analysis.interference(res.step_metrics, ns)
         if config.cosine_problems:
             ids = np.linspace(0, len(pool["lens"]) - 1, config.cosine_problems).astype(int)
@@ -177,7 +182,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "easy_pass1": analysis.mean_table(recs, "easy_pass1", cfg.budgets, ns, bps),
         "hard_coverage": analysis.mean_table(recs, "hard_passk", cfg.budgets, ns, bps),
         "hard_pass1": analysis.mean_table(recs, "hard_pass1", cfg.budgets, ns, bps),
-        "seed_std": analysis.seed_std(recs, c_max, ns, bps, cfg.num_seeds),
+        "seed_std": analysis.seed_std(recs, c_max, ns, bps, cfg.num_seeds,
+                                      num_streams=cfg.num_streams),
+        "replicates": {"seeds": cfg.num_seeds, "streams": cfg.num_streams},
         "rollouts_per_s": res.rollouts_per_second, "compile_seconds": res.compile_seconds,
         "budgets": list(cfg.budgets), "pass_k": config.pass_k, "sampled_check": sampled,
         "params": param_count(params0), "records": recs, "seconds": total.seconds,
@@ -201,7 +208,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
 
 def n_star_slope(fit_result: dict) -> dict:
     """The power law's exponent b of log2 n* = a + b log2 C and its 90% bootstrap interval over
-    seeds (:func:`analysis.fit_n_star`): {"slope", "lo", "hi", "excludes_zero"}; ``excludes_zero``
+    seeds and rollout streams (:func:`analysis.fit_n_star`): {"slope", "lo", "hi", "excludes_zero"}; ``excludes_zero``
     is 1 when the interval lies wholly above or below 0 (the sweep is large enough to tell
     whether n* grows), else 0. Without a bootstrap (fewer than 3 budgets where every n ran, or
     ``fit_boot = 0``) ``lo`` and ``hi`` are None and ``excludes_zero`` is 0: nothing shows that
@@ -243,12 +250,13 @@ def describe(config, cfg: sweep.SweepConfig, r: dict, warm_info: dict) -> str:
         f"{warm_info['mixed_steps']} mixed steps"
         + ("." if warm_info["reached"] else " (a stage hit its step cap before its target)."),
         "", f"Sweep: C = {', '.join(map(str, cfg.budgets))} rollouts; n in {cfg.ns}; B_p in "
-        f"{cfg.problems_per_batch}; {cfg.num_seeds} seeds; GRPO ({cfg.grpo.advantage}, "
+        f"{cfg.problems_per_batch}; {cfg.num_seeds} seeds x {cfg.num_streams} rollout streams; "
+        f"GRPO ({cfg.grpo.advantage}, "
         f"{cfg.grpo.aggregation}, {cfg.grpo.inner_steps} inner steps).", "",
         report.markdown_table(["C", "n* easy (pass@1) [90% CI]", f"n* hard (pass@{k}) [90% CI]"],
                               rows), "",
         f"Fit of log2 n*(C): {fit_line('easy')}; {fit_line('hard')}.", "",
-        f"Power-law slope of log2 n* in log2 C, 90% bootstrap over seeds: "
+        f"Power-law slope of log2 n* in log2 C, 90% bootstrap over seeds and streams: "
         f"{r['n_star_slope_text']}; an interval that contains 0 cannot tell growth from none. "
         f"Spread of the seed-mean objective across n at the largest budget: "
         + ", ".join(f"{s} {v:.4f}" for s, v in r["objective_spread"].items()) + ".", "",
@@ -257,7 +265,7 @@ def describe(config, cfg: sweep.SweepConfig, r: dict, warm_info: dict) -> str:
                               [[n, v["fallen"], v["informative_groups"],
                                 v.get("grad_cosine", float("nan"))]
                                for n, v in r["interference"].items()]), "",
-        "Seed std of final easy pass@1 per B_p: " + ", ".join(
+        "Std over seeds x streams of final easy pass@1 per B_p: " + ", ".join(
             f"B_p={b}: {v:.4f}" for b, v in r["seed_std"].items() if v is not None)
         + f". Rollout + update throughput {r['rollouts_per_s']:,.0f} rollouts/s (vmapped lanes, "
         f"compilation excluded; {r['compile_seconds']:.0f} s in first steps).",
@@ -294,8 +302,7 @@ def grpo_step_spec(config: ml_collections.ConfigDict, devices, rollouts_per_step
     tx = sweep.optimizer(cfg)
     spec = sweep.group_spec(cfg, r, answer_len)
     mesh = sharding.make_mesh(1, devices=devices)
-    lanes = len(sweep.pad_lanes([(n, bp, s) for n, bp in groups[r] for s in range(cfg.num_seeds)],
-                                mesh.shape[sharding.DATA]))
+    lanes = len(sweep.pad_lanes(cfg.lanes(groups[r]), mesh.shape[sharding.DATA]))
     stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((lanes, *x.shape), x.dtype), params)
     opt = jax.eval_shape(jax.vmap(tx.init), stacked)
     rep = sharding.replicated(mesh)
@@ -310,14 +317,14 @@ def grpo_step_spec(config: ml_collections.ConfigDict, devices, rollouts_per_step
             "lens": jax.ShapeDtypeStruct((config.num_train,), jnp.int32)}
     ref = aot_steps.abstract(params, rep) if cfg.grpo.kl_beta > 0 else None
     m = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep, weak_type=True)  # a Python int in run_sweep
-    args = (split(stacked), split(opt), split(keys), m,
+    args = (split(stacked), split(opt), split(keys), split(keys), m,
             split(jax.ShapeDtypeStruct((lanes,), jnp.int32)), aot_steps.abstract(pool, rep), ref)
     k = param_count(params)
     return aot_steps.StepSpec(
         sweep.sweep_step_fn(gd, tx, spec), args, (0, 1), None, k,
-        f"{lanes} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x {cfg.num_seeds} seeds, "
-        f"padded), prompt {prompt_len} + {answer_len} tokens, d {mcfg.d_model} x "
-        f"{mcfg.num_layers} layers, {mcfg.dtype.name}, remat {mcfg.remat}, {k / 1e6:.0f}M params")
+        f"{lanes} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x {cfg.num_seeds} seeds x "
+        f"{cfg.num_streams} streams, padded), prompt {prompt_len} + {answer_len} tokens, "
+        f"d {mcfg.d_model} x {mcfg.num_layers} layers, {mcfg.dtype.name}, remat {mcfg.remat}, {k / 1e6:.0f}M params")
 
 
 def paper_steps():

@@ -9,7 +9,14 @@ Dimensions: Q values of n, S seeds, C compute budgets.
   ``lo + (hi - lo) * sigmoid((log2 C - x0) / w)`` with ``lo`` the smallest n tried, and by a
   plain power law ``log2 n* = a + b log2 C``; the two forms are compared by leave-one-budget-out
   squared error in log2 n*.
-* Confidence intervals: bootstrap over seeds (resample seeds with replacement per configuration).
+* Confidence intervals: bootstrap over the replicate runs of each configuration. Replicates are
+  S seeds, each with T rollout streams: a seed fixes the order of the training problems and a
+  stream the randomness of the rollouts sampled on them, so the T streams of a seed share its
+  problem order (a two-level design). A replicate of the bootstrap resamples the S seeds with
+  replacement and then, within each drawn seed, its T streams with replacement (the two-stage
+  bootstrap of hierarchical data, Davison & Hinkley 1997, "Bootstrap Methods and their
+  Application", Sec. 3.8; resampling both stages errs on the wide side). With T = 1 it is the
+  plain bootstrap over seeds.
 """
 
 from __future__ import annotations
@@ -43,25 +50,55 @@ def n_star(log2_n: np.ndarray, reward: np.ndarray) -> float:
     return float(vertex) if x.min() <= vertex <= x.max() else best
 
 
+def resample_mean(rng: np.random.Generator, rewards: np.ndarray) -> np.ndarray:
+    """One two-stage bootstrap replicate of the replicate mean of each configuration.
+
+    Args:
+      rng: the NumPy generator (advanced).
+      rewards: float64 [..., S, T, Q]: S seeds x T rollout streams of Q independent
+        configurations (leading axes, e.g. budgets, share the draw: a run's rewards at every
+        budget are one draw).
+
+    Returns:
+      float64 [..., Q]: per configuration q, the mean over S seeds drawn with replacement and,
+      within each drawn seed, T of its streams drawn with replacement (module docstring).
+    """
+    s, t, q = rewards.shape[-3:]
+    seeds = rng.integers(0, s, size=(s, 1, q))
+    streams = rng.integers(0, t, size=(s, t, q))
+    return rewards[..., seeds, streams, np.arange(q)].mean(axis=(-3, -2))
+
+
 def bootstrap_n_star(log2_n: np.ndarray, rewards: np.ndarray, num_boot: int, seed: int,
                      level: float = 0.9) -> tuple[float, float, float]:
-    """(point estimate, lower, upper) of log2 n* with a percentile bootstrap over seeds.
+    """(point estimate, lower, upper) of log2 n* with a percentile bootstrap over the replicates.
 
     Args:
       log2_n: [Q].
-      rewards: [S, Q] per-seed rewards (NaN where a configuration did not run is not allowed).
+      rewards: [S, Q] per-seed rewards, or [S, T, Q] for S seeds x T rollout streams
+        (resampled in two stages, :func:`resample_mean`); NaN is not allowed.
       num_boot: bootstrap replicates (>= 1).
+      seed: NumPy seed of the resampling.
       level: central interval mass.
+
+    Raises:
+      ValueError: rewards of another shape.
     """
     rewards = np.asarray(rewards, np.float64)
-    if rewards.ndim != 2 or rewards.shape[1] != len(log2_n):
-        raise ValueError(f"bootstrap_n_star: rewards must be [S, Q={len(log2_n)}], got "
-                         f"{rewards.shape}")
+    if rewards.ndim not in (2, 3) or rewards.shape[-1] != len(log2_n) or not rewards.size:
+        raise ValueError(f"bootstrap_n_star: rewards must be [S, Q={len(log2_n)}] or "
+                         f"[S, T, Q={len(log2_n)}], got {rewards.shape}")
     rng = np.random.default_rng(seed)
-    s = rewards.shape[0]
-    point = n_star(log2_n, rewards.mean(axis=0))
-    idx = rng.integers(0, s, size=(num_boot, s, rewards.shape[1]))
-    boots = [n_star(log2_n, np.take_along_axis(rewards, i, axis=0).mean(axis=0)) for i in idx]
+    if rewards.ndim == 3 and rewards.shape[1] > 1:
+        point = n_star(log2_n, rewards.mean(axis=(0, 1)))
+        boots = [n_star(log2_n, resample_mean(rng, rewards)) for _ in range(num_boot)]
+    else:  # one stream: the bootstrap over seeds
+        rewards = rewards.reshape(rewards.shape[0], -1)
+        s = rewards.shape[0]
+        point = n_star(log2_n, rewards.mean(axis=0))
+        idx = rng.integers(0, s, size=(num_boot, s, rewards.shape[1]))
+        boots = [n_star(log2_n, np.take_along_axis(rewards, i, axis=0).mean(axis=0))
+                 for i in idx]
     lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
     return point, float(lo), float(hi)
 
@@ -190,17 +227,19 @@ class ScalingBootstrap:
 def bootstrap_scaling(log2_c: np.ndarray, log2_n: np.ndarray, rewards: np.ndarray, num_boot: int,
                       seed: int, lo: float, hi_max: float, level: float = 0.9
                       ) -> ScalingBootstrap:
-    """Bootstrap over seeds of the whole n*(C) analysis: n* at every budget, both fits, their
-    leave-one-budget-out comparison, the power law's slope and the sigmoid's saturation onset.
+    """Bootstrap over the replicate runs of the whole n*(C) analysis: n* at every budget, both
+    fits, their leave-one-budget-out comparison, the power law's slope and the sigmoid's
+    saturation onset.
 
-    A replicate resamples the S seeds of each n (with replacement) once and uses that resample at
-    every budget: a run at budget C is a prefix of the same run at the largest budget, so a seed's
-    rewards across budgets are one draw.
+    A replicate resamples the runs of each n (with replacement; seeds, then streams within each
+    seed, :func:`resample_mean`) once and uses that resample at every budget: a run at budget C
+    is a prefix of the same run at the largest budget, so a run's rewards across budgets are one
+    draw.
 
     Args:
       log2_c: [C] budgets (C >= 3).
       log2_n: [Q] rollouts per problem (Q >= 1).
-      rewards: [C, S, Q] per-seed rewards.
+      rewards: [C, S, Q] per-seed rewards, or [C, S, T, Q] for S seeds x T rollout streams.
       num_boot: replicates (>= 1).
       seed: NumPy seed of the resampling.
       lo, hi_max: as in :func:`fit_scaling`.
@@ -212,19 +251,25 @@ def bootstrap_scaling(log2_c: np.ndarray, log2_n: np.ndarray, rewards: np.ndarra
     x = np.asarray(log2_c, np.float64)
     n = np.asarray(log2_n, np.float64)
     r = np.asarray(rewards, np.float64)
-    if r.ndim != 3 or r.shape[0] != x.size or r.shape[2] != n.size or x.size < 3:
-        raise ValueError(f"bootstrap_scaling: rewards must be [C={x.size} >= 3, S, Q={n.size}], "
-                         f"got {r.shape}")
+    if r.ndim not in (3, 4) or r.shape[0] != x.size or r.shape[-1] != n.size or x.size < 3:
+        raise ValueError(f"bootstrap_scaling: rewards must be [C={x.size} >= 3, S, Q={n.size}] "
+                         f"or [C, S, T, Q], got {r.shape}")
     if num_boot < 1 or not np.all(np.isfinite(r)):
         raise ValueError(f"bootstrap_scaling: need num_boot >= 1 and finite rewards, got "
                          f"num_boot={num_boot}")
     rng = np.random.default_rng(seed)
+    streams = r.ndim == 4 and r.shape[2] > 1
+    r = r if streams else r.reshape(x.size, r.shape[1], n.size)
     s = r.shape[1]
     diff, slope, onset = [], [], []
     for _ in range(num_boot):
-        idx = rng.integers(0, s, size=(s, n.size))
-        y = np.asarray([n_star(n, np.take_along_axis(r[j], idx, axis=0).mean(axis=0))
-                        for j in range(x.size)])
+        if streams:
+            means = resample_mean(rng, r)
+        else:  # one stream: the bootstrap over seeds
+            idx = rng.integers(0, s, size=(s, n.size))
+            means = np.stack([np.take_along_axis(r[j], idx, axis=0).mean(axis=0)
+                              for j in range(x.size)])
+        y = np.asarray([n_star(n, means[j]) for j in range(x.size)])
         f = fit_scaling(x, y, lo, hi_max)
         diff.append(f.loo_power - f.loo_sigmoid)
         slope.append(f.power["b"])

@@ -2,13 +2,22 @@
 evaluated at each budget of a log grid (Cheng et al. 2026, Sec. 3: iso-compute curves).
 
 Dimensions: L lanes (independent runs) sharing one compiled step, R = n B_p rollouts per step,
-G distinct-problem rows per step, N held-out problems per split, J budgets.
+G distinct-problem rows per step, N held-out problems per split, J budgets, S seeds, T rollout
+streams per seed.
+
+Replicates. Each (n, B_p) runs S x T times: a seed s fixes the order of the training problems
+(the batches drawn), a stream t the randomness of the rollouts sampled on them, from separate PRNG
+keys (:func:`lane_keys`). Streams measure what the rollouts' own randomness does to a run; the
+same run on another CPU, whose float rounding differs in its last bits, drifts away from this
+one as a run with another stream does (a policy-gradient run amplifies any difference in a
+sampled token), so the analysis bootstraps over both (:func:`algorithms.rl_scaling.fit.resample_mean`).
 
 With a constant learning rate the run at budget C is the first M = C / (n B_p) steps of the run at
 the largest budget, so each lane is trained once and read off at every budget. Lanes with the same
 R = n B_p run as one ``vmap``-ed, jitted step (n is traced): one compilation per distinct R. The
 step follows core.training's protocol (pure ``step(params, opt_state, ...)``, state donated, keys
-derived from the step number ``fold_in(key, m)``); the lane axis is split over the ``data`` axis of
+derived from the step number ``fold_in(key, m)``, one key for the batch and one for the
+rollouts); the lane axis is split over the ``data`` axis of
 a mesh of all devices (independent runs, so no cross-device traffic), padded with repeats of the
 last lane. The host does not wait on a step: per-step metrics stay on the device until the next
 evaluation, so dispatch runs ahead of the computation.
@@ -41,7 +50,7 @@ class SweepConfig:
     Attributes:
       ns: rollouts per problem n to try.
       problems_per_batch: B_p values to try.
-      num_seeds: seeds per (n, B_p).
+      num_seeds: seeds per (n, B_p): orders of the training problems.
       budgets: rollout budgets C, increasing; a lane (n, B_p) runs iff n B_p divides the largest.
       grpo: the loss configuration.
       learning_rate: constant Adam learning rate (constant, so budgets are prefixes of one run).
@@ -49,11 +58,13 @@ class SweepConfig:
       temperature: rollout sampling temperature tau; the loss's log-probs and the held-out exact
         pass@1 / pass@k are under the same policy softmax(logits / tau).
       pass_k: k of the exact pass@k in the records.
-      seed: base seed; lane (n, B_p, s) uses ``fold_in(fold_in(key(seed + 1 + s), n), B_p)``.
+      seed: base seed of every lane's keys (:func:`lane_keys`).
+      num_streams: rollout streams per seed: T runs that share a seed's problem order and sample
+        their rollouts from independent keys.
 
     Raises (on construction):
-      ValueError: empty grids, non-increasing budgets, num_seeds < 1, pass_k < 1, or no (n, B_p)
-        that fits the largest budget.
+      ValueError: empty grids, non-increasing budgets, num_seeds < 1, num_streams < 1,
+        pass_k < 1, or no (n, B_p) that fits the largest budget.
     """
 
     ns: tuple[int, ...]
@@ -66,6 +77,7 @@ class SweepConfig:
     temperature: float = 1.0
     pass_k: int = 8
     seed: int = 0
+    num_streams: int = 1
 
     def __post_init__(self):
         if not self.ns or not self.problems_per_batch or not self.budgets:
@@ -74,9 +86,9 @@ class SweepConfig:
                              "non-empty")
         if any(b <= a for a, b in zip(self.budgets, self.budgets[1:])):
             raise ValueError(f"SweepConfig.budgets={self.budgets}: expected increasing budgets")
-        if self.num_seeds < 1 or self.pass_k < 1:
-            raise ValueError(f"SweepConfig: need num_seeds >= 1 and pass_k >= 1, got "
-                             f"{self.num_seeds}, {self.pass_k}")
+        if self.num_seeds < 1 or self.num_streams < 1 or self.pass_k < 1:
+            raise ValueError(f"SweepConfig: need num_seeds, num_streams and pass_k >= 1, got "
+                             f"{self.num_seeds}, {self.num_streams}, {self.pass_k}")
         if not self.groups():
             raise ValueError(f"SweepConfig: no (n, B_p) with n * B_p dividing the largest budget "
                              f"{self.budgets[-1]}")
@@ -90,15 +102,22 @@ class SweepConfig:
                     out[n * bp].append((n, bp))
         return dict(sorted(out.items()))
 
+    def lanes(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+        """The runs (n, B_p, seed, stream) of the (n, B_p) ``pairs``, seeds outer."""
+        return [(n, bp, s, t) for n, bp in pairs for s in range(self.num_seeds)
+                for t in range(self.num_streams)]
+
 
 @dataclasses.dataclass
 class SweepResult:
     """What a sweep measured.
 
     Attributes:
-      records: one dict per (lane, budget): budget, n, bp, seed, steps, easy_pass1, hard_pass1,
+      records: one dict per (lane, budget): budget, n, bp, seed, stream, steps, easy_pass1,
+        hard_pass1,
         easy_passk, hard_passk (held-out, exact, at the sweep's temperature), train_reward (mean over the steps so far).
-      step_metrics: {(n, bp, seed): {metric: float32 [M]}} per-step diagnostics of each lane
+      step_metrics: {(n, bp, seed, stream): {metric: float32 [M]}} per-step diagnostics of each
+        lane
         (see :func:`trainer.make_rl_step`).
       rollouts: rollouts sampled in the timed steps (every step but each group's first).
       seconds: wall seconds of those steps (rollout + update; compilation and evaluation
@@ -107,7 +126,7 @@ class SweepResult:
     """
 
     records: list[dict]
-    step_metrics: dict[tuple[int, int, int], dict[str, np.ndarray]]
+    step_metrics: dict[tuple[int, int, int, int], dict[str, np.ndarray]]
     rollouts: int
     seconds: float
     compile_seconds: float
@@ -129,8 +148,17 @@ def stack(tree: PyTree, num: int) -> PyTree:
 
 
 def lane_key(seed: int, n: int, bp: int, s: int) -> jax.Array:
-    """The base PRNG key of lane (n, B_p, seed s); step m uses ``fold_in(key, m)``."""
+    """The base PRNG key of (n, B_p) at seed s: ``fold_in(fold_in(key(seed + 1 + s), n), B_p)``."""
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed + 1 + s), n), bp)
+
+
+def lane_keys(seed: int, n: int, bp: int, s: int, t: int) -> tuple[jax.Array, jax.Array]:
+    """(problem-order key, rollout key) of lane (n, B_p, seed s, stream t): the two halves of
+    ``split(lane_key(seed, n, B_p, s))``, the second folded with t. Step m draws its batch with
+    ``fold_in(order, m)`` and samples its rollouts with ``fold_in(rollout, m)``, so the streams of
+    a seed see the same problems and independent rollouts."""
+    order, streams = jax.random.split(lane_key(seed, n, bp, s))
+    return order, jax.random.fold_in(streams, t)
 
 
 def optimizer(cfg: SweepConfig) -> optax.GradientTransformation:
@@ -159,14 +187,18 @@ def group_spec(cfg: SweepConfig, rollouts_per_step: int, answer_len: int) -> tra
 
 def sweep_step_fn(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                   spec: trainer.RLSpec):
-    """The lane-vmapped step ``(params [L], opt_state [L], base_keys [L], m, n [L], pool, ref)
-    -> (params, opt_state, metrics [L])``, not jitted (:func:`make_sweep_step` jits it, donating
-    params and optimizer state); lane i's key at step m is ``fold_in(base_keys[i], m)``."""
-    step = jax.vmap(trainer.make_rl_step(graphdef, tx, spec), in_axes=(0, 0, 0, 0, None, None))
+    """The lane-vmapped step ``(params [L], opt_state [L], order_keys [L], rollout_keys [L], m,
+    n [L], pool, ref) -> (params, opt_state, metrics [L])``, not jitted (:func:`make_sweep_step`
+    jits it, donating params and optimizer state); at step m lane i draws its batch with
+    ``fold_in(order_keys[i], m)`` and its rollouts with ``fold_in(rollout_keys[i], m)``
+    (:func:`lane_keys`)."""
+    step = jax.vmap(trainer.make_rl_step(graphdef, tx, spec),
+                    in_axes=(0, 0, 0, 0, None, None, 0))
+    at_step = jax.vmap(jax.random.fold_in, in_axes=(0, None))
 
-    def sweep_step(params, opt_state, base_keys, m, ns, pool, ref):
-        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(base_keys, m)
-        return step(params, opt_state, keys, ns, pool, ref)
+    def sweep_step(params, opt_state, order_keys, rollout_keys, m, ns, pool, ref):
+        return step(params, opt_state, at_step(order_keys, m), ns, pool, ref,
+                    at_step(rollout_keys, m))
 
     return sweep_step
 
@@ -224,22 +256,23 @@ def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
     rollouts_done, seconds, compile_seconds = 0, 0.0, 0.0
     bar = tqdm(total=sum(c_max // r for r in groups), desc=desc, mininterval=2.0, leave=False)
     for r, pairs in groups.items():
-        lanes = [(n, bp, s) for n, bp in pairs for s in range(cfg.num_seeds)]
+        lanes = cfg.lanes(pairs)
         run_lanes = pad_lanes(lanes, num_dev)
         step = make_sweep_step(graphdef, tx, group_spec(cfg, r, answer_len))
         params = sharding.shard_batch(stack(params0, len(run_lanes)), mesh)
         # Placed as the step returns it (lanes over `data`): an optimizer state left where the
         # eager init puts it would make the second step compile the group's program again.
         opt_state = sharding.shard_batch(jax.vmap(tx.init)(params), mesh)
-        ns = sharding.shard_batch(np.asarray([n for n, _, _ in run_lanes], np.int32), mesh)
-        base_keys = jax.device_put(jnp.stack([lane_key(cfg.seed, n, bp, s)
-                                              for n, bp, s in run_lanes]),
-                                   sharding.batch_sharding(mesh, 1))
+        ns = sharding.shard_batch(np.asarray([lane[0] for lane in run_lanes], np.int32), mesh)
+        order_keys, rollout_keys = (
+            jax.device_put(jnp.stack(k), sharding.batch_sharding(mesh, 1))
+            for k in zip(*(lane_keys(cfg.seed, *lane) for lane in run_lanes)))
         hist = []
         for m in range(1, c_max // r + 1):
             evaluate_now = m * r in budgets
             with Stopwatch() as sw:
-                params, opt_state, met = step(params, opt_state, base_keys, m, ns, pool, ref)
+                params, opt_state, met = step(params, opt_state, order_keys, rollout_keys, m,
+                                              ns, pool, ref)
                 if m == 1 or evaluate_now:
                     jax.block_until_ready(params)
             if m == 1:
@@ -252,9 +285,9 @@ def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
             if evaluate_now:
                 hist = jax.device_get(hist)
                 pe, ph = jax.device_get(evaluate(params))
-                for i, (n, bp, s) in enumerate(lanes):
+                for i, (n, bp, s, t) in enumerate(lanes):
                     records.append({
-                        "budget": m * r, "n": n, "bp": bp, "seed": s, "steps": m,
+                        "budget": m * r, "n": n, "bp": bp, "seed": s, "stream": t, "steps": m,
                         "easy_pass1": float(pe[i].mean()), "hard_pass1": float(ph[i].mean()),
                         "hard_passk": float(metrics.expected_pass_at_k(ph[i], cfg.pass_k).mean()),
                         "easy_passk": float(metrics.expected_pass_at_k(pe[i], cfg.pass_k).mean()),

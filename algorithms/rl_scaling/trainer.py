@@ -165,16 +165,19 @@ def sample_batch(key: jax.Array, pool_size: int, rollouts: int, n: jax.Array
 
 def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: RLSpec
                  ) -> Callable[..., tuple[nnx.State, PyTree, dict[str, jax.Array]]]:
-    """A pure GRPO step ``step(params, opt_state, key, n, pool, ref_params)``.
+    """A pure GRPO step ``step(params, opt_state, key, n, pool, ref_params, rollout_key)``.
 
     Args of the returned function:
       params, opt_state: policy parameters and optimizer state.
-      key: PRNG key.
+      key: PRNG key; the first half of ``split(key)`` draws the batch's problems, the second
+        samples the rollouts unless ``rollout_key`` is given.
       n: int32 scalar, rollouts per problem; must divide R with R / n <= ``spec.problem_rows``
         (and n >= 2 for "grpo" advantages); checked by the caller, e.g. with
         :class:`allocation.Allocation`, since n may be traced.
       pool: {"prompts" int32 [N, Lp], "targets" int32 [N, T], "lens" int32 [N]} training problems.
       ref_params: reference-policy parameters for the KL term (None when kl_beta = 0).
+      rollout_key: optional PRNG key of the rollouts' sampling, a stream separate from the
+        batch's problems (``algorithms.rl_scaling.sweep.lane_keys``).
 
     Returns:
       (params, opt_state, metrics) with scalar metrics: reward (mean over rollouts), informative
@@ -189,10 +192,11 @@ def make_rl_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec:
     r, t, g = spec.rollouts_per_step, spec.max_new_tokens, spec.problem_rows
     ref_needed = cfg.kl_beta > 0
 
-    def step(params, opt_state, key, n, pool, ref_params=None):
+    def step(params, opt_state, key, n, pool, ref_params=None, rollout_key=None):
         if ref_needed and ref_params is None:
             raise ValueError("make_rl_step: kl_beta > 0 needs ref_params")
         k_batch, k_roll = jax.random.split(key)
+        k_roll = k_roll if rollout_key is None else rollout_key
         prob_of_rollout, ids = sample_batch(k_batch, pool["prompts"].shape[0], r, n)
         rows = jnp.arange(r) // n  # rollout -> its problem's row among the first B_p of ids
         problems = ids[:g]

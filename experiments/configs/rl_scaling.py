@@ -5,8 +5,8 @@
     python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:paper --workdir=DIR  # accelerator
 
 ``tiny`` is the reduced sweep run by the main job (4 budgets x n in {2,4,8,16} x B_p in {4,8} x 3
-seeds); ``full`` is the whole CPU sweep (7 budgets, C = 64..4096, n up to 32, B_p up to 16,
-4 seeds); ``smoke``
+seeds x 3 rollout streams); ``full`` is the whole CPU sweep (7 budgets, C = 64..4096, n up to 32,
+B_p up to 16, 4 seeds x 3 streams); ``smoke``
 runs every code path in seconds with meaningless numbers:
 
     python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:smoke --workdir=workdir
@@ -63,12 +63,16 @@ def base() -> ml_collections.ConfigDict:
     c.grad_clip = 1.0
     c.temperature = 1.0  # rollout sampling temperature; every log-prob of the loss is taken at it
     c.hard_fraction_rl = 0.5  # share of hard problems in the RL training pool
-    # Sweep: budgets C (rollouts) on a log2 grid, n and B_p grids, seeds.
+    # Sweep: budgets C (rollouts) on a log2 grid, n and B_p grids, and the replicate runs of each
+    # (n, B_p): seeds (orders of the training problems) x rollout streams (the rollouts'
+    # randomness within a seed; what another CPU's rounding amounts to, docs/rl_scaling.md). The
+    # intervals bootstrap over both.
     c.smallest_budget = 64
     c.num_budgets = 4
     c.ns = (2, 4, 8, 16)
     c.problems_per_batch = (4, 8)
     c.num_seeds = 3
+    c.num_streams = 3
     c.pass_k = 8  # k of pass@k / coverage on the hard split
     c.cosine_problems = 8  # problems in the per-problem gradient-cosine probe (0 = skip)
     c.sampled_eval = 16  # samples per held-out problem for the unbiased pass@k check (0 = skip)
@@ -78,7 +82,8 @@ def base() -> ml_collections.ConfigDict:
         method="IsoCompute Playbook (GRPO allocation)",
         statement="compute-optimal rollouts per problem n* grows with budget C, then saturates "
                   "(easy and hard)",
-        checks=("n_star_growth.easy > 1", "n_star_growth.hard > 1",
+        # n* grows: the slope's 90% interval (bootstrap over seeds and streams) lies above 0.
+        checks=("n_star_slope.easy.lo > 0", "n_star_slope.hard.lo > 0",
                 "sigmoid_decisive.easy == 1"),
         ours="n* grows x{n_star_growth[easy]:.2f} (easy), x{n_star_growth[hard]:.2f} (hard) over "
              "the budgets; slope of log2 n* in log2 C [90% CI]: {n_star_slope_text}; fit: "
@@ -98,8 +103,8 @@ VARIANTS = {
         "warmup.max_easy_steps": 4, "warmup.max_steps": 8, "warmup.batch_size": 16,
         "warmup.warmup_steps": 2, "warmup.check_every": 2, "warmup.probe_problems": 16,
         "smallest_budget": 16, "num_budgets": 3, "ns": (2, 4, 8),
-        "problems_per_batch": (2,), "num_seeds": 2, "pass_k": 2, "sampled_eval": 2,
-        "cosine_problems": 2, "num_boot": 10, "fit_boot": 4,
+        "problems_per_batch": (2,), "num_seeds": 2, "num_streams": 2, "pass_k": 2,
+        "sampled_eval": 2, "cosine_problems": 2, "num_boot": 10, "fit_boot": 4,
     },
     "full": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
              "num_seeds": 4},
@@ -110,7 +115,8 @@ VARIANTS = {
         "num_heldout": 1024, "warmup.max_easy_steps": 10_000, "warmup.max_steps": 20_000,
         "warmup.batch_size": 256, "warmup.probe_problems": 1024,
         "smallest_budget": 1024, "num_budgets": 7, "ns": (2, 4, 8, 16, 32, 64, 128),
-        "problems_per_batch": (8, 32, 64), "num_seeds": 4, "pass_k": 32, "sampled_eval": 64,
+        "problems_per_batch": (8, 32, 64), "num_seeds": 4, "num_streams": 2, "pass_k": 32,
+        "sampled_eval": 64,
         "cosine_problems": 32, "learning_rate": 1e-4,
     },
 }
@@ -161,6 +167,7 @@ RULES = {
     "ns": cfg_lib.tuple_of(cfg_lib.integer(lo=1), min_len=3),  # the parabola for n* needs 3
     "problems_per_batch": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
     "num_seeds": cfg_lib.integer(lo=2),  # intervals need >= 2
+    "num_streams": cfg_lib.integer(lo=1),
     "pass_k": cfg_lib.integer(lo=1),
     "cosine_problems": cfg_lib.integer(lo=0),  # 0 = skip
     "sampled_eval": cfg_lib.integer(lo=0),  # 0 = skip

@@ -112,7 +112,7 @@ def _rl_scaling():
            "loo_mse_power": 0.12, "loo_mse_sigmoid": 0.08}
     records = [{"budget": c, "n": n, "bp": 4, "seed": s, "easy_pass1": 0.1 * np.log2(c) / n,
                 "hard_passk": 0.05 * np.log2(c) * n} for c in budgets for n in ns for s in range(2)]
-    cfg = types.SimpleNamespace(ns=ns, budgets=budgets, num_seeds=2, pass_k=8)
+    cfg = types.SimpleNamespace(ns=ns, budgets=budgets, num_seeds=2, num_streams=1, pass_k=8)
     return {"nstar": (e.plot_nstar(nstar, {"easy": fit, "hard": fit}), ()),
             "curves": (e.plot_curves(records, cfg), ())}
 

@@ -32,7 +32,7 @@ def test_objective_spread_is_max_minus_min_over_n():
 
 
 def _metrics(hard_ci, easy_ci=(0.1, 0.5)):
-    # the tiny sweep's shape: n* grows on both splits by its point estimate, the sigmoid wins
+    # n* grows on both splits by its point estimate (a slope of 0.33 and 0.3), the sigmoid wins
     return {"n_star_growth": {"easy": 2.0, "hard": 1.5}, "sigmoid_decisive": {"easy": 1},
             "n_star_slope": {"easy": rl_scaling.n_star_slope(_fit(0.3, easy_ci)),
                              "hard": rl_scaling.n_star_slope(_fit(0.33, hard_ci))}}
@@ -42,6 +42,8 @@ def _metrics(hard_ci, easy_ci=(0.1, 0.5)):
     ((-0.02, 0.68), "not resolved at this size"),  # the tiny sweep's hard-split interval
     (None, "not resolved at this size"),  # no bootstrap: nothing shows the sweep decides
     ((0.1, 0.68), "yes"),
+    # resolved, and hard n* shrinks: the growth check reads the interval, not the point estimate
+    ((-0.6, -0.1), "partly"),
 ])
 def test_claim_verdict_follows_the_hard_slope_interval(hard_ci, verdict):
     claim = report.Claim.from_config(rl_config.get_config("tiny").claim)
