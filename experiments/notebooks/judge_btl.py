@@ -47,22 +47,25 @@ import jax
 import matplotlib.pyplot as plt
 import numpy as np
 
-import experiments
 from algorithms.ranking import btl, data, inference, studies
 from core import figures as style
-from core.data import judgments
+from core.data import download, judgments
 
 # %% [markdown]
 # ## 1. Judgements
 #
 # One row per comparison: the two models, the judge and the outcome. `read_judgments` reads CSV,
-# JSON lines or a JSON array and maps names to integer ids. Without the LLMFAO file we simulate
-# 20 models judged by 4 sharp, 5 near-random and 1 adversarial judge.
+# JSON lines or a JSON array and maps names to integer ids. LLMFAO comes by name from
+# `core.data.download` (the cached file, else one short download attempt; the test suite reads
+# the cache only); without it we simulate 20 models judged by 4 sharp, 5 near-random and
+# 1 adversarial judge.
 
 # %%
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(experiments.__file__)))
-LLMFAO = os.path.join(ROOT, "..", "shared", "data", "llmfao.csv")
-if os.path.exists(LLMFAO):
+if download.is_cached("llmfao") or not nbu.size(smoke=False, colab=True):
+    LLMFAO = download.cached_path("llmfao")
+else:
+    LLMFAO, _ = download.fetch_if_reachable("llmfao")
+if LLMFAO and os.path.exists(LLMFAO):
     js = judgments.read_judgments(LLMFAO, judge="worker", outcome="winner")
     comps = studies.Comparisons(js.left, js.right, js.judge, js.outcome)
     models, n_judges = js.models, len(js.judges)
@@ -128,7 +131,8 @@ print("top 5, plain BTL:  ", [models[m] for m in np.argsort(plain_rank)[:5]])
 # Simulation, interval coverage, agreement with `choix`, speed against `choix` at 100 models and
 # 1M comparisons, and, given a judgements file, the held-out evaluation on it. From a shell:
 # `python -m experiments.judge_btl --config=experiments/configs/judge_btl.py:tiny --workdir=workdir`
-# (simulation only) or with `--config.data_path=llmfao.csv` (or any judgements file).
+# (`tiny` adds LLMFAO when it is cached or downloads), with `--config.data=llmfao`, or with
+# `--config.data_path=FILE` (any judgements file).
 
 # %%
 section = nbu.run_and_show("judge_btl", "tiny", workdir="workdir")
