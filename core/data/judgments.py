@@ -27,6 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from core.data.files import check_file, read_text
+from core.data.series import check_delimiter
 
 # The outcome codes of ``algorithms.ranking.data`` (core does not import algorithms).
 LEFT, RIGHT, TIE = 0, 1, 2
@@ -109,6 +110,10 @@ def _read_rows(path: str) -> list[tuple[int, object]]:
     if path.lower().endswith(JSON_EXTENSIONS) or first in ("[", "{"):
         return _json_rows(path, text)
     reader = csv.DictReader(io.StringIO(text))
+    no, header = next(((i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip()),
+                      (1, ""))
+    if len(next(csv.reader([header]), [])) == 1:  # another separator reads as missing columns
+        check_delimiter(header, ",", f"{path}:{no}")
     rows = []
     try:
         for r in reader:
@@ -142,7 +147,8 @@ def read_judgments(path: str, *, left: str = "left", right: str = "right", judge
     Raises:
       FileNotFoundError: no such file.
       ValueError: a directory or unreadable file (:func:`core.data.files.read_text`), unreadable
-        content (invalid JSON, malformed CSV, not UTF-8), a row that is not an
+        content (invalid JSON, malformed CSV, not UTF-8, a CSV separated by semicolons, tabs
+        or vertical bars instead of commas), a row that is not an
         object, a missing column, an empty model or judge name, a model compared with itself, an
         unknown outcome (unless ``drop_unknown``), the three outcome values not distinct, or no
         comparisons left; each names the file and, for a row, its line.

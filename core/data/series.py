@@ -205,6 +205,31 @@ def _interpolate_missing(values: np.ndarray, names, line_of) -> int:
     return filled
 
 
+DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "vertical bar"}
+
+
+def check_delimiter(line: str, delimiter: str, where: str, numbers: bool = False) -> None:
+    """Refuses a first line that is one cell when split on ``delimiter`` but several on another
+    common separator (``;``, tab, ``|``, ``,``): the file uses another delimiter, and reading it
+    on would report missing columns instead. ``numbers``: the cells hold numbers (the message
+    then asks for decimal points too, since semicolon-separated files often use decimal commas).
+
+    Raises:
+      ValueError: naming both separators, at ``where`` (file and line).
+    """
+    counts = {d: line.count(d) for d in DELIMITER_NAMES if d != delimiter}
+    other = max(counts, key=counts.get)
+    if counts[other]:
+        name = DELIMITER_NAMES[other]
+        raise ValueError(
+            f"{where}: the first line is one cell when split on "
+            f"{DELIMITER_NAMES.get(delimiter, repr(delimiter))}s but {counts[other] + 1} on "
+            f"{name}s ({line.strip()[:80]!r}): the file looks {name}-separated, and this reader "
+            f"expects {DELIMITER_NAMES.get(delimiter, repr(delimiter))}-separated cells; save it "
+            f"with {DELIMITER_NAMES.get(delimiter, repr(delimiter))}s"
+            + (" (and decimal points)" if numbers else ""))
+
+
 def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | None = None,
                 delimiter: str = ",", fill_gaps: str = "none",
                 columns_option: str | None = None) -> Table:
@@ -236,7 +261,8 @@ def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | No
       :class:`Table`.
 
     Raises:
-      ValueError: empty input; a requested column is missing; a row with the wrong number of cells;
+      ValueError: empty input; a first line that is one cell on ``delimiter`` but several on
+        another common separator (:func:`check_delimiter`); a requested column is missing; a row with the wrong number of cells;
         a non-numeric cell (message gives file, line and column); a timestamp that is not
         understood, repeats, goes backwards, lies off the step or (``fill_gaps="none"``) follows
         missing steps (file and 1-based line of the first one); missing values with
@@ -251,6 +277,8 @@ def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | No
         raise ValueError(f"{source}: no data rows")
     first_no, first = lines[0]
     head = [c.strip() for c in first.split(delimiter)]
+    if len(head) == 1:
+        check_delimiter(first, delimiter, f"{source}, line {first_no}", numbers=True)
     headerless = all(_is_number(c) for c in head)
     if headerless:
         if columns is not None:

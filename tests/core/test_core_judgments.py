@@ -84,6 +84,10 @@ def test_unknown_outcomes_stop_or_are_dropped_and_counted(tmp_path, kind, name, 
     ('{"a": "m1", "b": "m2", "judge": "j", "res": "A"}\n[1]\n', r":2: expected an object"),
     ("[1, 2]", r":1: expected an object"),
     ("[]", r": no comparisons$"),
+    # another separator than commas: named, not read as missing columns
+    ("a\tb\tjudge\tres\nm1\tm2\tj\tA\n",
+     r":1: the first line is one cell when split on commas but 4 on tabs .* looks tab-separated"),
+    ("\na;b;judge;res\nm1;m2;j;A\n", r":2: .* but 4 on semicolons .* semicolon-separated"),
 ])
 def test_bad_content_is_reported_with_its_line(tmp_path, content, match):
     ext = ".json" if content.lstrip()[:1] in "[{" else ".csv"

@@ -78,6 +78,11 @@ def test_seasonal_period_of_files_as_the_reader_keeps_them():
     ("date,A,B\n2016,1,2\n2016,1\n", r"line 3: 2 cells, expected 3"),
     ("date,A\n1,1\n2,\n3,nan\n4,2\n", r"column 'A' has 2 missing .* lines 3-4"),
     ("", "no data rows"),
+    # a semicolon-separated file (decimal commas) is named as such, not "no value columns"
+    ("date;A;B\n2016-01-01;1,5;2\n2016-01-02;2;3\n",
+     r"x.csv, line 1: the first line is one cell when split on commas but 3 on semicolons "
+     r".* looks semicolon-separated.* \(and decimal points\)"),
+    ("date\tA\n2016-01-01\t1\n", r"but 2 on tabs"),
 ])
 def test_parse_errors(text, match):
     with pytest.raises(ValueError, match=match):
