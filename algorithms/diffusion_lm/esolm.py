@@ -86,7 +86,7 @@ def nelbo_terms(apply_fn, process: Process, x: jax.Array, key: jax.Array, t: jax
     logits = apply_fn(z_t, pos, diffusion_mask(clean_t, clean_first_ranks(k_rt, clean_t)))
     logp = denoiser_log_probs(process, logits, z_t)
     ce = -jnp.take_along_axis(logp, x[..., None], axis=-1)[..., 0]
-    weight = -process.alpha_prime(t) / (1.0 - process.alpha(t))
+    weight = -process.alpha_prime(t) / process.beta(t)
     diffusion = jnp.where(clean_t, 0.0, weight[:, None] * ce)
     if process.alpha0 == 1.0:
         return diffusion, jnp.zeros_like(diffusion)

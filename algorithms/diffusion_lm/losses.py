@@ -34,6 +34,66 @@ def _gather(a: jax.Array, idx: jax.Array) -> jax.Array:
     return jnp.take_along_axis(a, idx[..., None], axis=-1)[..., 0]
 
 
+_SERIES_RADIUS = 0.5
+# (-1)^k / k for k = 24 .. 2: u - log1p(u) = u^2 sum_k (-1)^k u^(k-2) / k; at |u| < 1/2 the
+# terms left out weigh below 2 * 2^-23 / 25 of the sum, under float32's rounding.
+_SERIES = tuple((-1.0) ** k / k for k in range(24, 1, -1))
+
+
+def _ratio_divergence(num: jax.Array, den: jax.Array, d: jax.Array) -> jax.Array:
+    """``h(u) = u - log(1 + u) = r - 1 - log r >= 0`` for ``r = num / den``, ``u = r - 1 = d /
+    den``, where ``num, den >= 0`` and ``d = num - den`` is given apart (formed without
+    subtracting them). No cancellation: the Taylor series of ``h`` for ``|u| < 1/2`` (where
+    ``u - log1p(u)`` keeps only ``|u| / 2`` of the digits), ``u - log(num / den)`` elsewhere (the
+    ratio keeps ``log r`` exact as ``r -> 0``); ``+inf`` at ``r = 0`` or ``den = 0 < num``, 0 at
+    ``num = den = 0``."""
+    pos = den > 0
+    den = jnp.where(pos, den, 1.0)
+    u = d / den
+    small = pos & (jnp.abs(u) < _SERIES_RADIUS)
+    us = jnp.where(small, u, 0.0)
+    poly = jnp.zeros_like(us)
+    for coef in _SERIES:
+        poly = poly * us + coef
+    # Both branches get safe operands, so that neither puts a NaN into the other's gradient.
+    ud = jnp.where(small, _SERIES_RADIUS, u)
+    rd = jnp.where(small, 1.0 + _SERIES_RADIUS, num / den)
+    direct = jnp.where(pos, ud - jnp.log(rd), jnp.where(num > 0, jnp.inf, 0.0))
+    return jnp.where(small, us * us * poly, direct)
+
+
+def _divergences(q: jax.Array, q_th: jax.Array, diff: jax.Array, i: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+    """The two divergences of the NELBOs, each a sum of non-negative terms (no cancellation).
+
+    For two non-negative measures of equal mass ``q`` (of ``x``) and ``q_th`` (of ``x_theta``)
+    [B, L, V] whose difference ``diff = q - q_th`` is given apart, and the state ``i = z_t``
+    [B, L]:
+
+    * ``sum_j q_j log(q_j / q_th_j) = sum_j q_j h(q_th_j / q_j)`` (the terms of ``q_th - q``,
+      which sum to 0, added; ``q_th_j`` where ``q_j = 0``),
+    * ``r - 1 - log r = h(r)`` with ``r = q_i / q_th_i``,
+
+    ``h(r) = r - 1 - log r >= 0`` (:func:`_ratio_divergence`). Returns (the first [B, L], the
+    second [B, L]).
+    """
+    pos = q > 0
+    kl_terms = jnp.where(pos, q * _ratio_divergence(q_th, q, -diff), q_th)
+    is_div = _ratio_divergence(_gather(q, i), _gather(q_th, i), _gather(diff, i))
+    return jnp.sum(kl_terms, axis=-1), is_div
+
+
+def _one_hot_minus(log_x_theta: jax.Array, x: jax.Array) -> jax.Array:
+    """``onehot(x) - x_theta`` [B, L, V] from ``log x_theta``, with ``1 - x_theta(x)`` taken as
+    ``sum_{j != x} x_theta_j``: a sum of positive terms, exact where ``x_theta(x)`` is within
+    float32's rounding of 1 (where ``log x_theta(x)`` has lost the digits), and it makes the
+    entries sum to 0 as the identities of :func:`_divergences` need. With ``log x_theta`` a
+    log-softmax the result is that of ``x_theta = softmax(log x_theta)``."""
+    is_x = jnp.arange(log_x_theta.shape[-1]) == x[..., None]
+    others = jnp.where(is_x, 0.0, jnp.exp(log_x_theta))
+    return jnp.where(is_x, jnp.sum(others, axis=-1, keepdims=True), -others)
+
+
 def _check(process: Process, kind: str | tuple[str, ...], where: str) -> None:
     kinds = (kind,) if isinstance(kind, str) else kind
     if process.kind not in kinds:
@@ -51,7 +111,7 @@ def masked_ce(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.A
 def masked_weight(process: Process, t: jax.Array) -> jax.Array:
     """The NELBO weight ``-alpha'_t / (1 - alpha_t)`` [B] (``1/t`` for MDLM's schedule)."""
     _check(process, "masked", "masked_weight")
-    return -process.alpha_prime(t) / (1.0 - process.alpha(t))
+    return -process.alpha_prime(t) / process.beta(t)
 
 
 def masked_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.Array,
@@ -67,25 +127,29 @@ def duo_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: jax.A
               t: jax.Array) -> jax.Array:
     """Uniform-state per-token NELBO integrand (closed form, see the module docstring).
 
-    Returns float32 [B, L], >= 0 and finite for ``t`` in [0, 1], exactly 0 where ``x_theta`` is
-    the one-hot of ``x`` (terms with ``xbar_j = 0``, at ``t = 0``, are 0: ``0 log 0 = 0``).
+    Evaluated without cancellation: as ``sum_j xbar_j = sum_j xbar_theta_j = N``, the bracket is
+    ``N [h(u) + sum_j (xbar_j / N) h(w_j)]`` with ``h(u) = u - log(1 + u) >= 0``,
+    ``u = (xbar_i - xbar_theta_i) / xbar_theta_i`` and ``w_j = (xbar_theta_j - xbar_j) / xbar_j``,
+    where ``xbar - xbar_theta = N alpha_t (x - x_theta)`` is formed directly, ``1 - alpha_t`` is
+    :meth:`Process.beta` and ``h`` is a series near 0; so small values (a near-perfect
+    ``x_theta``, ``t -> 0``) keep float32's relative precision.
+
+    Returns float32 [B, L], >= 0 and finite for ``t`` in [0, 1] (``+inf`` only at ``t = 0`` for
+    ``x_theta(x) = 0``), exactly 0 where ``x_theta`` is the one-hot of ``x`` (terms with
+    ``xbar_j = 0``, at ``t = 0``, are 0: ``0 log 0 = 0``).
     """
     _check(process, "uniform", "duo_nelbo")
     n = process.num_classes
     alpha = process.alpha(t)[:, None, None]
-    dalpha = process.alpha_prime(t)[:, None, None]
-    x_theta = jnp.exp(log_x_theta[..., :n])
-    xbar = n * alpha * jax.nn.one_hot(x, n) + (1.0 - alpha)
-    xbar_th = n * alpha * x_theta + (1.0 - alpha)
-    xbar_i, xbar_th_i = _gather(xbar, z_t)[..., None], _gather(xbar_th, z_t)[..., None]
-    log_ratio = jnp.log(xbar_th_i) - jnp.log(xbar_th) + jnp.log(xbar) - jnp.log(xbar_i)
-    terms = jnp.where(xbar > 0, xbar / xbar_i * log_ratio, 0.0)
-    inner = (n / xbar_th_i - n / xbar_i)[..., 0] + jnp.sum(terms, axis=-1)
-    return (-dalpha / (n * alpha))[..., 0] * inner
-
-
-def _xlogy_ratio(p: jax.Array, logp: jax.Array, logq: jax.Array) -> jax.Array:
-    return jnp.where(p > 0, p * (logp - jnp.where(p > 0, logq, 0.0)), 0.0)
+    beta = process.beta(t)[:, None, None]
+    dalpha = process.alpha_prime(t)[:, None]
+    log_x_theta = log_x_theta[..., :n].astype(jnp.float32)
+    xbar = n * alpha * jax.nn.one_hot(x, n) + beta
+    xbar_th = n * alpha * jnp.exp(log_x_theta) + beta
+    diff = n * alpha * _one_hot_minus(log_x_theta, x)                  # xbar - xbar_theta
+    kl, is_div = _divergences(xbar, xbar_th, diff, z_t)
+    inner = (n * is_div + kl) / _gather(xbar, z_t)
+    return (-dalpha / (n * alpha[..., 0])) * inner
 
 
 WEIGHTINGS = ("clip", "dynamic")
@@ -132,6 +196,9 @@ def mixing_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: ja
     """General interpolating-process NELBO integrand (GIDD form). float32 [B, L], >= 0 for ``t``
     in [0, 1] and finite where the process's rate is (everywhere but GIDD's ``t = 0``, where an
     imperfect prediction gives ``+inf``; a divergence of 0 contributes 0 whatever the weight).
+    A state ``z_t`` the process cannot reach from ``x`` (``q_t(z_t | x) = 0``, probability 0)
+    gets 0. The divergences are sums of non-negative terms, as in :func:`duo_nelbo`, so small
+    values keep float32's relative precision.
 
     Args:
       max_weight: ``None`` = the true ELBO weights ``w_t`` (always used for validation);
@@ -144,20 +211,19 @@ def mixing_nelbo(process: Process, log_x_theta: jax.Array, x: jax.Array, z_t: ja
     """
     if weighting not in WEIGHTINGS:
         raise ValueError(f"mixing_nelbo: weighting={weighting!r}, expected one of {WEIGHTINGS}")
+    log_x_theta = log_x_theta.astype(jnp.float32)
     q = process.marginal(jax.nn.one_hot(x, process.vocab_size), t[:, None])       # [B, L, V]
     q_th = process.marginal(jnp.exp(log_x_theta), t[:, None])
-    logq = jnp.log(jnp.where(q > 0, q, 1.0))
-    logq_th = jnp.log(jnp.clip(q_th, 1e-30, None))
-    kl = jnp.sum(_xlogy_ratio(q, logq, logq_th), axis=-1)
-    log_r = _gather(logq, z_t) - _gather(logq_th, z_t)
-    is_div = jnp.expm1(log_r) - log_r
+    diff = process.alpha(t)[:, None, None] * _one_hot_minus(log_x_theta, x)       # q - q_th
+    kl, is_div = _divergences(q, q_th, diff, z_t)
     g = _gather(process.rate_mass(t[:, None]), z_t)                                # [B, L]
-    w = g / jnp.clip(_gather(q, z_t), 1e-30, None)
+    q_i = _gather(q, z_t)
+    w = g / jnp.clip(q_i, 1e-30, None)
     if max_weight is not None:
         w = (gidd_dynamic_weight(process, x, z_t, t, max_weight) if weighting == "dynamic"
              else jnp.minimum(w, max_weight))
     div = kl + is_div
-    return jnp.where(div > 0, w * div, 0.0)
+    return jnp.where((div > 0) & (q_i > 0), w * div, 0.0)
 
 
 def ar_nll(logits: jax.Array, x: jax.Array) -> jax.Array:

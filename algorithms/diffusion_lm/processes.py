@@ -114,7 +114,8 @@ class Process:
     # -- schedule ---------------------------------------------------------------------------------
 
     def _a(self, t: jax.Array) -> jax.Array:
-        return 1.0 - (1.0 - self.eps) * t
+        # 1 - (1 - eps) t, summed so that it keeps float32's relative precision at t -> 1 (= eps).
+        return (1.0 - t) + self.eps * t
 
     @property
     def _b(self) -> float:
@@ -151,6 +152,21 @@ class Process:
         dc = self._b * (a + t * da) / (2.0 * jnp.sqrt(t * a))        # +inf at t = 0
         return (da * (1.0 + c) - a * dc) / (1.0 + c) ** 2
 
+    def beta(self, t: jax.Array) -> jax.Array:
+        """``beta_t = 1 - alpha_t`` (same shape as ``t``, float32) for ``t`` in [0, 1], from the
+        schedule's own terms rather than as ``1 - alpha_t``: its relative precision holds as
+        ``t -> 0`` (``1 - alpha_t`` in float32 keeps about ``1e-7 / t`` of it).
+
+        Raises:
+          ValueError: a concrete ``t`` outside [0, 1].
+        """
+        t = _times(t, "beta")
+        one_minus_a = (1.0 - self.eps) * t                              # 1 - a_t
+        if self.kind == "gidd":
+            c = self._c(t)
+            return (c + one_minus_a) / (1.0 + c)                        # 1 - a / (1 + c)
+        return (1.0 - self.alpha0) + self.alpha0 * one_minus_a
+
     def sigma(self, t: jax.Array) -> jax.Array:
         """Noise level ``-log alpha_t`` (the time conditioning of Duo / GIDD); finite on [0, 1]."""
         return -jnp.log(self.alpha(t))
@@ -174,11 +190,11 @@ class Process:
         mask, ``masked``'s data ids)."""
         zero = jnp.zeros_like(t)
         if self.kind == "uniform":
-            return zero, (1.0 - self.alpha(t)) / self.num_classes
+            return zero, self.beta(t) / self.num_classes
         if self.kind == "masked":
-            return 1.0 - self.alpha(t), zero
+            return self.beta(t), zero
         c = self._c(t)
-        return (1.0 - self._a(t)) / (1.0 + c), c / self.num_classes / (1.0 + c)
+        return (1.0 - self.eps) * t / (1.0 + c), c / self.num_classes / (1.0 + c)
 
     def rate_mass(self, t: jax.Array) -> jax.Array:
         """The forward jump rate into each state, ``g_t = d/dt(beta_t pi_t) - (alpha'_t / alpha_t)

@@ -40,8 +40,10 @@ def test_marginal_is_a_distribution_and_prior_mass_is_one_minus_alpha(name):
 
 def test_schedules_match_the_papers():
     t = jnp.array([0.0, 0.25, 1.0])
-    np.testing.assert_allclose(PROCESSES["masked"].alpha(t), 1 - (1 - 1e-3) * t, rtol=1e-6)
-    np.testing.assert_allclose(PROCESSES["eso"].alpha(t), 0.6 * (1 - (1 - 1e-3) * t), rtol=1e-6)
+    t64 = np.asarray(t, np.float64)  # the schedule in float64: alpha_1 = 1e-3 to float32's digits
+    np.testing.assert_allclose(PROCESSES["masked"].alpha(t), 1 - (1 - 1e-3) * t64, rtol=1e-6)
+    np.testing.assert_allclose(PROCESSES["eso"].alpha(t), 0.6 * (1 - (1 - 1e-3) * t64), rtol=1e-6)
+    np.testing.assert_allclose(PROCESSES["masked"].beta(t), (1 - 1e-3) * t64, rtol=1e-6)
     np.testing.assert_allclose(PROCESSES["masked"].alpha_prime(t), -(1 - 1e-3), rtol=1e-6)
     # GIDD: uniform share at t = 1/2 is p_u.
     gidd = PROCESSES["gidd"]
