@@ -144,8 +144,10 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
     Returns:
       dict with ``text`` (the continuation), ``tokens`` (int list), ``prompt_ids`` (int list),
       ``prompt_tokens`` (their number), ``bos_dropped`` (prefix ids dropped from the encoded
-      prompt, 0 if none), ``eos_dropped`` (suffix ids dropped), ``prefill_s``, ``decode_s`` and
-      ``tokens_per_s`` (decode steps per second, excluding the first step's compilation).
+      prompt, 0 if none), ``eos_dropped`` (suffix ids dropped), ``prefill_s``, ``decode_s``
+      (seconds), ``first_step_s`` (of ``decode_s``, the first step's, its compilation included)
+      and ``tokens_per_s`` (decode steps per second after the first step; the progress bar's
+      rate counts the same steps, where it once included the compilation).
 
     Raises:
       ValueError: see :func:`models.checkpoints.load_checkpoint`, :func:`make_backend`;
@@ -223,7 +225,8 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
     bar = None
     if opts.progress:
         from tqdm import tqdm
-        bar = tqdm(total=n, unit="tok", desc=f"generate ({opts.kv_cache})", file=sys.stderr)
+        bar = tqdm(total=n, unit="tok", desc=f"generate ({opts.kv_cache})", file=sys.stderr,
+                   smoothing=0)  # the average rate, as tokens_per_s (not a moving average)
     decode_timer = timing.Stopwatch().start()
     steady_from = None  # seconds into the decode loop when its first step has finished
     for i in range(n):
@@ -231,6 +234,9 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
         token = int(tok[0])
         if i == 0:
             steady_from = decode_timer.seconds  # the first step includes compilation
+            if bar is not None:  # the bar's rate counts the steps after it, as tokens_per_s
+                bar.reset()
+                bar.initial = 1
         out.append(token)
         if bar is not None:
             bar.update(1)
@@ -245,7 +251,7 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
     return {"text": tokenizer.decode_continuation(ids, out), "tokens": out, "prompt_ids": ids,
             "prompt_tokens": p, "bos_dropped": dropped, "eos_dropped": suffix_dropped,
             "prefill_s": prefill_timer.seconds,
-            "decode_s": decode_s, "tokens_per_s": tokens_per_s}
+            "decode_s": decode_s, "first_step_s": steady_from, "tokens_per_s": tokens_per_s}
 
 
 def main() -> None:
@@ -308,7 +314,8 @@ def main() -> None:
         print(result["text"])
         print(f"generate: {len(result['tokens'])} tokens after a {result['prompt_tokens']}-token "
               f"prompt; prefill {result['prefill_s']:.2f} s; decode {result['decode_s']:.2f} s, "
-              f"{result['tokens_per_s']:.1f} tokens/s after the first step "
+              f"{result['first_step_s']:.2f} s of it the first step (compilation included), then "
+              f"{result['tokens_per_s']:.1f} tokens/s, as the progress bar counts "
               f"(--kv_cache={opts.kv_cache})", file=sys.stderr)
         return 0
 

@@ -172,3 +172,41 @@ def test_prompt_with_its_own_bos_and_the_continuation_text(kind, tiny_llama_chec
     else:  # the greedy continuation starts a word: "▁" is its leading space, which it keeps
         first = ref.convert_ids_to_tokens(plain["tokens"][0])
         assert first.startswith("▁") and plain["text"].startswith(" " + first[1:])
+
+
+def test_progress_bar_rate_counts_the_steps_that_tokens_per_s_counts(checkpoint, monkeypatch):
+    """The bar's rate, like tokens_per_s, leaves out the first decode step (its compilation):
+    it was counted from the start, so the bar read about 11 tok/s where the summary read 1272.
+    The bar's clock restarts after that step with one token as its initial count, and it shows
+    the average rate (no moving average), so its rate is (n - initial) / elapsed over the same
+    steps as tokens_per_s."""
+    import tqdm
+
+    bars = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            self.kwargs, self.n, self.initial, self.resets, self.closed = kwargs, 0, 0, [], False
+            bars.append(self)
+
+        def update(self, k):
+            self.n += k
+
+        def reset(self):
+            self.resets.append(self.n)
+            self.n = 0
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    out = gen.generate_text(checkpoint, PROMPT, gen.GenerateOptions(
+        max_new_tokens=5, stop_at_eos=False, progress=True))
+    (bar,) = bars
+    assert bar.kwargs["smoothing"] == 0 and bar.closed
+    assert bar.resets == [0]  # reset once, after the first step and before it is counted
+    assert bar.n == len(out["tokens"]) == 5 and bar.initial == 1
+    # the bar's rate is (n - initial) / elapsed since the reset: the steps tokens_per_s counts
+    assert bar.n - bar.initial == 4
+    assert 0 < out["first_step_s"] < out["decode_s"]
+    assert out["tokens_per_s"] == pytest.approx(4 / (out["decode_s"] - out["first_step_s"]))
