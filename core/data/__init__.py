@@ -1,5 +1,6 @@
 """Data: reading data files (:mod:`core.data.files`), text corpora, the byte-level tokenizer,
-checkpointable batch iterators, and readers of pairwise-judgement files."""
+checkpointable batch iterators, readers of pairwise-judgement files, and the papers' public data
+sets by name, downloaded once into a cache (:mod:`core.data.download`)."""
 
 from core.data.files import check_file, read_bytes, read_text
 from core.data.judgments import Judgments, read_judgments
