@@ -380,7 +380,9 @@ def interrupted(name: str, error: BaseException) -> NoReturn:
     """Leaves after Ctrl-C with one line on stderr and exit status 130, without the interpreter
     teardown (which can crash while XLA threads still run). A training loop's interrupt names
     its last checkpoint (a checkpoint being saved was committed first); any other interrupt
-    names none, since only the training loop keeps checkpoints."""
+    names none, since only the training loop keeps checkpoints, and says that a rerun resumes
+    from what the workdir holds (an experiment restores its finished and checkpointed training
+    runs and cached evaluations, and runs the rest again)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break this line
@@ -388,7 +390,9 @@ def interrupted(name: str, error: BaseException) -> NoReturn:
     if training is not None and isinstance(error, training.TrainingInterrupted):
         message = str(error)
     else:
-        message = f"{name}: interrupted; rerun the same command to run it again"
+        message = (f"{name}: interrupted; rerun the same command to resume: what the workdir "
+                   "already holds (finished or checkpointed training, cached results) is reused "
+                   "and the rest runs again")
     lead = "\n" if sys.stderr.isatty() else ""  # end a live progress bar's line first
     print(f"{lead}{message}", file=sys.stderr, flush=True)
     sys.stdout.flush()

@@ -224,7 +224,9 @@ def test_ctrl_c_outside_training_names_no_checkpoint(monkeypatch, capsys):
         common.interrupted("judge_btl", KeyboardInterrupt())
     assert e.value.code == 130
     err = capsys.readouterr().err.strip()
-    assert err == "judge_btl: interrupted; rerun the same command to run it again"
+    assert err == ("judge_btl: interrupted; rerun the same command to resume: what the workdir "
+                   "already holds (finished or checkpointed training, cached results) is reused "
+                   "and the rest runs again")
 
 
 def test_data_only_report_says_why_the_judge_aware_mle_is_nan(tmp_path, no_simulation):
