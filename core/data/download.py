@@ -210,6 +210,8 @@ def fetch(name: str | Dataset, data_dir: str | os.PathLike | None = None, *,
         raise ValueError(f"data set {d.name}: the file downloaded from {d.url} has sha256 {got}, "
                          f"expected {d.sha256}; removed it (the source may have changed the file)")
     os.replace(part, final)
+    if progress:
+        print(f"data set {d.name}: downloaded {d.url} to {final} (sha256 verified)", flush=True)
     return final
 
 
