@@ -361,8 +361,9 @@ def train_loop(step_fn: StepFn, state: PyTree, batches: PositionedIterator, key:
       NonFiniteLossError: a NaN/inf loss; the checkpoint directory keeps the last good step.
       ValueError: ``workdir`` holds a checkpoint of a different run (another fingerprint, or a
         state of another structure), one trained beyond ``config.num_steps``, or one whose
-        ``schedule_steps`` differs from this call's; nothing is overwritten. Evaluation steps or early stopping without ``evaluate``, or an
-        ``evaluate`` result without the early-stopping metric.
+        ``schedule_steps`` differs from this call's; nothing is overwritten. Evaluation steps
+        or early stopping without ``evaluate``, or an ``evaluate`` result without the
+        early-stopping metric.
       core.checkpoint.CheckpointRestoreError: no checkpoint in ``workdir`` restores cleanly. (A
         damaged newest step with an intact older one is not an error: the older one is restored
         and the damaged one named in a warning and moved aside.)

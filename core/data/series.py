@@ -262,7 +262,8 @@ def parse_table(text: str, source: str = "<text>", columns: tuple[str, ...] | No
 
     Raises:
       ValueError: empty input; a first line that is one cell on ``delimiter`` but several on
-        another common separator (:func:`check_delimiter`); a requested column is missing; a row with the wrong number of cells;
+        another common separator (:func:`check_delimiter`); a requested column is missing; a
+        row with the wrong number of cells;
         a non-numeric cell (message gives file, line and column); a timestamp that is not
         understood, repeats, goes backwards, lies off the step or (``fill_gaps="none"``) follows
         missing steps (file and 1-based line of the first one); missing values with
