@@ -174,7 +174,8 @@ def fetch(name: str | Dataset, data_dir: str | os.PathLike | None = None, *,
       The absolute path of the verified file (``<cache>/<filename>``).
 
     Raises:
-      ValueError: an unknown name; a cached or hand-placed file, or a completed download, whose
+      ValueError: an unknown name; a cache folder that cannot be created, or a directory at the
+        file's place; a cached or hand-placed file, or a completed download, whose
         SHA-256 differs from the pin (the message gives both; a bad download is removed, a file
         already at the final name is left for the user to inspect or delete).
       DataUnavailableError: the source cannot be reached or answers with an HTTP error, or the
@@ -184,12 +185,20 @@ def fetch(name: str | Dataset, data_dir: str | os.PathLike | None = None, *,
     d = name if isinstance(name, Dataset) else dataset(name)
     final = cached_path(d, data_dir)
     if os.path.exists(final):
+        if not os.path.isfile(final):
+            raise ValueError(f"data set {d.name}: {final} is not a regular file; expected "
+                             f"{d.filename} there")
         got = sha256_of(final)
         if got != d.sha256:
             raise ValueError(f"data set {d.name}: {final} has sha256 {got}, expected {d.sha256}; "
                              f"delete it to download {d.url} again, or place the right file there")
         return final
-    os.makedirs(os.path.dirname(final), exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"data set {d.name}: cannot create the cache folder "
+                         f"{os.path.dirname(final)} ({e.strerror or e}); choose another with "
+                         "data_dir or XDG_CACHE_HOME") from None
     part = final + ".part"
     for _ in range(ATTEMPTS):
         try:

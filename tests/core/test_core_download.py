@@ -204,3 +204,14 @@ def test_optional_fetch_offline_says_how_to_get_the_file(tmp_path, capsys):
         d = _entry(s.url("ETTh1.csv"), body, filename="ETTh1.csv")
         path, how = download.fetch_if_reachable(d, tmp_path, progress=False)
     assert how == "" and open(path, "rb").read() == body
+
+
+def test_unusable_cache_folder_is_one_clear_error(tmp_path):
+    body = _body(100)
+    d = _entry(closed_port_url("x"), body)
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ValueError, match="cannot create the cache folder"):
+        download.fetch(d, tmp_path / "file" / "cache", progress=False)
+    (tmp_path / "series.csv").mkdir()
+    with pytest.raises(ValueError, match="is not a regular file"):
+        download.fetch(d, tmp_path, progress=False)
