@@ -108,7 +108,8 @@ def partial_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
 
     Returns:
       (out float32 [B, K, R, D], 0 where a row sees nothing; lse float32 [B, K, R], -inf there), to
-      merge with :func:`merge_lse`.
+      merge with :func:`merge_lse`; a NaN logit or value a row sees makes its out (and, for a
+      logit, its lse) NaN, as dense attention does.
     """
     d = q.shape[-1]
     s = jnp.einsum("bkrd,bksd->bkrs", q.astype(jnp.float32), k.astype(jnp.float32)) / math.sqrt(d)
@@ -117,9 +118,12 @@ def partial_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(s - m_safe)
     l = jnp.sum(p, axis=-1, keepdims=True)
-    out = jnp.einsum("bkrs,bksd->bkrd", p, v.astype(jnp.float32)) / jnp.where(l > 0, l, 1.0)
-    seen = l[..., 0] > 0
-    lse = jnp.where(seen, m_safe[..., 0] + jnp.log(jnp.where(seen, l[..., 0], 1.0)), -jnp.inf)
+    # Only l == 0 is a row that sees nothing: a NaN logit makes l NaN, and the row NaN (out and
+    # lse), as dense attention does; `l > 0` would take it for an empty row.
+    empty = l == 0
+    out = jnp.einsum("bkrs,bksd->bkrd", p, v.astype(jnp.float32)) / jnp.where(empty, 1.0, l)
+    lse = jnp.where(empty[..., 0], -jnp.inf,
+                    m_safe[..., 0] + jnp.log(jnp.where(empty[..., 0], 1.0, l[..., 0])))
     return out, lse
 
 

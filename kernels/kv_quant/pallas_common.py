@@ -95,10 +95,11 @@ def online_softmax_step(logits: jax.Array, valid: jax.Array, m_prev: jax.Array,
 
 
 def finalize(acc: jax.Array, m: jax.Array, l: jax.Array):
-    """(acc / l, m + log l) with (0, -inf) for rows with l = 0."""
-    seen = l > 0
-    l_safe = jnp.where(seen, l, 1.0)
-    return jnp.where(seen, acc / l_safe, 0.0), jnp.where(seen, m + jnp.log(l_safe), -jnp.inf)
+    """(acc / l, m + log l) with (0, -inf) for rows with l = 0 (that saw no slot); a NaN ``l``
+    (a NaN logit) gives NaN, as dense attention does (``l > 0`` would take it for an empty row)."""
+    empty = l == 0
+    l_safe = jnp.where(empty, 1.0, l)
+    return jnp.where(empty, 0.0, acc / l_safe), jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))
 
 
 class RopeTables(NamedTuple):

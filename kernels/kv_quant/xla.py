@@ -175,11 +175,12 @@ def _online_chunks(qr: jax.Array, num_steps: jax.Array, w: int, step_fn) -> tupl
 
 
 def _finish(acc, m, l):
-    """(acc / l, m + log l), with (0, -inf) for rows that saw no slot."""
-    seen = l > 0
-    l_safe = jnp.where(seen, l, 1.0)
-    out = jnp.where(seen[..., None], acc / l_safe[..., None], 0.0)
-    return out, jnp.where(seen, m + jnp.log(l_safe), -jnp.inf)
+    """(acc / l, m + log l), with (0, -inf) for rows that saw no slot (``l == 0``); a NaN logit
+    or value (NaN ``l`` or ``acc``) gives NaN, as dense attention does."""
+    empty = l == 0
+    l_safe = jnp.where(empty, 1.0, l)
+    out = jnp.where(empty[..., None], 0.0, acc / l_safe[..., None])
+    return out, jnp.where(empty, -jnp.inf, m + jnp.log(l_safe))
 
 
 def _positions(start: jax.Array, rows: int, num_new: int) -> jax.Array:

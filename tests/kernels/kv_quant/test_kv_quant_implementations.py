@@ -2,7 +2,7 @@
 (reference, xla, pallas_tpu and pallas_gpu in interpret mode) and KIVI's cache attention
 (reference, xla), checked against independent float64 oracles (``tests/kernels/oracles.py``: own
 unpacking, dequantization and RoPE) within the float32 error bound; rows that see nothing give
-(0, -inf), never NaN for finite input; and a test that the check rejects wrong outputs (zeros,
+(0, -inf), never NaN for finite input, and a NaN key that a row sees makes it NaN; and a test that the check rejects wrong outputs (zeros,
 outputs shuffled across rows) at the largest magnitudes drawn.
 
 Shapes: every configuration below runs in every implementation (interpret-mode kernels compile
@@ -162,6 +162,23 @@ class QVGContract:
         empty = np.asarray(nq) == 0
         assert np.all(np.asarray(out)[empty] == 0) and np.all(np.isneginf(np.asarray(lse)[empty]))
 
+    def test_nan_key_in_a_quantized_chunk_gives_nan_rows(self):
+        """A NaN key scale at slot 131 of row 0 (chunk 1, seen by every query row of row 0): those
+        rows are NaN, out and lse, as in the oracle and dense attention (not (0, -inf), the
+        answer for a row that sees no slot). A NaN key at a slot row 1 does not see (its chunk 2,
+        past its quantized prefix) changes nothing there."""
+        config = QVG_CONFIGS[0]  # the shapes of the contract test above: no new compile
+        q, kc, vc, cfg, start, nq = make_qvg(config, "random", 1.0, 5, [3 * 128 + 5, 200])
+        run = _jitted_qvg(self.impl, self.interpret, cfg, config[3], None)
+        out_clean, lse_clean = run(q, kc, vc, start, nq)
+        bad = kc._replace(scales=kc.scales.at[0, 0, 1, 0, 3].set(jnp.nan)
+                          .at[1, 0, 2, 0, 7].set(jnp.nan))
+        out, lse = (np.asarray(a) for a in run(q, bad, vc, start, nq))
+        assert np.isnan(qvg_oracle(q, bad, vc, cfg, start, nq, config[3], None).out[0]).all()
+        assert np.isnan(out[0]).all() and np.isnan(lse[0]).all()
+        np.testing.assert_array_equal(out[1], np.asarray(out_clean)[1])
+        np.testing.assert_array_equal(lse[1], np.asarray(lse_clean)[1])
+
 
 class TestQVGReference(QVGContract):
     impl = "reference"
@@ -278,6 +295,22 @@ class KIVIContract:
         assert out.dtype == jnp.float32 and out.shape == q.shape
         assert bool(jnp.all(jnp.isfinite(out))), "NaN/inf output for finite input"
         oracles.assert_close(out, kivi_oracle(q, kc, wk, vc, ring, cfg, start, t))
+
+    def test_nan_key_in_a_quantized_chunk_gives_nan_rows(self):
+        """A NaN key scale in row 0's first quantized chunk (attended by the loop over quantized
+        chunks, whose partial is merged with the window's): row 0 is NaN, as in the oracle and
+        dense attention, not the window's attention alone. A NaN key in a chunk row 1 has not
+        quantized (its chunk 2) changes nothing there."""
+        config = KIVI_CONFIGS[0]  # the shapes of the contract test above: no new compile
+        q, kc, wk, vc, ring, cfg, start = make_kivi(config, "random", 1.0, 5, [40, 30])
+        run = _jitted_kivi(self.impl, cfg, config[3])
+        clean = np.asarray(run(q, kc, wk, vc, ring, start))
+        bad = kc._replace(scale=kc.scale.at[0, 0, 0, 0, 3].set(jnp.nan)
+                          .at[1, 0, 2, 0, 3].set(jnp.nan))
+        out = np.asarray(run(q, bad, wk, vc, ring, start))
+        assert np.isnan(kivi_oracle(q, bad, wk, vc, ring, cfg, start, config[3]).out[0]).all()
+        assert np.isnan(out[0]).all()
+        np.testing.assert_array_equal(out[1], clean[1])
 
 
 class TestKIVIReference(KIVIContract):
