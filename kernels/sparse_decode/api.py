@@ -15,9 +15,14 @@ The KV-cache backends built on these (:class:`~kernels.sparse_decode.cache.FFDCa
 Which pages are attended: the reference rule (:func:`kernels.sparse_decode.reference.ffd_keep`,
 paper Sec. 3) is the specification, and :func:`ffd_select` returns its mask. :func:`ffd_decode`
 computes that mask once and hands it, or its page list, to the reference and the accelerator
-kernels, which attend exactly its pages, except the TPU path with the top-delta rule, whose scan
-kernel applies the same rule to its own float32 page estimates
-(:func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select`). The XLA (CPU) path scans the cache's
+kernels, which attend exactly its pages, except the TPU and GPU paths with the top-delta rule (no
+``top_k``, no ``max_pages``; on GPU, the shapes of the fused kernel): their kernels apply the same
+rule to their own float32 page estimates (:func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select`,
+:func:`kernels.sparse_decode.pallas_gpu.ffd_decode_fused`), which the accelerator may round
+differently from :func:`ffd_select` (fused multiply-adds, reduction order). So a page whose estimate
+lies within float32 rounding of the threshold may be kept by one and skipped by the other (either
+choice obeys the rule to float32 precision); every other page, and the page that sets the
+threshold, is decided alike. The XLA (CPU) path scans the cache's
 byte-per-code copy (``init_ffd_cache(..., scan_copy=True)``) in float32 and attends the rule's
 pages; with ``xla_scan="int8"`` it selects with an int8 scan
 (:func:`kernels.sparse_decode.xla.ffd_keep_superset`) whose proven margin makes it keep a superset:
@@ -138,8 +143,9 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
     """FFD decode attention: ``q [B, H, D]`` over an FFD cache holding ``lengths [B]`` tokens.
 
     The pages are chosen once per call, by the rule of :func:`ffd_select` (paper Sec. 3), plus the
-    unfinished tail page: the reference and the Pallas kernels attend exactly the rule's pages (they
-    agree to float32 rounding); the XLA path with ``xla_scan="int8"`` may attend a superset (module
+    unfinished tail page: the reference and the Pallas kernels attend the rule's pages (the TPU and
+    GPU top-delta kernels from their own float32 estimates: pages within float32 rounding of the
+    threshold may differ from :func:`ffd_select`, module docstring); the XLA path with ``xla_scan="int8"`` may attend a superset (module
     docstring), so it agrees with them to float32 rounding plus the weight of the extra pages, each
     within the scan's margin of the threshold.
 

@@ -4,10 +4,17 @@ Dimensions as in :mod:`kernels.sparse_decode.reference` (B, K, G, D, p, P, W = D
 to 16 rows (the smallest tensor-core tile), M page slots per (row, kv head), NS splits of the slots
 (split-K), MPS = M / NS slots per split.
 
-The selection (packed 2-bit scan and the top-delta or top-k rule, :func:`reference.ffd_keep`) runs
-once, before the kernel, and yields the kept page indices packed to the front of ``idx [B, K, M]``
-and their number ``count [B, K]`` (:func:`reference.page_list`): the kernel attends exactly the pages
-every other implementation attends, with no re-estimated threshold. Program (b, k, s) walks the slots
+Two kernels. :func:`ffd_pages_attention` (``top_k``, ``max_pages``, or shapes the fused kernel does
+not take): the selection (packed 2-bit scan and the top-delta or top-k rule,
+:func:`reference.ffd_keep`) runs once, before the kernel, and yields the kept page indices packed to
+the front of ``idx [B, K, M]`` and their number ``count [B, K]`` (:func:`reference.page_list`); the
+kernel attends exactly those pages, those of :func:`kernels.sparse_decode.api.ffd_select`.
+:func:`ffd_decode_fused` (the top-delta rule, the default): each program estimates its pages'
+logits itself and applies the rule to those float32 estimates, keeping the page that sets the
+threshold by its index; a GPU may round the estimates differently from ``ffd_select`` (fused
+multiply-adds, reduction order), so a page whose estimate lies within float32 rounding of the
+threshold may be kept by one and skipped by the other; every other page is decided alike, and
+``return_keep`` reports the kernel's own choice. In the first kernel, program (b, k, s) walks the slots
 ``s * MPS .. min((s + 1) * MPS, count) - 1``; for each listed page it loads the packed codes and
 scale, forms the estimated logits slab by slab, adds the float8 residual term (refined logits), and
 updates an online softmax with the bf16 values. Each program writes its (acc, m, l) partial; the

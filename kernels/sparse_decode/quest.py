@@ -18,6 +18,7 @@ from jax import lax
 
 from kernels import attention_math
 from kernels.attention_math import merge_partials, softmax_partial
+from kernels.sparse_decode.reference import rankable
 
 
 def quest_metadata(k: jax.Array, page_size: int) -> tuple[jax.Array, jax.Array]:
@@ -40,17 +41,22 @@ def quest_decode(q: jax.Array, k: jax.Array, v: jax.Array, kmin: jax.Array, kmax
     """Quest decode: attend the ``top_k`` full pages with the largest upper-bound score, gathered
     (exact keys and values), plus the unfinished last page. k, v [B, K, S, D]; metadata
     [B, K, P, D] (from :func:`quest_metadata`, valid on full pages). Returns (out [B, H, D],
-    keep bool [B, K, P])."""
+    keep bool [B, K, P]).
+
+    Scores that are not finite rank as in FFD's :func:`~kernels.sparse_decode.reference.rankable`:
+    NaN (a NaN key) and ``+inf`` (a bound that overflows float32 while the page's logits do not)
+    first, ``-inf`` last; every full page is rankable, so ``top_k >= P`` attends all of them (and
+    a NaN key makes its rows NaN, as dense attention does)."""
     b, h, d = q.shape
     kh, s = k.shape[1], k.shape[2]
     n = s // page_size
     qg = attention_math.grouped_query(q, kh)
     num_full = lengths // page_size
     valid = jnp.arange(n)[None, :] < num_full[:, None]
-    score = jnp.where(valid[:, None, :], quest_page_scores(qg, kmin, kmax), -jnp.inf)
+    score = jnp.where(valid[:, None, :], rankable(quest_page_scores(qg, kmin, kmax)), -jnp.inf)
     m_slots = max(1, min(top_k, n))
     top, idx = lax.top_k(score, m_slots)
-    ok = jnp.isfinite(top)
+    ok = jnp.isfinite(top)  # a full page (rankable is finite), not a filler slot
     kp = k.reshape(b, kh, n, page_size, d)
     vp = v.reshape(b, kh, n, page_size, d)
     ix = idx[..., None, None]

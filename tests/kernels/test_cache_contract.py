@@ -213,3 +213,22 @@ def test_inside_jit_a_prefill_straddling_the_end_changes_nothing(name):
     got = _update(be, fresh, K_PRE, V_PRE, _starts(2, 0))  # row 0: slots 2..20, one too many
     assert _rows(got, 0) == want
     assert _rows(got, 1) == _rows(_filled(name), 1)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_nan_key_makes_its_row_nan_as_dense_attention_does(name):
+    """A NaN key at position 3 of row 0 (a quantized chunk for QVG and KIVI, a full page for FFD
+    and Quest): row 0's attention is NaN, as dense attention's is (a backend that took the NaN
+    partial for an empty one returned the attention over its window alone, finite); row 1 is
+    served as from the clean cache."""
+    be = _backend(name)
+    nan_k = K_PRE.at[0, 0, 3, 5].set(jnp.nan)
+    dirty = _update(be, be.init(B, S, K, D, jnp.float32), nan_k, V_PRE, _starts(0, 0))
+    dense = kvc.get_backend("dense")
+    want = np.asarray(_attend(dense, _update(dense, dense.init(B, S, K, D, jnp.float32), nan_k,
+                                             V_PRE, _starts(0, 0)), Q, _starts(PREFILL, PREFILL)))
+    assert np.isnan(want[0]).all() and np.isfinite(want[1]).all()
+    out = np.asarray(_attend(be, dirty, Q, _starts(PREFILL, PREFILL)))
+    assert np.isnan(out[0]).all(), f"{name}: a NaN key gave a finite row"
+    clean = np.asarray(_attend(be, _filled(name), Q, _starts(PREFILL, PREFILL)))
+    np.testing.assert_array_equal(out[1], clean[1])

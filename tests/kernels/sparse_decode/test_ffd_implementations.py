@@ -175,6 +175,9 @@ class FFDContract:
     interpret = False
     scan_copy = False  # the CPU layout (byte-per-code scan copy) for the XLA path
     superset = False  # True: may attend a superset of the rule's pages (the XLA path's int8 scan)
+    # True: the top-delta rule runs on the kernel's own float32 estimates (TPU scan, GPU fused
+    # kernel), so pages within float32 rounding of the threshold may differ from ffd_select
+    own_estimates = False
 
     def check(self, q, cache, lengths, out, keep, **rule):
         """The contract's page and value check for this implementation."""
@@ -205,6 +208,9 @@ class FFDContract:
         rule = np.asarray(_select(q, cache, lengths, delta))
         if self.superset:
             assert not (rule & ~np.asarray(keep)).any(), "a page of ffd_select not attended"
+        elif self.own_estimates:  # api.py: alike except within float32 rounding of the threshold
+            sure = ~oracles.ffd_select(q, cache, lengths, delta=delta).ambiguous
+            np.testing.assert_array_equal(np.asarray(keep)[sure], rule[sure])
         else:
             np.testing.assert_array_equal(np.asarray(keep), rule)
         nf = np.asarray(lengths) // config[4]
@@ -349,11 +355,37 @@ class TestXLAPacked(FFDContract):
 class TestPallasTPUInterpret(FFDContract):
     impl = "pallas_tpu"
     interpret = True
+    own_estimates = True
 
 
 class TestPallasGPUInterpret(FFDContract):
     impl = "pallas_gpu"
     interpret = True
+    own_estimates = True
+
+    def test_top_delta_keep_is_the_fused_kernels_own(self):
+        """api.py and pallas_gpu.py: with the top-delta rule the fused kernel selects from its own
+        estimates and ``return_keep`` reports its flags (the rule's pages up to those the oracle
+        finds within float32 rounding of the threshold); with ``max_pages`` the page list of
+        ffd_select is attended as is."""
+        from kernels import attention_math
+        from kernels.sparse_decode import pallas_gpu
+
+        config = (2, 2, 4, 64, 16, 4, jnp.float32)  # the shapes of test_paper_delta: one compile
+        q, cache, lengths, _, _ = make_case(config, "random", 1.0, 9, (64, 61))
+        delta = 1.5
+        b, kh, n, p, d = cache["resid"].shape
+        qg = attention_math.grouped_query(q, kh)
+        *_, fused_keep = pallas_gpu.ffd_decode_fused(qg, cache["codes"], cache["scale"],
+                                                     cache["resid"], cache["v"], lengths,
+                                                     delta=delta, interpret=True)
+        out, keep = self.decode(q, cache, lengths, delta=delta)
+        np.testing.assert_array_equal(np.asarray(keep), np.asarray(fused_keep))
+        self.check(q, cache, lengths, out, keep, delta=delta)
+        _, keep_cap = self.decode(q, cache, lengths, delta=delta, max_pages=n)
+        np.testing.assert_array_equal(
+            np.asarray(keep_cap),
+            np.asarray(api.ffd_select(q, cache, lengths, delta=delta, max_pages=n)))
 
 
 def _shuffled(out, groups):

@@ -292,6 +292,40 @@ def test_quest_full_budget_is_dense_and_bound_holds():
     assert bool(jnp.all(logits <= ub + 1e-5))
 
 
+def test_quest_ranks_pages_whose_bound_is_not_finite():
+    """Finite keys whose channel-wise bound overflows float32 rank first, as FFD's rankable does:
+    keys 16 and 17 (page 1) hold 2e19 in channel 0 and 1 respectively, the query 4e19 in both
+    (1e19 after 1/sqrt(D)), so each has the finite logit 2e38 (the rest are O(1)) while the bound
+    adds the two products, 4e38 = +inf. The softmax is then half key 16's value and half key 17's:
+    dense attention's, and Quest's with page 1 attended (with top_k = 4, every full page, and with
+    top_k = 1). A NaN key: its page is attended (top_k covers every page) and its rows are NaN as
+    dense attention's."""
+    b, h, kh, s, d, p = 1, 2, 1, 64, 16, 16
+    ks = jax.random.split(jax.random.key(12), 3)
+    q = jax.random.normal(ks[0], (b, h, d)).at[:, :, :2].set(4e19)
+    k = jax.random.normal(ks[1], (b, kh, s, d)).at[:, :, :, :2].set(0.0)
+    k = k.at[0, 0, 16, 0].set(2e19).at[0, 0, 17, 1].set(2e19)
+    v = jax.random.normal(ks[2], (b, kh, s, d))
+    lengths = jnp.array([64])
+    kmin, kmax = quest.quest_metadata(k, p)
+    bound = quest.quest_page_scores(attention_math.grouped_query(q, kh), kmin, kmax)
+    assert np.isposinf(np.asarray(bound)[0, 0, 1]) and np.isfinite(np.asarray(bound)[0, 0, [0, 2, 3]]).all()
+    want = np.broadcast_to((np.asarray(v)[0, 0, 16] + np.asarray(v)[0, 0, 17]) / 2, (b, h, d))
+    np.testing.assert_allclose(ref.dense_decode(q, k, v, lengths), want, atol=1e-6)
+    out, keep = quest.quest_decode(q, k, v, kmin, kmax, lengths, top_k=4, page_size=p)
+    assert np.asarray(keep).all()
+    np.testing.assert_allclose(out, want, atol=1e-6)
+    out1, keep1 = quest.quest_decode(q, k, v, kmin, kmax, lengths, top_k=1, page_size=p)
+    np.testing.assert_array_equal(np.asarray(keep1)[0, 0], [False, True, False, False])
+    np.testing.assert_allclose(out1, want, atol=1e-6)
+    # a NaN key in page 2 (finite keys elsewhere): NaN rows, as dense attention
+    k_nan = jax.random.normal(ks[1], (b, kh, s, d)).at[0, 0, 37, 3].set(jnp.nan)
+    kmin, kmax = quest.quest_metadata(k_nan, p)
+    out, keep = quest.quest_decode(q / 1e19, k_nan, v, kmin, kmax, lengths, top_k=4, page_size=p)
+    assert np.asarray(keep).all() and np.isnan(np.asarray(out)).all()
+    assert np.isnan(np.asarray(ref.dense_decode(q / 1e19, k_nan, v, lengths))).all()
+
+
 def test_bad_input_raises():
     b, kh, s, d, p = 1, 2, 64, 32, 16
     cache, _, _ = _filled_cache(jax.random.key(9), b, kh, s, d, p, None)
