@@ -4,15 +4,15 @@ A GGUF file carries its config and tokenizer as metadata (llama.cpp's key names)
 under llama.cpp's names, many of them block-quantized. It is read with the ``gguf`` library
 (llama.cpp's own reader and dequantizer, ``gguf.GGUFReader`` and ``gguf.quants.dequantize``):
 
-* :func:`config_from_gguf` maps the metadata of architectures ``llama``, ``qwen2`` and ``mistral``
-  to :class:`models.llama.LlamaConfig` through the Hugging Face schema
+* :func:`config_from_gguf` maps the metadata of architectures ``llama`` and ``qwen2`` to :class:`models.llama.LlamaConfig` through the Hugging Face schema
   (:func:`models.hf_checkpoint.config_from_hf`): layers, widths, heads and kv heads, head dim
   (``attention.key_length``), context length, RMSNorm epsilon, RoPE theta (``rope.freq_base``)
   and scaling (``rope.scaling.type`` linear or yarn), tied embeddings (no ``output.weight``
   tensor), q/k/v biases (Qwen2). llama.cpp's converter writes Mistral models as architecture
-  ``llama``; as in ``transformers``' GGUF loader, such a file whose ``general.name`` says Mistral
-  is labelled ``mistral``. A sliding window applies only where the metadata states one
-  (``attention.sliding_window``): llama.cpp runs architecture ``llama`` without one.
+  ``llama`` (``gguf`` has no architecture ``mistral``), and they load as such. No sliding window
+  is applied: llama.cpp runs both architectures without one (an ``attention.sliding_window`` key
+  is ignored, as llama.cpp and ``transformers``' GGUF loader ignore it), so a Mistral-7B-v0.1 file
+  attends to all of a context longer than its 4096-token window, as llama.cpp does.
 * :func:`load_checkpoint` dequantizes each tensor to float32 on the host (one at a time), undoes
   the row permutation that llama.cpp's converter applies to the query and key projections of
   architecture ``llama`` (it stores each head's rotary pairs interleaved, (x0, x_{D/2}), (x1,
@@ -50,7 +50,7 @@ from core import sharding as shd
 from models import hf_checkpoint as hfc
 from models.llama import LlamaConfig
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")
+ARCHITECTURES = ("llama", "qwen2")
 # Storage types read here (gguf.quants.dequantize implements each; the tests write every one).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -110,7 +110,7 @@ def _reader(path: str, mtime_ns: int, size: int):
         if "magic" in msg.lower():
             raise ValueError(f"{path}: not a GGUF file (it does not start with the GGUF magic "
                              "bytes)") from None
-        raise ValueError(f"{path}: not a readable GGUF file, truncated or corrupt ({msg})") from None
+        raise ValueError(f"{path}: truncated or corrupt GGUF file ({msg})") from None
     end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     if end > size:
         raise ValueError(f"{path}: truncated GGUF file ({size:,} bytes; its tensors end at byte "
@@ -149,8 +149,8 @@ def _array(reader, key: str) -> list | None:
 # Config
 
 
-def _architecture(reader, path: str) -> tuple[str, str]:
-    """(architecture key prefix, model type): ``llama`` files named Mistral are ``mistral``."""
+def _architecture(reader, path: str) -> str:
+    """``general.architecture``: the model type and the prefix of its metadata keys."""
     meta = reader.fields
     if "general.architecture" not in meta:
         raise ValueError(f"{path}: no general.architecture in the GGUF metadata")
@@ -158,8 +158,7 @@ def _architecture(reader, path: str) -> tuple[str, str]:
     if arch not in ARCHITECTURES:
         raise ValueError(f"{path}: architecture {arch!r} is not supported; supported: "
                          f"{', '.join(ARCHITECTURES)}")
-    name = str(meta["general.name"].contents()) if "general.name" in meta else ""
-    return arch, ("mistral" if arch == "llama" and "mistral" in name.lower() else arch)
+    return arch
 
 
 def _rope_scaling(meta: dict, arch: str, path: str) -> dict | None:
@@ -215,7 +214,7 @@ def config_from_gguf(reader, *, path: str = "model.gguf", dtype: Any = "float32"
         RoPE frequency factors (``rope_freqs.weight``, Llama 3.1), an unsupported RoPE scaling, a
         key and value head dim that differ, a vocabulary size that disagrees with the embedding.
     """
-    arch, model_type = _architecture(reader, path)
+    arch = model_type = _architecture(reader, path)
     meta = metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
 
@@ -260,14 +259,12 @@ def config_from_gguf(reader, *, path: str = "model.gguf", dtype: Any = "float32"
         "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10_000.0)),
         "rope_scaling": _rope_scaling(meta, arch, path),
         "tie_word_embeddings": "output.weight" not in tensors,
-        "sliding_window": meta.get(f"{arch}.attention.sliding_window"),
         "hidden_act": "silu",
     }
     if model_type == "llama":
         hf["attention_bias"] = "blk.0.attn_q.bias" in tensors
-    elif model_type == "qwen2":
-        hf["use_sliding_window"] = hf["sliding_window"] is not None
-        hf["max_window_layers"] = 0
+    else:
+        hf["use_sliding_window"] = False
     return hfc.config_from_hf(hf, where=path, dtype=dtype, max_len=max_len)
 
 
