@@ -17,7 +17,8 @@ on its cycles (no stalls, no DMA or memory latency): :attr:`KernelSchedule.cycle
 bundle by the trip counts of the loops around it, read from the constant bound of each loop's exit
 test (a loop whose bound is a register has no static trip count: the kernel then has none either).
 For the XLA part of a step, each instruction of the compiled TPU HLO carries the compiler's own
-``"estimated_cycles"`` in its backend config (:func:`xla_estimated_cycles`); Pallas kernels
+``"estimated_cycles"`` in its backend config (:func:`xla_estimated_cycles`), counted once per
+execution: a ``while`` loop's body once per trip (:func:`while_trip_count`); Pallas kernels
 (``tpu_custom_call``) carry none and are added from their schedules (:func:`static_step`).
 
 Clock (:data:`CLOCK_HZ`): peak bf16 FLOP/s / (2 x MXU multiply-accumulates per cycle): v5e 197
@@ -316,24 +317,220 @@ def read_dump(dump_dir: str | os.PathLike, files: Iterable[str] | None = None,
 
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = ")
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
+_CALLED = re.compile(r"\b(condition|body|calls|to_apply|true_computation|false_computation)="
+                     r"%([\w.\-]+)")
+_BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Instr:
+    name: str
+    opcode: str
+    operands: tuple[str, ...]  # operand names without '%', or a constant's literal
+    line: str
+
+
+def _closing(text: str, start: int) -> int:
+    """The index after the parenthesis that closes one opened just before ``start``."""
+    depth, j = 1, start
+    while j < len(text) and depth:
+        depth += text[j] == "("
+        depth -= text[j] == ")"
+        j += 1
+    return j
+
+
+def _parse_instr(line: str) -> _Instr | None:
+    """An HLO instruction line split into name, opcode and operands (None if not one)."""
+    m = _INSTR.match(line)
+    if not m:
+        return None
+    rest = line[m.end():]
+    # a tuple shape: skip to its closing parenthesis
+    i = _closing(rest, 1) if rest.startswith("(") else rest.find(" ")
+    call = re.match(r"\s*([\w\-]+)\(", rest[i:])
+    if not call:
+        return None
+    start = i + call.end()
+    args = [a.strip() for a in rest[start:_closing(rest, start) - 1].split(",") if a.strip()]
+    return _Instr(m.group(1), call.group(1), tuple(a.lstrip("%") for a in args), line)
+
+
+def _computations(hlo_text: str) -> tuple[dict[str, dict[str, _Instr]], str | None]:
+    """({computation: {instruction name: instruction}}, the entry computation's name)."""
+    comps: dict[str, dict[str, _Instr]] = {}
+    entry, current = None, None
+    for line in hlo_text.splitlines():
+        m = _COMPUTATION.match(line)
+        if m and " = " not in line.split("{", 1)[0]:
+            current = m.group(2)
+            comps[current] = {}
+            if m.group(1):
+                entry = current
+            continue
+        if line.strip() == "}":
+            current = None
+            continue
+        if current is not None:
+            ins = _parse_instr(line)
+            if ins is not None:
+                comps[current][ins.name] = ins
+    return comps, entry
+
+
+def _root(comp: dict[str, _Instr]) -> _Instr | None:
+    return next((i for i in comp.values() if i.line.lstrip().startswith("ROOT ")), None)
+
+
+def _through_copies(comp: dict[str, _Instr], name: str) -> _Instr | None:
+    ins = comp.get(name)
+    while ins is not None and ins.opcode in ("copy", "bitcast", "convert") and ins.operands:
+        ins = comp.get(ins.operands[0])
+    return ins
+
+
+def _constant(comp: dict[str, _Instr], name: str) -> int | None:
+    ins = _through_copies(comp, name)
+    if ins is None or ins.opcode != "constant" or not ins.operands:
+        return None
+    try:
+        return int(ins.operands[0])
+    except ValueError:
+        return None
+
+
+def _tuple_index(comp: dict[str, _Instr], name: str) -> int | None:
+    """The tuple index ``name`` reads of the computation's parameter (get-tuple-element)."""
+    ins = _through_copies(comp, name)
+    if ins is None or ins.opcode != "get-tuple-element":
+        return None
+    m = re.search(r"\bindex=(\d+)", ins.line)
+    src = comp.get(ins.operands[0]) if ins.operands else None
+    return int(m.group(1)) if m and src is not None and src.opcode == "parameter" else None
+
+
+def while_trip_count(hlo_text: str, name: str) -> int:
+    """The trip count of the ``while`` instruction ``name`` of a compiled HLO program: XLA's
+    ``known_trip_count`` when its backend config has one; else from the induction variable: the
+    condition's root compares a tuple element with a constant, the body adds a constant to that
+    element, and the loop's initial tuple holds a constant there.
+
+    Raises:
+      ValueError: no such while instruction, or its trip count is not static in one of these
+        forms.
+    """
+    comps, _ = _computations(hlo_text)
+    for comp in comps.values():
+        if name in comp and comp[name].opcode == "while":
+            return _trip_count(comps, comp, comp[name])
+    raise ValueError(f"while_trip_count: no while instruction {name!r} in the program")
+
+
+def _trip_count(comps: dict[str, dict[str, _Instr]], caller: dict[str, _Instr], w: _Instr) -> int:
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', w.line)
+    if known:
+        return int(known.group(1))
+    fail = (f"while loop {w.name!r}: no static trip count (expected its condition to compare a "
+            "tuple element with a constant, its body to add a constant to it, and a constant "
+            "initial value)")
+    cond_name = re.search(r"\bcondition=%([\w.\-]+)", w.line)
+    body_name = re.search(r"\bbody=%([\w.\-]+)", w.line)
+    cond = comps.get(cond_name.group(1)) if cond_name else None
+    body = comps.get(body_name.group(1)) if body_name else None
+    root = _root(cond) if cond is not None else None
+    direction = re.search(r"\bdirection=(\w+)", root.line) if root is not None else None
+    if body is None or root is None or root.opcode != "compare" or direction is None:
+        raise ValueError(fail)
+    a, b = root.operands[:2]
+    d = direction.group(1)
+    if _tuple_index(cond, a) is None:  # constant on the left: i OP k with OP mirrored
+        a, b = b, a
+        d = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}.get(d, d)
+    index, bound = _tuple_index(cond, a), _constant(cond, b)
+    body_root = _root(body)
+    if index is None or bound is None or body_root is None or body_root.opcode != "tuple":
+        raise ValueError(fail)
+    update = _through_copies(body, body_root.operands[index])
+    step = None
+    if update is not None and update.opcode in ("add", "subtract") and len(update.operands) == 2:
+        x, y = update.operands
+        if update.opcode == "add" and _tuple_index(body, x) != index:
+            x, y = y, x
+        if _tuple_index(body, x) == index and _constant(body, y) is not None:
+            step = _constant(body, y) * (1 if update.opcode == "add" else -1)
+    init_tuple = _through_copies(caller, w.operands[0]) if w.operands else None
+    init = (_constant(caller, init_tuple.operands[index])
+            if init_tuple is not None and init_tuple.opcode == "tuple" else None)
+    if step is None or init is None or step == 0:
+        raise ValueError(fail)
+    span = {"LT": bound - init, "LE": bound - init + 1, "GT": init - bound,
+            "GE": init - bound + 1, "NE": bound - init}.get(d)
+    if span is None or (d in ("LT", "LE", "NE") and step < 0) or (d in ("GT", "GE") and step > 0):
+        raise ValueError(fail)
+    if d == "NE" and span % step:
+        raise ValueError(fail)
+    return max(0, -(-span // abs(step)))
+
+
+def instruction_executions(hlo_text: str) -> dict[str, int]:
+    """{instruction name: times one run of the program executes it}: 1 in the entry computation
+    and in the computations it calls (fusions, calls, both branches of a conditional: each
+    counted once, as when the estimates are summed), times the trip count of every ``while``
+    loop around it (:func:`while_trip_count`; its condition runs once more than its body).
+
+    Raises:
+      ValueError: no entry computation, or a while loop without a static trip count.
+    """
+    comps, entry = _computations(hlo_text)
+    if entry is None:
+        raise ValueError("instruction_executions: no ENTRY computation; expected the text of a "
+                         "compiled HLO module")
+    out: dict[str, int] = {}
+
+    def visit(comp_name: str, w: int, stack: tuple[str, ...]) -> None:
+        if comp_name not in comps or comp_name in stack:
+            return
+        comp = comps[comp_name]
+        for ins in comp.values():
+            out[ins.name] = out.get(ins.name, 0) + w
+            stack2 = stack + (comp_name,)
+            if ins.opcode == "while":
+                trips = _trip_count(comps, comp, ins)
+                for kind, callee in _CALLED.findall(ins.line):
+                    visit(callee, w * (trips + 1 if kind == "condition" else trips), stack2)
+                continue
+            for _, callee in _CALLED.findall(ins.line):
+                visit(callee, w, stack2)
+            for group in _BRANCHES.findall(ins.line):
+                for callee in re.findall(r"%([\w.\-]+)", group):
+                    visit(callee, w, stack2)
+
+    visit(entry, 1, ())
+    return out
 
 
 def xla_estimated_cycles(hlo_text: str) -> int:
     """Sum of the ``"estimated_cycles"`` XLA's TPU compiler writes in the backend config of a
-    compiled program's instructions (``compiled.as_text()``); Pallas kernels carry none.
+    compiled program's instructions (``compiled.as_text()``), each times the executions of its
+    instruction per run (:func:`instruction_executions`: a ``while`` body's instructions times
+    its trip count); Pallas kernels carry none.
 
     Raises:
-      ValueError: the program has a ``while`` loop (its body's cycles would be counted once), or
-        it has no estimate and no Pallas kernel (not a compiled TPU program).
+      ValueError: a while loop without a static trip count, or the program has no estimate and
+        no Pallas kernel (not a compiled TPU program).
     """
-    if re.search(r"\bwhile\(", hlo_text):
-        raise ValueError("xla_estimated_cycles: the program has a while loop; its body's "
-                         "estimated cycles would be counted once")
-    cycles = [int(c) for c in re.findall(r'"estimated_cycles":"(\d+)"', hlo_text)]
-    if not cycles and 'custom_call_target="tpu_custom_call"' not in hlo_text:
+    estimates = []
+    for line in hlo_text.splitlines():
+        c = re.search(r'"estimated_cycles":"(\d+)"', line)
+        m = _INSTR.match(line)
+        if c and m:
+            estimates.append((m.group(1), int(c.group(1))))
+    if not estimates and 'custom_call_target="tpu_custom_call"' not in hlo_text:
         raise ValueError("xla_estimated_cycles: no instruction carries estimated_cycles; expected "
                          "the text of a program compiled for TPU")
-    return sum(cycles)
+    runs = instruction_executions(hlo_text)
+    return sum(c * runs.get(name, 0) for name, c in estimates)
 
 
 def kernel_calls(hlo_text: str) -> dict[str, list[str]]:
@@ -359,7 +556,7 @@ class StaticStep:
     Attributes:
       seconds: (kernel cycles + XLA cycles) / clock.
       kernel_cycles: bundles the Pallas kernels issue per step (each kernel's cycles times its
-        calls).
+        calls, a call inside a ``while`` loop counted once per trip).
       xla_cycles: XLA's estimated cycles of every other instruction.
       clock_hz: the TensorCore clock used.
       kernels: per kernel: :meth:`KernelSchedule.summary` plus ``calls``.
@@ -381,7 +578,8 @@ def base_name(name: str) -> str:
 def static_step(kernels: Mapping[str, KernelSchedule], hlo_text: str, target: str,
                 dynamic_trips: Mapping[str, int] | None = None) -> StaticStep:
     """The static step time of a compiled TPU program: its kernels' schedules (from
-    :func:`read_dump` of its compile) times their calls (:func:`kernel_calls`), plus
+    :func:`read_dump` of its compile) times their calls (:func:`kernel_calls`, each call times
+    its executions, :func:`instruction_executions`), plus
     :func:`xla_estimated_cycles`, at :data:`CLOCK_HZ` of ``target``.
 
     Args:
@@ -398,6 +596,7 @@ def static_step(kernels: Mapping[str, KernelSchedule], hlo_text: str, target: st
         raise ValueError(f"static_step: target {target!r} has no clock; expected one of "
                          f"{sorted(CLOCK_HZ)}")
     calls = kernel_calls(hlo_text)
+    runs = instruction_executions(hlo_text)
     total, rows = 0, []
     for first, names in calls.items():
         k = next((kernels[n] for n in names if n in kernels), None)
@@ -409,14 +608,16 @@ def static_step(kernels: Mapping[str, KernelSchedule], hlo_text: str, target: st
         if cycles is None:
             raise ValueError(f"static_step: kernel {first!r} has a loop without a static trip "
                              f"count; pass dynamic_trips={{{base_name(first)!r}: ...}}")
-        total += cycles * len(names)
-        rows.append({**k.summary(), "cycles": cycles, "calls": len(names),
+        executions = sum(runs.get(n, 0) for n in names)
+        total += cycles * executions
+        rows.append({**k.summary(), "cycles": cycles, "calls": executions,
                      **({"assumed_trips": assumed} if k.dynamic else {})})
     xla = xla_estimated_cycles(hlo_text)
     clock = CLOCK_HZ[target]
     return StaticStep((total + xla) / clock, total, xla, clock, tuple(rows))
 
 
-__all__ = ["CLOCK_HZ", "KernelSchedule", "Loop", "StaticStep", "dump_enabled", "dump_flags",
-           "base_name", "kernel_calls", "kernel_schedule", "parse_bundles", "parse_utilization", "read_dump",
-           "static_step", "xla_estimated_cycles"]
+__all__ = ["CLOCK_HZ", "KernelSchedule", "Loop", "StaticStep", "base_name", "dump_enabled",
+           "dump_flags", "instruction_executions", "kernel_calls", "kernel_schedule",
+           "parse_bundles", "parse_utilization", "read_dump", "static_step", "while_trip_count",
+           "xla_estimated_cycles"]

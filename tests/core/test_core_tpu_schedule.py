@@ -4,7 +4,9 @@ The fixtures under ``data/tpu_schedule/`` are real libtpu 0.0.42.1 dumps (the fi
 ``core.tpu_schedule.dump_flags``) of two small Pallas kernels compiled for a compile-only v5e:
 ``tiny_loop`` (a 16-trip ``fori_loop`` over 8 x 128 rows, ``sin(v) * v`` each), with the XLA fusion
 around it and the compiled HLO (its Mosaic body removed), and ``nested/tiny_grid`` (grid 3, two
-nested ``fori_loop``s of 5 and 16 trips). The compile test (``test_core_tpu_schedule_compile.py``)
+nested ``fori_loop``s of 5 and 16 trips), and ``while/``: a ``fori_loop`` of 7 trips that XLA keeps
+as a ``while`` loop, its body calling ``tiny_loop`` (16 trips of ``sin(v) * v``) on
+``c + x`` and then two fusions (``c / 2 + tile(2 y)``). The compile test (``test_core_tpu_schedule_compile.py``)
 checks the reader on fresh compiles.
 """
 
@@ -112,8 +114,6 @@ def test_bad_dumps_are_clear_errors(tmp_path):
         ts.static_step({}, hlo, "h100")
     with pytest.raises(ValueError, match="kernel 'tiny_loop.1' \\(1 calls\\) has no schedule"):
         ts.static_step({}, hlo, "tpu-v5e")
-    with pytest.raises(ValueError, match="while loop"):
-        ts.xla_estimated_cycles(hlo + "\n  %w = (s32[]) while(%t), condition=%c, body=%b\n")
     with pytest.raises(ValueError, match="no instruction carries estimated_cycles"):
         ts.xla_estimated_cycles("HloModule m\n")
 
@@ -124,3 +124,34 @@ def test_dump_flags_name_the_folder(monkeypatch):
     assert ts.dump_enabled() == "/some/dir"
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "--other=1")
     assert ts.dump_enabled() is None
+
+
+def test_a_while_loop_counts_its_body_once_per_trip():
+    hlo = (DATA / "while" / "compiled_hlo.txt").read_text()
+    # the fori_loop(0, 7, ...): condition `i < 7`, body `i + 1`, i starting at 0
+    assert ts.while_trip_count(hlo, "while") == 7
+    runs = ts.instruction_executions(hlo)
+    assert runs["tiny_loop.3"] == 7 and runs["lt.0"] == 8 and runs["while"] == 1
+    # the body's three estimated instructions, each 7 times; the entry's carry none
+    body = {"add.11": 2094, "broadcast_multiply_fusion.2": 1824, "bitcast_add_fusion.2": 1966}
+    for name, cycles in body.items():
+        assert f'%{name} = ' in hlo and f'"estimated_cycles":"{cycles}"' in hlo
+    assert ts.xla_estimated_cycles(hlo) == 7 * sum(body.values())
+    kernels = ts.read_dump(DATA / "while")
+    st = ts.static_step(kernels, hlo, "tpu-v5e")
+    (row,) = st.kernels
+    assert row["calls"] == 7 and st.kernel_cycles == 7 * kernels["tiny_loop.3"].cycles
+    # the trip count moves the step: the same loop to 12
+    hlo12 = hlo.replace("s32[]{:T(128)} constant(7)", "s32[]{:T(128)} constant(12)")
+    assert hlo12 != hlo and ts.while_trip_count(hlo12, "while") == 12
+    assert ts.static_step(kernels, hlo12, "tpu-v5e").kernel_cycles == 12 * kernels["tiny_loop.3"].cycles
+    # XLA's own count wins where it gives one; a bound in a register has none
+    known = hlo.replace("body=%wide.region_0.2.sunk,", 'body=%wide.region_0.2.sunk, '
+                        'backend_config={"known_trip_count":{"n":"5"}},')
+    assert ts.while_trip_count(known, "while") == 5
+    dynamic = hlo.replace("compare(%get-tuple-element.15, %constant.11)",
+                          "compare(%get-tuple-element.15, %get-tuple-element.15)")
+    with pytest.raises(ValueError, match="'while': no static trip count"):
+        ts.xla_estimated_cycles(dynamic)
+    with pytest.raises(ValueError, match="no while instruction 'w'"):
+        ts.while_trip_count(hlo, "w")
