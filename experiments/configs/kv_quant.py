@@ -24,9 +24,11 @@ REQUIRES = ("lm",)
 def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.windows = 8  # held-out windows of `context` bytes
-    c.context = 128  # the LM's training length (RoPE does not extrapolate past it)
-    c.prompt_len = 64  # prefill; the rest of each window is decoded teacher-forced
+    c.windows = 2  # held-out windows of `context` tokens (decoded side by side, one batch)
+    c.context = 1024  # tokens per window, capped at the model's max_len (the byte lm's: 256)
+    # prefill; the rest of each window is decoded teacher-forced; 0 = three quarters of the window
+    c.prompt_len = 0
+    c.decode_timing = False  # time each cache's whole teacher-forced decode once more
     c.bits = 2
     c.chunk = 64  # tokens per k-means chunk (QVG) = KIVI's full-precision residual
     c.num_centroids = 2  # 2 bf16 centroids of D=32 over 64 tokens: 0.5 bit/element
@@ -49,10 +51,10 @@ def base() -> ml_collections.ConfigDict:
     c.synth_clusters = 64
     c.synth_outlier_channels = 4
     c.synth_queries = 64
-    c.lm_config = ""  # "" = the lm experiment's tiny config
-    # "" = the byte-level lm above; else a Hugging Face model directory (config.json,
-    # *.safetensors, tokenizer.json) measured instead, with context capped at its max_len
-    c.checkpoint = ""
+    c.lm_config = ""  # the lm experiment's variant measured when checkpoint = ""; "" = tiny
+    # the measured model: SmolLM2-135M-Instruct, packaged (see experiments.measured_model); a
+    # GGUF file or a Hugging Face model directory; "" = the byte-level lm of lm_config
+    c.checkpoint = "smollm2-135m"
     c.data_path = ""  # UTF-8 text file of held-out windows; "" = the held-out Shakespeare plays
     c.claim = report.claim_config(
         method="QVG / KIVI / EntroKV",
@@ -72,12 +74,15 @@ def base() -> ml_collections.ConfigDict:
 VARIANTS = {
     "tiny": {},
     # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    # (on the byte-level lm: the real model's teacher-forced decoding alone takes minutes)
     "smoke": {"windows": 2, "context": 64, "prompt_len": 32, "chunk": 16, "kmeans_iters": 2,
               "kivi_group": 16, "kivi_block": 16, "qvg_pro_block": 8, "entrokv_window": 8,
               "entrokv_pool": 3, "synth_tokens": 512, "synth_centroids": 8,
-              "synth_clusters": 4, "synth_queries": 4, "lm_config": "smoke"},
-    "paper": {"windows": 64, "context": 1024, "prompt_len": 768, "chunk": 256, "num_centroids": 16,
-              "kmeans_iters": 20, "synth_tokens": 65536, "synth_heads": 8, "lm_config": "paper"},
+              "synth_clusters": 4, "synth_queries": 4, "lm_config": "smoke", "checkpoint": "",
+              "decode_timing": True},
+    "paper": {"windows": 16, "context": 8192, "prompt_len": 4096, "chunk": 256,
+              "num_centroids": 16, "kmeans_iters": 20, "synth_tokens": 65536, "synth_heads": 8,
+              "lm_config": "paper", "decode_timing": True},
 }
 
 
@@ -89,7 +94,8 @@ RULES = {
     "seed": cfg_lib.integer(lo=0),
     "windows": cfg_lib.integer(lo=1),
     "context": cfg_lib.integer(lo=2),
-    "prompt_len": cfg_lib.integer(lo=1),
+    "prompt_len": cfg_lib.integer(lo=0),
+    "decode_timing": cfg_lib.one_of(True, False),
     "bits": cfg_lib.one_of(2, 4, 8),
     "chunk": cfg_lib.integer(lo=1),
     "num_centroids": cfg_lib.integer(lo=1, hi=256),
@@ -117,6 +123,12 @@ RULES = {
 }
 
 
+def prompt_length(config: ml_collections.ConfigDict, seq: int) -> int:
+    """The prefill length in a decoded window of ``seq`` tokens: ``prompt_len``, or three
+    quarters of the window when it is 0 (the last quarter is decoded teacher-forced)."""
+    return config.prompt_len or 3 * seq // 4
+
+
 def _blocks_divide(head_dim: int, blocks: dict[str, int], where: str) -> None:
     for field, block in blocks.items():
         if head_dim % min(block, head_dim):
@@ -136,10 +148,10 @@ def check_model_shapes(config: ml_collections.ConfigDict, head_dim: int, max_len
       ValueError: naming the fields.
     """
     d, seq = head_dim, min(config.context, max_len)
-    if config.prompt_len >= seq:
+    if prompt_length(config, seq) >= seq or prompt_length(config, seq) < 1:
         raise ValueError(f"config field prompt_len = {config.prompt_len}: expected < {seq}, the "
                          f"decoded window (min of context={config.context} and the max_len="
-                         f"{max_len} of {where})")
+                         f"{max_len} of {where}), and a window of at least 2 tokens for 0")
     head = f"the head dimension {d} of {where}"
     _blocks_divide(d, {"qvg_block": config.qvg_block, "qvg_pro_block": config.qvg_pro_block,
                        "kivi_block": config.kivi_block}, head)

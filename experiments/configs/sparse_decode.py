@@ -39,10 +39,18 @@ def base() -> ml_collections.ConfigDict:
     c.timing_reps = 7  # interleaved rounds; times and ratios are medians and ranges over them
     c.speedup_target = 2.0  # the claim's speed-up threshold at the largest context
     c.bandwidth_mb = 256  # array summed to measure the read bandwidth
-    # quality on keys/values/queries captured from the trained lm on held-out text
-    c.real_context = 8192
-    c.real_page_size = 32
-    c.real_queries = 8  # decode positions evaluated per layer
+    # quality on keys/values/queries captured from the measured model on held-out text: one
+    # capture of real_context tokens (capped at the model's max_len), measured at each of
+    # fit_contexts (its first c tokens) and fitted against context up to fit_target
+    c.real_context = 2048
+    c.real_page_size = 128  # the paper's page
+    c.real_queries = 8  # decode positions evaluated per layer and context, in [c/2, c)
+    c.fit_contexts = (1024, 1536, 2048)
+    c.fit_target = 131072  # the compile reports' Llama-3-8B context
+    # passkey retrieval on the measured model: prompts of passkey_context tokens (with the answer)
+    c.passkey_context = 1024
+    c.passkey_depths = (0.2, 0.5, 0.8)  # where the key sits in the text, fractions of the prompt
+    c.passkey_new = 8  # greedy tokens of the answer
     # needle test
     c.needle_context = 16384
     c.needles = 4
@@ -51,10 +59,10 @@ def base() -> ml_collections.ConfigDict:
     c.greedy_prompt = 96
     c.greedy_new = 64
     c.greedy_page_size = 16
-    c.lm_config = ""  # variant of the lm experiment whose checkpoint is decoded; "" = tiny
-    # "" = the byte-level lm above; else a Hugging Face model directory (config.json,
-    # *.safetensors, tokenizer.json) measured instead, with the context capped at its max_len
-    c.checkpoint = ""
+    c.lm_config = ""  # variant of the lm experiment measured when checkpoint = ""; "" = tiny
+    # the measured model: SmolLM2-135M-Instruct, packaged (see experiments.measured_model); a
+    # GGUF file or a Hugging Face model directory; "" = the byte-level lm of lm_config
+    c.checkpoint = "smollm2-135m"
     c.data_path = ""  # UTF-8 text file to capture on; "" = the held-out Shakespeare plays
     c.claim = report.claim_config(
         method="Faster Flash Decoding (FFD)",
@@ -74,11 +82,15 @@ def base() -> ml_collections.ConfigDict:
 VARIANTS = {
     "tiny": {},
     # seconds: executes every code path (tests and notebook smoke runs); numbers are meaningless
+    # (on the byte-level lm: the real model's capture alone would take longer than the rest)
     "smoke": {"contexts": (2048,), "timing_reps": 2, "bandwidth_mb": 16, "real_context": 1024,
-              "real_queries": 2, "needle_context": 2048, "needles": 2, "needle_trials": 1,
-              "greedy_prompt": 16, "greedy_new": 8, "greedy_page_size": 8, "lm_config": "smoke"},
+              "real_page_size": 32, "real_queries": 2, "fit_contexts": (512,),
+              "passkey_context": 256, "passkey_depths": (0.5,), "passkey_new": 4,
+              "needle_context": 2048, "needles": 2, "needle_trials": 1, "greedy_prompt": 16,
+              "greedy_new": 8, "greedy_page_size": 8, "lm_config": "smoke", "checkpoint": ""},
     "paper": {"contexts": (4096, 16384, 65536, 131072, 262144), "batch_sizes": (1, 8),
-              "timing_reps": 10, "bandwidth_mb": 1024, "real_context": 65536,
+              "timing_reps": 10, "bandwidth_mb": 1024, "real_context": 8192,
+              "fit_contexts": (1024, 2048, 4096, 8192), "passkey_context": 8192,
               "real_queries": 32, "needle_context": 131072, "needle_trials": 16},
 }
 
@@ -101,6 +113,11 @@ RULES = {
     "real_context": cfg_lib.integer(lo=1),
     "real_page_size": cfg_lib.integer(lo=1),
     "real_queries": cfg_lib.integer(lo=1),
+    "fit_contexts": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
+    "fit_target": cfg_lib.integer(lo=1),
+    "passkey_context": cfg_lib.integer(lo=1),
+    "passkey_depths": cfg_lib.tuple_of(cfg_lib.number(lo=0, hi=1)),
+    "passkey_new": cfg_lib.integer(lo=1),
     "needle_context": cfg_lib.integer(lo=1),
     "needles": cfg_lib.integer(lo=1),
     "needle_trials": cfg_lib.integer(lo=1),

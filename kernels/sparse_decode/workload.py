@@ -17,6 +17,7 @@ W window length, n windows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -241,34 +242,52 @@ def selection_quality(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arr
       page_size: p (divides S). delta: top-delta margin in nats.
 
     Returns:
-      ``density`` (kept full pages over full pages), ``kept_mass`` (exact softmax mass on the
-      kept pages and tail, mean over rows and heads), ``rel_err`` (relative Frobenius error of
-      the output against dense attention over the exact keys), and the same three for Quest
-      with ``top_k = round(density * mean full pages)`` (``quest_*``).
+      ``density`` (kept full pages over full pages), ``head_density`` (the same per kv head, a
+      list of K floats), ``kept_mass`` (exact softmax mass on the kept pages and tail, mean over
+      rows and heads), ``rel_err`` (relative Frobenius error of the output against dense
+      attention over the exact keys), and the same three for Quest with
+      ``top_k = round(density * mean full pages)`` (``quest_*``). With ``delta = inf`` every
+      page is kept and ``rel_err`` is the error of FFD's key storage alone (codes + float8
+      residual).
     """
-    nq = q.shape[0]
+    lengths = jnp.asarray(lengths, jnp.int32)
+    keep, mass, err, kb, vb, exact = _ffd_against_exact(q, k, v, lengths, jnp.float32(delta),
+                                                        page_size)
     kh = k.shape[0]
+    nfull = np.asarray(lengths) // page_size
+    total = float(nfull.sum()) * kh
+    keep = np.asarray(keep)
+    dens = float(keep.sum()) / total
+    head_dens = (keep.sum(axis=(0, 2)).astype(np.float64) / float(nfull.sum())).tolist()
+    top_k = max(1, round(dens * float(nfull.mean())))
+    qkeep, qmass, qerr = _quest_against_exact(q, kb, vb, lengths, exact, page_size, top_k)
+    return {"density": dens, "head_density": head_dens, "kept_mass": float(mass),
+            "rel_err": float(err), "quest_density": float(np.asarray(qkeep).sum()) / total,
+            "quest_kept_mass": float(qmass), "quest_rel_err": float(qerr)}
+
+
+@functools.partial(jax.jit, static_argnames=("page_size",))
+def _ffd_against_exact(q, k, v, lengths, delta, page_size):
+    """:func:`selection_quality`'s FFD part in one program (delta traced: one compile per shape)."""
+    nq = q.shape[0]
     k, v = k.astype(jnp.float32), v.astype(jnp.float32)
     kb = jnp.broadcast_to(k[None], (nq, *k.shape))
     vb = jnp.broadcast_to(v[None], (nq, *v.shape))
     cache = cache_with_lengths(kb, vb, lengths, page_size)
     out, keep = ref.ffd_decode_reference(q, cache, lengths, delta=delta)
     exact = ref.dense_decode(q, kb, vb, lengths)
-    nfull = jnp.asarray(lengths) // page_size
-    total = float(nfull.sum()) * kh
-    dens = float(jnp.sum(keep)) / total
+    err = jnp.linalg.norm(out - exact) / jnp.linalg.norm(exact)
+    return keep, _kept_mass(q, kb, keep, lengths).mean(), err, kb, vb, exact
 
-    def err(o):
-        return float(jnp.linalg.norm(o - exact) / jnp.linalg.norm(exact))
 
-    top_k = max(1, round(dens * float(nfull.mean())))
+@functools.partial(jax.jit, static_argnames=("page_size", "top_k"))
+def _quest_against_exact(q, kb, vb, lengths, exact, page_size, top_k):
+    """:func:`selection_quality`'s Quest part at ``top_k`` pages in one program."""
     kmin, kmax = quest.quest_metadata(kb, page_size)
     qout, qkeep = quest.quest_decode(q, kb, vb, kmin, kmax, lengths, top_k=top_k,
-                                   page_size=page_size)
-    return {"density": dens, "kept_mass": float(kept_mass(q, kb, keep, lengths).mean()),
-            "rel_err": err(out), "quest_density": float(jnp.sum(qkeep)) / total,
-            "quest_kept_mass": float(kept_mass(q, kb, qkeep, lengths).mean()),
-            "quest_rel_err": err(qout)}
+                                     page_size=page_size)
+    err = jnp.linalg.norm(qout - exact) / jnp.linalg.norm(exact)
+    return qkeep, _kept_mass(q, kb, qkeep, lengths).mean(), err
 
 
 def needle_recall(key: jax.Array, num_heads: int, num_kv_heads: int, context: int,

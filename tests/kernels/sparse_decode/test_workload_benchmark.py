@@ -142,3 +142,22 @@ def test_bad_setups():
         benchmark.SpeedSetup(budget_fraction=0.0)
     with pytest.raises(ValueError, match="seq_len must"):
         workload.concentrated_workload(jax.random.key(0), 1, 4, 2, 100, 16, 16)
+
+
+def test_selection_quality_head_density_averages_to_the_density():
+    """Per kv head kept fractions average to the overall one; with delta = inf every page is kept
+    and the only error left is the key storage's (codes + float8 residual), below 5%."""
+    key = jax.random.key(3)
+    kq, kk, kv = jax.random.split(key, 3)
+    kh, s, d, p = 2, 256, 32, 32
+    q = jax.random.normal(kq, (3, 2 * kh, d))
+    k = jax.random.normal(kk, (kh, s, d))
+    v = jax.random.normal(kv, (kh, s, d))
+    lengths = jnp.asarray([100, 200, 256], jnp.int32)
+    r = workload.selection_quality(q, k, v, lengths, p, 1.0)
+    assert len(r["head_density"]) == kh
+    assert np.mean(r["head_density"]) == pytest.approx(r["density"], rel=1e-12)
+    full = workload.selection_quality(q, k, v, lengths, p, float("inf"))
+    assert full["density"] == 1.0 and full["head_density"] == [1.0] * kh
+    assert full["kept_mass"] == pytest.approx(1.0, abs=1e-6)
+    assert 0.0 < full["rel_err"] < 0.05
