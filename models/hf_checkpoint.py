@@ -14,10 +14,14 @@ Nothing is downloaded: the directory must already be on disk.
   read (name, shape, dtype, the memory it needs), then each is read, transposed, cast and placed on
   its devices (sharded by the logical-axis rules of :mod:`core.sharding` when a mesh is given, each
   device reading only its slice) before the next one is read. The host never holds a second copy
-  of the model. Name mapping and transposes are the one table :data:`WEIGHTS`.
+  of the model. Name mapping and transposes are the one table :data:`WEIGHTS`. The builder,
+  :func:`build_params`, reads through a :class:`TensorSource`; GGUF files
+  (:mod:`models.gguf_checkpoint`) are another source for the same builder.
 * :func:`load_tokenizer` wraps ``tokenizer.json`` with the ``tokenizers`` library;
-  :meth:`Tokenizer.encode_prompt` never puts the BOS twice, :meth:`Tokenizer.decode_continuation`
-  decodes generated ids in the context of their prompt.
+  :meth:`Tokenizer.encode_prompt` never puts the BOS twice nor ends a prompt in the EOS a
+  ``<s> $A </s>`` template appends, :meth:`Tokenizer.apply_chat_template` renders the chat
+  template of ``tokenizer_config.json`` / ``chat_template.jinja``,
+  :meth:`Tokenizer.decode_continuation` decodes generated ids in the context of their prompt.
 
 Every bad input raises a one-line ValueError that names the file and, where there is one, the
 tensor; nothing partially loaded is returned.
