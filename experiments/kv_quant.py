@@ -1,11 +1,13 @@
 """Experiment ``kv_quant``: quantized KV caches (QVG, QVG-Pro, KIVI) and EntroKV budgets.
 
-On the trained byte-level LM and held-out Shakespeare windows (or, with ``checkpoint=DIR``, a local
-Hugging Face Llama / Qwen2 / Mistral checkpoint on text read with its own tokenizer, see
-:mod:`experiments.measured_model`): true compression (every scale, zero point, assignment and
-centroid counted, vs bf16), attention-output relative error on the model's real keys / values /
-queries (:mod:`algorithms.kv_budget.quality`), held-out bits per token (per byte for the byte LM)
-when decoding through each cache (teacher-forced, prompt prefilled then one token at a time),
+On SmolLM2-135M-Instruct (the packaged GGUF, ``checkpoint="smollm2-135m"``, the default; any GGUF
+file or Hugging Face Llama / Qwen2 / Mistral directory; ``checkpoint=""`` the trained byte-level LM)
+and held-out Shakespeare windows read with its own tokenizer (:mod:`experiments.measured_model`):
+true compression (every scale, zero point, assignment and centroid counted, vs bf16),
+attention-output relative error on the model's real keys / values / queries
+(:mod:`algorithms.kv_budget.quality`), held-out bits per token (per byte for the byte LM) and
+perplexity when decoding through each cache (teacher-forced, prompt prefilled then one token at a
+time),
 EntroKV vs uniform (SnapKV) budgets with the spread of the per-head entropies they come from, and
 the decode-time ratio quantized / full. The same error comparison on synthetic long-context keys
 with outlier channels (where the paper's 256 centroids amortise).

