@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -347,26 +346,25 @@ class _ChunkedQuantCache(abc.ABC):
         chunked_v = self._chunked_values()
         names = ("wk", "wv") if chunked_v else ("wk",)
         windows = {name: layer_cache[name] for name in names}
+        stores = {name: layer_cache[name] for name in ("k", "v")[:len(names)]}
 
-        def quantize(ws):
-            # Operands: the windows only (never the chunk store, see _write_chunks).
+        def quantize(operands):
+            # k-means reads the windows only; the chunk store is written in place, one chunk
+            # per full row, so a call without a full row (N - 1 of every N) writes nothing.
+            ws, st = operands
             ck, cv = self._codes(ws["wk"], ws.get("wv"), first, 1, head_offset)
             shifted = {name: jnp.where(full[:, None, None, None], jnp.concatenate(
                 [w[:, :, n:], jnp.zeros_like(w[:, :, n:])], axis=2), w)
                 for name, w in ws.items()}
-            return ck, cv, shifted
+            st = {name: _masked_chunk_write(x, c, 0, first, full)
+                  for (name, x), c in zip(st.items(), (ck, cv))}
+            return shifted, st
 
-        def keep(ws):
-            ck, cv, _ = jax.eval_shape(quantize, ws)
-            zeros = functools.partial(jax.tree.map, lambda s: jnp.zeros(s.shape, s.dtype))
-            return zeros(ck), zeros(cv), ws
-
-        ck, cv, windows = jax.lax.cond(jnp.any(full), quantize, keep, windows)
+        windows, stores = jax.lax.cond(jnp.any(full), quantize, lambda ops: ops,
+                                       (windows, stores))
         out = dict(layer_cache)
         out.update(windows)
-        out["k"] = _masked_chunk_write(layer_cache["k"], ck, 0, first, full)
-        if chunked_v:
-            out["v"] = _masked_chunk_write(layer_cache["v"], cv, 0, first, full)
+        out.update(stores)
         out["num_quantized"] = nq + n * full
         out["window_len"] = wl - n * full
         return out
