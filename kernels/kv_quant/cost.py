@@ -47,6 +47,24 @@ def chunk_bytes(code) -> int:
     return per(code.codes) + per(code.scales) + per(code.assign) + per(code.centroids)
 
 
+def tpu_block_bytes(shape, dtype) -> int:
+    """Bytes a TPU kernel moves for a block [..., X, Y] in VMEM's tiled layout: Y padded to a
+    multiple of 128 lanes and X to a multiple of the rows one 32-bit sublane word packs (4 for
+    8-bit, 2 for 16-bit, 1 for 32-bit dtypes). E.g. one chunk's uint8 assignments [S = 1, N =
+    256] move as [4, 256]: 1024 bytes where they store 256."""
+    *lead, x, y = shape
+    pack = max(1, 4 // jnp.dtype(dtype).itemsize)
+    return _nbytes((*lead, -(-x // pack) * pack, -(-y // 128) * 128), dtype)
+
+
+def tpu_chunk_bytes(code) -> int:
+    """:func:`chunk_bytes` in :func:`tpu_block_bytes`: what the TPU kernel moves per chunk of one
+    (row, kv head) (at N = 256, D = 128, INT2, block 64, S = 1, C = 16: 8192 + 1024 + 1024 + 4096
+    = 14336 bytes, the assignments padded from 256)."""
+    return sum(tpu_block_bytes(x.shape[3:], x.dtype)
+               for x in (code.codes, code.scales, code.assign, code.centroids))
+
+
 def dequant_flops(tokens: int, head_dim: int, stages: int, num_centroids: int,
                   onehot: bool) -> int:
     """FLOPs to dequantize ``tokens`` x D values (:func:`kernels.kv_quant.pallas_common.dequant_pieces`):
@@ -100,8 +118,9 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
     Returns:
       ``pl.CostEstimate`` with, summed over the B K (row, kv head) pairs:
 
-      * bytes: the queries ``R D`` once per pair; per chunk the key and value chunks
-        (:func:`chunk_bytes`); with RoPE the chunk-start table's lane groups, ``ceil(NC / L)``
+      * bytes: the queries ``R D`` once per pair; per chunk the key and value chunks as the
+        kernel moves them, in padded tiles (:func:`tpu_chunk_bytes`); with RoPE the chunk-start
+        table's lane groups, ``ceil(NC / L)``
         blocks of ``3 (D / 2) L`` float32 (its block index changes once per group); the output
         ``R D`` and log-sum-exp ``R`` float32 once per pair; once per call the row offsets ``R``
         int32, the scalar-prefetched ``start`` and ``num_quantized``, ``2 B`` int32, and with
@@ -120,8 +139,8 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
     pairs = b * kh
     rope_once = rope_table_bytes(nc, n, d)[0] if rope else 0
     starts = -(-nc // lanes) * _F32 * 3 * (d // 2) * lanes if rope else 0
-    per_pair = (_nbytes((r, d), q.dtype) + nc * (chunk_bytes(k_code) + chunk_bytes(v_code))
-                + starts + _F32 * r * (d + 1))
+    chunks = tpu_chunk_bytes(k_code) + tpu_chunk_bytes(v_code)
+    per_pair = _nbytes((r, d), q.dtype) + nc * chunks + starts + _F32 * r * (d + 1)
     once = _nbytes((r,), jnp.int32) + _nbytes((2, b), jnp.int32) + rope_once
     rot = rope_flops(n, d, rope_terms) + 3 * (d // 2) * lanes if rope else 0
     flops = nc * (2 * dequant_flops(n, d, s, c, onehot=True) + rot + tile_flops(r, n, d, w))

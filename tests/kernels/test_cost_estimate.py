@@ -347,10 +347,18 @@ def _qvg_bytes_from_blocks(impl, q, code, rope, rows=None, ns=1):
     freq, offsets, starts = (np.zeros(t.shape, t.dtype) for t in tables)
     assert offsets.shape == (3, d // 2, n) and freq.shape == (d // 2, 1)
     total = 0
+    def moved(x):  # TPU: VMEM tiles, the minor dim padded to 128 lanes, the second-minor to
+        # the rows a 32-bit sublane packs (4 uint8, 2 bfloat16)
+        if impl == "gpu":
+            return x.nbytes
+        pack = 4 // x.itemsize
+        pad = [(0, 0)] * (x.ndim - 2) + [(0, -x.shape[-2] % pack), (0, -x.shape[-1] % 128)]
+        return np.pad(x, pad).nbytes
+
     for bi in range(b):
         for ki in range(kh):
             for c in range(nc):
-                total += 2 * sum(x[bi, ki, c].nbytes for x in fields)  # keys and values
+                total += 2 * sum(moved(x[bi, ki, c]) for x in fields)  # keys and values
                 if rope and impl == "gpu":
                     total += starts[:, :, c].nbytes
             if impl == "tpu":
@@ -418,10 +426,11 @@ def test_qvg_tpu_count_by_hand():
     q, code, start, nq = _qvg_structs(1, 1, 1, 32, 1, cfg)
     est = _one(lambda *a: kq_tpu.qvg_chunk_attention(*a[:3], cfg, *a[3:], 1, None),
                q, code, code, start, nq)
-    # bytes: q 32*4 = 128; per tensor codes 128*8 = 1024, scales 128*2*2 = 512, assignments 128,
-    # centroids 4*32*2 = 256 (1920, keys and values: 3840); out and lse (32+1)*4 = 132; row
-    # offset 4 and the prefetched start, num_quantized 8
-    assert est.bytes_accessed == 128 + 3840 + 132 + 4 + 8
+    # bytes: q 32*4 = 128; per tensor codes 128*8 = 1024, scales 128*2*2 = 512, assignments
+    # [1, 128] uint8 moved as a [4, 128] tile, 512, centroids [4, 32] bf16 moved as [4, 128],
+    # 1024 (3072, keys and values: 6144); out and lse (32+1)*4 = 132; row offset 4 and the
+    # prefetched start, num_quantized 8
+    assert est.bytes_accessed == 128 + 6144 + 132 + 4 + 8
     # dequantize, per tensor: 2*128*32 = 8192 + centroid add 128*32 = 4096 + one-hot matmul
     # 2*128*4*32 = 32768; attend: matmuls 4*128*32 = 16384, logit piece adds and 1/sqrt(D)
     # 128*4 = 512, softmax 3*128 = 384 and 4 per row, accumulator rescale 2*32 = 64; final
@@ -443,11 +452,13 @@ def test_qvg_count_is_affine_in_context(impl):
             fn = functools.partial(kq_gpu.qvg_chunk_attention, num_splits=4)
         est.append(_one(lambda *a, fn=fn: fn(*a[:3], cfg, *a[3:], 1, 10_000.0),
                         q, code, code, start, nq))
-    chunk = kq_cost.chunk_bytes(code)
-    # per chunk: codes 128*8 + scales 128*2*2 + assignments 128 + centroids 4*32*2 = 1920 bytes,
-    # keys and values, plus the chunk start's RoPE cos, sin, angle 3 * 16 * 4 (a column per
-    # chunk; on TPU in blocks of 128 columns)
-    assert chunk == 128 * 8 + 128 * 2 * 2 + 128 + 4 * 32 * 2
+    chunk = kq_cost.chunk_bytes(code) if impl == "gpu" else kq_cost.tpu_chunk_bytes(code)
+    # per chunk: codes 128*8 + scales 128*2*2 + assignments 128 + centroids 4*32*2 = 1920 bytes
+    # (TPU tiles: assignments [4, 128] 512, centroids [4, 128] 1024: 3072), keys and values,
+    # plus the chunk start's RoPE cos, sin, angle 3 * 16 * 4 (a column per chunk; on TPU in
+    # blocks of 128 columns)
+    tpu = impl == "tpu"
+    assert chunk == 128 * 8 + 128 * 2 * 2 + (512 if tpu else 128) + (1024 if tpu else 4 * 32 * 2)
     step = b * kh * 128 * (2 * chunk + 3 * 16 * 4)
     for field in ("bytes_accessed", "flops", "transcendentals"):
         d1 = getattr(est[1], field) - getattr(est[0], field)
