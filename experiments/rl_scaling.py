@@ -322,8 +322,9 @@ def grpo_step_spec(config: ml_collections.ConfigDict, devices, rollouts_per_step
     k = param_count(params)
     return aot_steps.StepSpec(
         sweep.sweep_step_fn(gd, tx, spec), args, (0, 1), None, k,
-        f"{lanes} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x {cfg.num_seeds} seeds x "
-        f"{cfg.num_streams} streams, padded), prompt {prompt_len} + {answer_len} tokens, "
+        f"{lanes} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x {cfg.num_seeds} seeds"
+        + (f" x {cfg.num_streams} streams" if cfg.num_streams > 1 else "")
+        + f", padded), prompt {prompt_len} + {answer_len} tokens, "
         f"d {mcfg.d_model} x {mcfg.num_layers} layers, {mcfg.dtype.name}, remat {mcfg.remat}, {k / 1e6:.0f}M params")
 
 

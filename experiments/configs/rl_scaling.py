@@ -66,7 +66,8 @@ def base() -> ml_collections.ConfigDict:
     # Sweep: budgets C (rollouts) on a log2 grid, n and B_p grids, and the replicate runs of each
     # (n, B_p): seeds (orders of the training problems) x rollout streams (the rollouts'
     # randomness within a seed; what another CPU's rounding amounts to, docs/rl_scaling.md). The
-    # intervals bootstrap over both.
+    # intervals bootstrap over both. `paper` keeps one stream per seed: the lanes of its compiled
+    # step (and its memory in AOT.md) are those of 4 seeds.
     c.smallest_budget = 64
     c.num_budgets = 4
     c.ns = (2, 4, 8, 16)
@@ -115,7 +116,7 @@ VARIANTS = {
         "num_heldout": 1024, "warmup.max_easy_steps": 10_000, "warmup.max_steps": 20_000,
         "warmup.batch_size": 256, "warmup.probe_problems": 1024,
         "smallest_budget": 1024, "num_budgets": 7, "ns": (2, 4, 8, 16, 32, 64, 128),
-        "problems_per_batch": (8, 32, 64), "num_seeds": 4, "num_streams": 2, "pass_k": 32,
+        "problems_per_batch": (8, 32, 64), "num_seeds": 4, "num_streams": 1, "pass_k": 32,
         "sampled_eval": 64,
         "cosine_problems": 32, "learning_rate": 1e-4,
     },
