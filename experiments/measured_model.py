@@ -108,7 +108,7 @@ class MeasuredModel:
                  f"{i['kv_heads']} kv heads, head dim "
                  f"{i['head_dim']}, max_len {i['max_len']}, {i['params']:,} parameters")
         if self.is_checkpoint:
-            return (f"Model measured: Hugging Face checkpoint `{i['checkpoint']}` "
+            return (f"Model measured: {i.get('source', i['checkpoint'])} "
                     f"({i['architecture']}; {sizes}) on {i['text']} ({i['text_tokens']:,} tokens of "
                     f"its own tokenizer). {i['note']}")
         return (f"Model measured: the {i['architecture']} of the lm experiment "
@@ -146,10 +146,10 @@ def weights_note(nll: float, tokens: int, vocab_size: int) -> str:
     measured = (f"{nll:.2f} nats per token on the first {tokens} tokens of the text, against "
                 f"log V = {chance:.2f} for a uniform guess over its {vocab_size:,} tokens")
     if nll >= CHANCE_FRACTION * chance:
-        return (f"Its weights, read from the local directory (nothing is downloaded), predict the "
+        return (f"Its weights, read as given (nothing is downloaded), predict the "
                 f"text no better than chance ({measured}): they are untrained, e.g. a random test "
                 "checkpoint, so these numbers only prove the plumbing, not the method.")
-    return (f"Its weights were read from the local directory as given (nothing is downloaded) "
+    return (f"Its weights were read as given (nothing is downloaded) "
             f"and predict the text: {measured}.")
 
 
@@ -243,17 +243,23 @@ def _load_checkpoint(path: str, text_path: str) -> MeasuredModel:
         ids = ids[k:]
     top = max(int(ids.max()), *prefix) if prefix else int(ids.max())
     if top >= ck.config.vocab_size:
-        raise ValueError(f"{os.path.join(path, 'tokenizer.json')}: token id {top} is outside the "
-                         f"model's vocabulary of {ck.config.vocab_size} (config.json)")
+        raise ValueError(f"checkpoint {path}: token id {top} of its tokenizer is outside the "
+                         f"model's vocabulary of {ck.config.vocab_size}")
     first = np.concatenate([np.asarray(prefix, np.int32),
                             ids[:min(NOTE_TOKENS, ck.config.max_len) - k]])
     nll = _mean_nll(ck.graphdef, ck.params, first) if first.size > 1 else None
-    info = {"kind": "checkpoint", "checkpoint": os.path.abspath(path),
+    resolved, fmt = checkpoints.resolve(path)
+    packaged = checkpoints.PACKAGED.get(path)
+    source = (f"the packaged {packaged.description}, `{path}` (from {packaged.distribution})"
+              if packaged else f"{'GGUF file' if fmt == 'gguf' else 'Hugging Face checkpoint'} "
+              f"`{os.path.abspath(resolved)}`")
+    info = {"kind": "checkpoint", "checkpoint": path if packaged else os.path.abspath(resolved),
+            "format": fmt, "source": source,
             "architecture": ck.config.model_type, **_sizes(ck.config),
             "params": int(sum(x.size for x in jax.tree.leaves(ck.params))),
             "text": text_path or DEFAULT_TEXT, "text_tokens": int(ids.size),
             "prefix_tokens": list(prefix), "note_nll": nll, "note_tokens": int(first.size),
             "note": weights_note(nll, int(first.size), ck.config.vocab_size)
-            if first.size > 1 else "Its weights were read from the local directory as given "
-            "(nothing is downloaded); the text is too short to measure them."}
+            if first.size > 1 else "Its weights were read as given (nothing is downloaded); the "
+            "text is too short to measure them."}
     return MeasuredModel(ck.graphdef, ck.params, ck.config, ids, prefix, info, tokenizer)

@@ -207,10 +207,19 @@ def _codec(model: measured_model.MeasuredModel):
     return (lambda text: tok.encode(text).tolist(), tok.decode)
 
 
+# The passkey task's prompt pieces (Mohtashami & Jaggi 2023, Sec. 4.1: an instruction, a key in a
+# long repeated filler, a question); the wording is ours.
+PASSKEY_INTRO = ("Somewhere in the long text below there is a pass key. Read it, keep it in mind, "
+                 "and answer the question at the end.\n")
+PASSKEY_FILLER = "The road goes on. The clouds drift by. The water is still. Nothing happens here. "
+
+
 def passkey(config, model: measured_model.MeasuredModel, density: float) -> dict:
-    """A passkey retrieval task on the measured model: per row, a five-digit key stated once at a
-    depth of the held-out text (``passkey_depths``, fractions of the prompt), the prompt ending in
-    a question whose answer is the key; greedy decoding of ``passkey_new`` tokens through the
+    """A passkey retrieval task on the measured model: per row, an opening instruction, then a
+    five-digit key stated once at a depth (``passkey_depths``, fractions of the prompt) of a
+    filler made of :data:`PASSKEY_FILLER` repeated, the prompt ending in a question whose answer
+    is the key (the task's repeated filler, not the held-out text: on prose a 135M model
+    continues the prose instead of answering); greedy decoding of ``passkey_new`` tokens through the
     dense cache, FFD at each delta of :func:`quality_deltas` and Quest attending
     ``ceil(density x pages)`` pages (pages of ``real_page_size``). Prompt plus answer fill
     ``passkey_context`` tokens (capped at the model's max_len, in whole pages). The task follows
@@ -227,19 +236,20 @@ def passkey(config, model: measured_model.MeasuredModel, density: float) -> dict
     n = min(config.passkey_context, model.config.max_len) // p * p
     enc, dec = _codec(model)
     rng = np.random.default_rng(config.seed + 7)
+    intro = enc(PASSKEY_INTRO)
     question = enc("\nWhat is the pass key? The pass key is")
+    filler = enc(PASSKEY_FILLER)
     prompts, keys = [], []
-    for i, depth in enumerate(config.passkey_depths):
+    for depth in config.passkey_depths:
         key = str(rng.integers(10_000, 100_000))
         needle = enc(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n")
-        body = n - new - len(model.prefix) - len(needle) - len(question)
-        if body < 16 or model.text.size < body:
-            return {"skipped": f"a window of {n} tokens leaves {body} tokens of text around the "
-                               f"key and question (the text holds {model.text.size})"}
-        start = (i * model.text.size // len(config.passkey_depths)) % (model.text.size - body + 1)
-        text = model.text[start:start + body].tolist()
+        body = n - new - len(model.prefix) - len(intro) - len(needle) - len(question)
+        if body < 16:
+            return {"skipped": f"a window of {n} tokens leaves {body} tokens of filler around the "
+                               f"key and question"}
+        text = (filler * (body // len(filler) + 1))[:body]
         at = int(depth * body)
-        prompts.append([*model.prefix, *text[:at], *needle, *text[at:], *question])
+        prompts.append([*model.prefix, *intro, *text[:at], *needle, *text[at:], *question])
         keys.append(key)
     prompt = jnp.asarray(np.asarray(prompts, np.int32))
     backends = {"dense": kvc.get_backend("dense")} | {
@@ -451,7 +461,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     pk = key
     passkey_text = f"Passkey retrieval skipped: {pk['skipped']}." if "skipped" in pk else (
         f"Passkey retrieval ({pk['rows']} prompts of {pk['context']} tokens, a five-digit key at "
-        f"depths {', '.join(f'{d:g}' for d in config.passkey_depths)} of the held-out text, "
+        f"depths {', '.join(f'{d:g}' for d in config.passkey_depths)} of a repeated filler, "
         f"{config.passkey_new} greedy tokens): dense answers {pk['dense_correct']:.0%} correctly; "
         + "; ".join(f"{labels.get(lb, 'Quest')} {pk[lb + '_correct']:.0%} correct, "
                     f"{pk[lb + '_equals_dense']:.0%} equal to dense"
