@@ -243,7 +243,7 @@ def _trip_counts(bundles: list[_Bundle], extents: list[tuple[int, int, int]]) ->
             tests.append((i, int(m.group(2)), m.group(1) is not None))
     trips: list[int | None] = []
     used: set[int] = set()
-    for k, (s, e, d) in enumerate(extents):
+    for s, e, d in extents:
         inner = [(s2, e2) for s2, e2, d2 in extents if d2 > d and s <= s2 < e]
         own = [t for t in tests if s <= t[0] < e and not any(a <= t[0] < z for a, z in inner)]
         pick = next((t for t in own if not t[2]), None)

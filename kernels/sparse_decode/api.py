@@ -145,9 +145,10 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
     The pages are chosen once per call, by the rule of :func:`ffd_select` (paper Sec. 3), plus the
     unfinished tail page: the reference and the Pallas kernels attend the rule's pages (the TPU and
     GPU top-delta kernels from their own float32 estimates: pages within float32 rounding of the
-    threshold may differ from :func:`ffd_select`, module docstring); the XLA path with ``xla_scan="int8"`` may attend a superset (module
-    docstring), so it agrees with them to float32 rounding plus the weight of the extra pages, each
-    within the scan's margin of the threshold.
+    threshold may differ from :func:`ffd_select`, module docstring); the XLA path with
+    ``xla_scan="int8"`` may attend a superset (module docstring), so it agrees with them to
+    float32 rounding plus the weight of the extra pages, each within the scan's margin of the
+    threshold.
 
     Args:
       q: queries of the new tokens (RoPE applied), any float dtype.

@@ -2,8 +2,9 @@
 (reference, xla, pallas_tpu and pallas_gpu in interpret mode) and KIVI's cache attention
 (reference, xla), checked against independent float64 oracles (``tests/kernels/oracles.py``: own
 unpacking, dequantization and RoPE) within the float32 error bound; rows that see nothing give
-(0, -inf), never NaN for finite input, and a NaN key that a row sees makes it NaN; and a test that the check rejects wrong outputs (zeros,
-outputs shuffled across rows) at the largest magnitudes drawn.
+(0, -inf), never NaN for finite input, and a NaN key that a row sees makes it NaN; and a test
+that the check rejects wrong outputs (zeros, outputs shuffled across rows) at the largest
+magnitudes drawn.
 
 Shapes: every configuration below runs in every implementation (interpret-mode kernels compile
 once per shape): GQA 1 to 8, head dims 64 / 96 / 128 / 256, 2 / 4 / 8 bits, 0 / 1 / 2 k-means
