@@ -245,6 +245,8 @@ EXPECTED_STEPS = {
                         for n in (1, 8)),
                       "llama3_8b/decode-ffd-all-pages@128k-b1",
                       "llama3_8b/decode-ffd-all-pages@128k-b8",
+                      "llama3_8b/decode-ffd-measured@128k-b1",
+                      "llama3_8b/decode-ffd-measured@128k-b8",
                       "llama3_8b/flush-qvg@128k-b1", "llama3_8b/flush-qvg@128k-b8"],
     "spf": ["spf/train"],
 }

@@ -62,7 +62,7 @@ def _forecasting():
     fan = {"x": x, "y": y, **{m: y[:, None] + RNG.normal(0, 0.3, (n, S, H, C)) for m in ("ppm", "linear", "arima")}}
     crps = {"mstl_elec_vic": {"12": {m: {"crps": 0.2 + 0.1 * i} for i, m in enumerate(e.METHODS)}}}
     return {"fan": (e._fan_figure(fan, "mstl_elec_vic, L=24, H=12", 0, "y"), ()),
-            "crps": (e._crps_figure(crps), [(0, 0.0)])}
+            "crps": (e._crps_figure(crps, 8), [(0, 0.0)])}
 
 
 def _judge_btl():
