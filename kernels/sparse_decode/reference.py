@@ -190,10 +190,7 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
 
     Keys go to the full-precision tail page; every page that fills up is quantized
     (:func:`quantize_pages`) and written to ``codes/scale/resid``; the new tail is the unfinished page
-    ``(start + T) // p``. T = 1 (a decode step) writes one key and one value page per row and
-    quantizes a page only in the step whose token fills it, in a conditional (the same pages and
-    codes as the general path, which re-quantizes its window of tail and new pages on every call).
-    Rows may be ragged. Inside ``jit``, a row whose ``start`` is outside
+    ``(start + T) // p``. Rows may be ragged. Inside ``jit``, a row whose ``start`` is outside
     ``0..S - T`` is left bit-identical (no page, tail or value written; the capacity rule of
     :class:`kernels.cache_backend.KVCacheBackend`).
 
@@ -211,8 +208,6 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
 
     scan_copy = "codes_i8" in cache
     ok = cache_backend.rows_in_capacity(start, t, n * p)  # [B]; the other rows are left as they are
-    if t == 1:
-        return _append_token(cache, k, v, start, ok)
 
     def row(codes, scale, resid, tail, k, start, row_ok, codes_i8):
         off, page0 = start % p, start // p
@@ -261,57 +256,6 @@ def update_ffd_cache(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, st
            "v": vflat.reshape(b, kh, n, p, d)}
     if scan_copy:
         out["codes_i8"] = codes_i8
-    return out
-
-
-def _append_token(cache: dict[str, jax.Array], k: jax.Array, v: jax.Array, start: jax.Array,
-                  ok: jax.Array) -> dict[str, jax.Array]:
-    """The one-token update of :func:`update_ffd_cache` (the decode step): the key goes to the
-    tail page, the value to its page, one in-place write per row (B is static; under ``vmap``
-    these would become scatters). A tail page that this token fills is quantized once, inside a
-    conditional taken only when some row's page fills (one step in p), and written to
-    ``codes/scale/resid`` in place, one page per row masked by the row's fill; its tail starts
-    empty."""
-    b, kh, n, p, d = cache["resid"].shape
-    off, page0 = start % p, start // p
-    tail, vals = cache["tail"], cache["v"]
-    for bi in range(b):
-        old = lax.dynamic_slice(tail, (bi, 0, off[bi], 0), (1, kh, 1, d))
-        tail = lax.dynamic_update_slice(
-            tail, jnp.where(ok[bi], k[bi:bi + 1].astype(tail.dtype), old), (bi, 0, off[bi], 0))
-        # the value's whole page read and written back (a single-token row write into the
-        # tiled [.., p, D] dimensions makes XLA:TPU re-lay out the whole array)
-        page = lax.dynamic_slice(vals, (bi, 0, page0[bi], 0, 0), (1, kh, 1, p, d))
-        new = lax.dynamic_update_slice(page, v[bi:bi + 1, :, None].astype(vals.dtype),
-                                       (0, 0, 0, off[bi], 0))
-        vals = lax.dynamic_update_slice(vals, jnp.where(ok[bi], new, page),
-                                        (bi, 0, page0[bi], 0, 0))
-    full = ok & (off == p - 1)  # [B]: this token completes the row's tail page
-
-    def quantize(pages):
-        c, sc, r = quantize_pages(pages)  # [B, K, p, D/16], [B, K, D], [B, K, p, D]
-        return jnp.swapaxes(c, -1, -2), sc, r
-
-    def skip(pages):
-        return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(quantize, pages))
-
-    # the conditional's operands and results are one page per row, never a page store: a store
-    # passed through it is copied between layouts inside its branch
-    c, sc, r = lax.cond(jnp.any(full), quantize, skip, tail)
-    pages = {"codes": c, "scale": sc[:, :, None], "resid": r}
-    if "codes_i8" in cache:
-        pages["codes_i8"] = unpack_codes(jnp.swapaxes(c, -1, -2)).astype(jnp.int8)
-    out = {}
-    for f, x in ((f, cache[f]) for f in pages):
-        zeros = (0,) * (x.ndim - 3)
-        for bi in range(b):  # one page per row, written in place where the row's page filled
-            at = (bi, 0, page0[bi]) + zeros
-            old = lax.dynamic_slice(x, at, (1, kh, 1) + x.shape[3:])
-            new = pages[f][bi:bi + 1].reshape(old.shape).astype(x.dtype)
-            x = lax.dynamic_update_slice(x, jnp.where(full[bi], new, old), at)
-        out[f] = x
-    out["v"] = vals
-    out["tail"] = jnp.where(full[:, None, None, None], jnp.zeros_like(tail), tail)
     return out
 
 
