@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
+from tqdm import tqdm
 
 from core import figures as style
 from core import report, timing
@@ -383,15 +384,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         if model.config.dim_per_head % 16:
             raise ValueError(f"sparse_decode: the model's head dimension {model.config.dim_per_head}"
                              " is not a multiple of 16 (FFD packs 2-bit key codes 16 to a word)")
+        # speed, quality, needles, passkey, storage perplexity, greedy match: a line per part, so
+        # that a watcher sees progress through the real model's long compiles
+        bar = tqdm(total=6, desc=NAME)
         bandwidth = timing.read_bandwidth_gbs(config.bandwidth_mb)
         rows = benchmark.speed_table(jax.random.key(config.seed), config.contexts,
                                      config.batch_sizes, speed_setup(config), bandwidth)
+        bar.update()
         real = real_quality(config, model)
+        bar.update()
         needle = needles(config)
+        bar.update()
         key = passkey(config, model, real["by_delta"][min(real["by_delta"], key=lambda lb: (
             real["by_delta"][lb]["density"]))]["density"])
+        bar.update()
         storage = storage_perplexity(config, model)
+        bar.update()
         greedy = greedy_match(config, model)
+        bar.update()
+        bar.close()
     top = max(rows, key=lambda r: (r["context"], -r["batch"]))
     speed = top["speedup"]
     metrics = {
