@@ -147,3 +147,24 @@ def closed_port_url(name: str) -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}/{name}"
+
+
+def assert_same_model(sharded, single, vocab_size: int, length: int = 24) -> None:
+    """Assert that two loads of one checkpoint (``models.hf_checkpoint.Checkpoint``: one sharded
+    over a mesh, one on a single device) hold bit-identical parameters and give the same logits
+    on ``length`` token ids, to float32 rounding of the largest logit.
+
+    Raises:
+      AssertionError: a parameter differs, or a logit differs by more than 1e-5 of the largest.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    for a, b in zip(jax.tree.leaves(sharded.params), jax.tree.leaves(single.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    ids = jnp.asarray(np.arange(length)[None] % vocab_size)
+    got = jax.jit(lambda p: nnx.merge(sharded.graphdef, p)(ids))(sharded.params)
+    want = nnx.merge(single.graphdef, single.params)(ids)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(jnp.abs(want).max()))

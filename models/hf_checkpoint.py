@@ -31,6 +31,7 @@ Dimensions: V vocabulary, E model width, H query heads, K kv heads, D head dim, 
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import glob
@@ -418,7 +419,7 @@ class TensorHeader(NamedTuple):
     file: str
 
 
-class TensorSource:
+class TensorSource(abc.ABC):
     """Where the tensors of a checkpoint come from: one implementation per file format.
 
     :func:`build_params` asks a source for every tensor's :class:`TensorHeader` (checked against
@@ -436,23 +437,23 @@ class TensorSource:
         """The source's name of the tensor that Hugging Face calls ``hf_name``."""
         return hf_name
 
+    @abc.abstractmethod
     def headers(self) -> dict[str, TensorHeader]:
         """Every stored tensor, by the source's name."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def dtype_error(self, name: str, header: TensorHeader) -> str | None:
         """Why ``name``'s storage type cannot be read (a message), or None when it can."""
-        raise NotImplementedError
 
     def ignored(self, name: str) -> bool:
         """True for a stored tensor that carries no parameter (e.g. a recomputed buffer)."""
         return False
 
+    @abc.abstractmethod
     def open(self, file: str) -> contextlib.AbstractContextManager[Callable[[str], Any]]:
         """A context in which ``get(name)`` returns tensor ``name`` of ``file`` as an object that
         numpy-style basic indexing (a tuple of slices, or ``[:]``) reads into a host array in the
         Hugging Face layout."""
-        raise NotImplementedError
 
 
 class SafetensorsSource(TensorSource):
