@@ -12,7 +12,8 @@ optimizer state: nothing is allocated), placed with the project's mesh and param
 (``core.sharding``) on the topology's compile-only devices, and compiled by XLA for that chip.
 ``AOT.md`` gets a steps x topologies table (fits or by how much it does not, per device), the
 per-device bytes XLA assigned, a roofline step time and MFU on TPU, and the compile time. A step
-that fails to compile is a row with XLA's one-line reason.
+that fails to compile is a row with XLA's one-line reason. The rows, their cells, the table's text
+and the rows' store are ``core.aot_table``'s.
 
     make aot                                                  # .venv-aot, every step x topology
     JAX_PLATFORMS=cpu .venv-aot/bin/python -m experiments.aot --steps=lm/train \\
@@ -33,15 +34,13 @@ without them the run stops with one line before writing anything.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core import aot, aot_steps, timing, tpu_schedule
+from core import aot, aot_steps, aot_table, files, timing, tpu_schedule
 
 DEFAULT_TOPOLOGIES = ("v5e:4x4", "v6e:4x4", "h100:1x2x8", "h200:1x2x8")
 
@@ -155,169 +154,6 @@ def static_schedule(dump: str, before: set[str], hlo_text: str, chip: str,
     return out
 
 
-def add_roofline(row: dict) -> dict:
-    """Adds ``roofline`` (step seconds, bound, MFU, which FLOP count was used) to an ``ok`` row
-    that has XLA's cost analysis (TPU) of every layer; others (and rows whose layers run in one
-    loop, whose cost XLA counts for one block) are returned unchanged."""
-    if (row.get("status") != "ok" or row.get("flops") is None or row.get("bytes_accessed") is None
-            or row.get("layer_loop")):
-        return row
-    model = row.get("model_flops")
-    per_chip_model = 0.0 if model is None else model / row["chips"]
-    flops = max(row["flops"], per_chip_model)
-    r = aot_steps.roofline(row["chip"], flops_per_chip=flops, bytes_per_chip=row["bytes_accessed"],
-                           model_flops=model or 0.0, num_chips=row["chips"])
-    return {**row, "roofline": {"step_seconds": r.step_seconds, "bound": r.bound,
-                                "mfu": None if model is None else r.mfu,
-                                "flops_source": "xla" if row["flops"] >= per_chip_model
-                                else "model"}}
-
-
-# ----------------------------------------------------------------------------------------------
-# Table
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2 ** 30:.2f} GiB"
-
-
-def _si(x: float) -> str:
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
-        if abs(x) >= scale:
-            return f"{x / scale:.2f}{unit}"
-    return f"{x:.0f}"
-
-
-_UNITS = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
-
-
-def hbm_exhausted(reason: str) -> tuple[float, float] | None:
-    """(required, available) bytes from libtpu's refusal of a program that does not fit ("... the
-    total memory required for HLO temporaries (16.85G) exceeds available HBM (15.75G)"; G read as
-    GiB), or None for another reason."""
-    m = re.search(r"\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)", reason)
-    if m is None:
-        return None
-    return float(m[1]) * _UNITS[m[2]], float(m[3]) * _UNITS[m[4]]
-
-
-def usable_bytes(topology: str) -> float:
-    """Usable HBM per device of ``topology`` (``core.aot_steps.CHIPS``)."""
-    return aot_steps.CHIPS[aot_steps.pod_topology(topology).chip].usable_bytes
-
-
-def _percent(x: float) -> str:
-    """Two significant digits: ``19%``, ``8.4%``, ``0.031%``."""
-    return f"{100 * x:.2g}%" if x < 0.1 else f"{100 * x:.0f}%"
-
-
-def fit_cell(row: dict | None) -> str:
-    """The steps x topologies cell: ``fits 6.1/15.8 GiB``, ``over by 3.0 GiB``, ``error`` or
-    ``not run``."""
-    if row is None:
-        return "not run"
-    if row["status"] != "ok":
-        oom = hbm_exhausted(row.get("reason", ""))
-        if oom is None:
-            return "error"
-        return (f"**over by {_gib(oom[0] - oom[1])}** (temporaries {oom[0] / 2 ** 30:.1f}/"
-                f"{oom[1] / 2 ** 30:.1f} GiB)")
-    need, usable = row["needed_bytes"], usable_bytes(row["topology"])
-    mark = " (fallback)" if row.get("fallback") else ""
-    if need <= usable:
-        return f"fits {need / 2 ** 30:.1f}/{usable / 2 ** 30:.1f} GiB{mark}"
-    return (f"**over by {_gib(need - usable)}** ({need / 2 ** 30:.1f}/{usable / 2 ** 30:.1f} GiB)"
-            f"{mark}")
-
-
-def static_cell(row: dict) -> str:
-    """The static step time of a TPU row (``>= 15.5 ms``: a lower bound from the compiler's
-    schedule, ``core.tpu_schedule``) with its kernels' share and each kernel's bound unit, or
-    ``-``."""
-    st = row.get("static")
-    if st is None:
-        return "-"
-    total = st["kernel_cycles"] + st["xla_cycles"]
-    cell = f">= {st['seconds'] * 1e3:.1f} ms"
-    if st["kernels"]:
-        bound = ", ".join(sorted({k["bound_unit"] for k in st["kernels"] if "bound_unit" in k}))
-        cell += f" (kernels {st['kernel_cycles'] / total:.0%}" + (f", {bound}" if bound else "") + ")"
-    return cell
-
-
-def _fallback_change(row: dict) -> str:
-    """What a fallback row changed: the builder's words, else the compile options."""
-    return row.get("fallback_change") or ", ".join(
-        f"`{k}={v}`" for k, v in row.get("compile_options", {}).items())
-
-
-def render(rows: Sequence[dict], steps: Sequence[str], topologies: Sequence[str],
-           header: str = "") -> str:
-    """``AOT.md``'s text: the steps x topologies fit table, the details of each compiled row, the
-    failures with their reasons, and what has not run."""
-    by = {(r["step"], r["topology"]): r for r in rows}
-    out = ["# Ahead-of-time compiles for TPU and GPU pods", ""]
-    if header:
-        out += [header, ""]
-    out += ["## Fits per device (needed / usable HBM)", "",
-            "| step | " + " | ".join(topologies) + " |",
-            "|---|" + "---|" * len(topologies)]
-    for s in steps:
-        out.append(f"| {s} | " + " | ".join(fit_cell(by.get((s, t))) for t in topologies) + " |")
-    ok = [r for r in rows if r["status"] == "ok"]
-    out += ["", "## Details (per device)", ""]
-    if ok:
-        out += ["| step | topology | sizes | arguments | outputs (aliased) | temporaries | code | "
-                "XLA FLOPs | XLA bytes | roofline step | bound | MFU | static step | compile s |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(ok, key=lambda r: (list(steps).index(r["step"]) if r["step"] in steps
-                                           else len(steps), r["topology"])):
-            m = r["memory"]
-            rf = r.get("roofline")
-            flops = "-" if r["flops"] is None else _si(r["flops"])
-            if rf is not None and rf["flops_source"] == "model":
-                flops += f" (model: {_si(r['model_flops'] / r['chips'])})"
-            nbytes = "-" if r["bytes_accessed"] is None else _si(r["bytes_accessed"]) + "B"
-            step_t = "-" if rf is None else f"{rf['step_seconds'] * 1e3:.1f} ms"
-            if rf is not None and r.get("model_flops") is None:
-                step_t = ">= " + step_t  # XLA's counts alone: a loop body counted once
-            out.append(" | ".join([
-                f"| {r['step']}", r["topology"], r.get("shape", ""), _gib(m["argument"]),
-                f"{_gib(m['output'])} ({_gib(m['alias'])})", _gib(m["temp"]),
-                _gib(m["generated_code"]), flops, nbytes, step_t,
-                "-" if rf is None else rf["bound"],
-                "-" if rf is None or rf["mfu"] is None else _percent(rf["mfu"]),
-                static_cell(r), f"{r['seconds']:.0f} |"]))
-    else:
-        out.append("No step has compiled yet.")
-    fell_back = [r for r in ok if r.get("fallback")]
-    if fell_back:
-        out += ["", "## Compiled with a fallback", "",
-                "These rows differ from the experiment's own step on this target: compile options "
-                "(`core.aot.FALLBACKS`: XLA's defaults refused the program with a known symptom "
-                "of compiling without a device) or a change the step's builder states.",
-                "", "| step | topology | what changed | why |", "|---|---|---|---|"]
-        out += [f"| {r['step']} | {r['topology']} | {_fallback_change(r)} | {r['fallback']} |"
-                for r in fell_back]
-    bad = [r for r in rows if r["status"] != "ok"]
-    if bad:
-        out += ["", "## Failed or refused", "", "| step | topology | reason | note |",
-                "|---|---|---|---|"]
-        out += [f"| {r['step']} | {r['topology']} | {r['reason'].replace('|', '/')} | "
-                f"{failure_note(r['reason'])} |" for r in bad]
-    missing = [(s, t) for s in steps for t in topologies if (s, t) not in by]
-    out += ["", "## Not yet run", ""]
-    if missing:
-        out += [f"- {s} on {t}" for s, t in missing]
-    else:
-        out.append("Every registered step has been compiled for every topology above.")
-    out += [f"- not registered: {n}" for n in NOT_REGISTERED]
-    others = [t for t in aot_steps.POD_TOPOLOGIES if t not in topologies]
-    if others:
-        out += ["", f"Other topologies (`--topologies`): {', '.join(others)}."]
-    return "\n".join(out) + "\n"
-
-
 # What was found out about a failure, by a substring of its reason (measured on this machine).
 FAILURE_NOTES = {
     "tuple parameter that is being flattened": (
@@ -325,26 +161,6 @@ FAILURE_NOTES = {
         "and in float32 on the 16-chip mesh (10 s); `experiments.judge_btl.aot_precision` "
         "compiles it in float32 on TPU"),
 }
-
-
-def failure_note(reason: str) -> str:
-    """The note of :data:`FAILURE_NOTES` that matches ``reason`` (``""`` if none)."""
-    return next((note for key, note in FAILURE_NOTES.items() if key in reason), "")
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file in the same directory and a rename,
-    so that a reader never sees a half-written file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".aot-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 NOTES = (
@@ -376,21 +192,6 @@ NOTES = (
     "with `python -m experiments.aot --only='<step>@<topology>,...'` (shell patterns; merged into "
     "this table). Kernel compiles (single device, Pallas TPU and GPU) are the compile tests: "
     "`make test-aot` (`tests/**/test_*_compile.py`).")
-
-
-def load_rows(path: str) -> list[dict]:
-    """Rows saved beside the table (``[]`` when absent). Raises ValueError for a damaged file."""
-    if not os.path.exists(path):
-        return []
-    try:
-        with open(path) as f:
-            rows = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not a JSON list of AOT rows ({e}); delete it or pass --fresh"
-                         ) from None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and "step" in r for r in rows):
-        raise ValueError(f"{path}: expected a JSON list of rows with a 'step'")
-    return rows
 
 
 def parse_list(text: str, valid: Sequence[str], what: str) -> list[str]:
@@ -453,23 +254,25 @@ def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool =
 
     def save() -> list[dict]:
         with lock:
-            rows = [r for r in load_rows(store) if (r["step"], r["topology"]) not in mine]
+            rows = [r for r in aot_table.load_rows(store) if (r["step"], r["topology"]) not in mine]
             rows += list(mine.values())
             all_steps = list(dict.fromkeys([*STEPS, *(r["step"] for r in rows)]))
             order = list(aot_steps.POD_TOPOLOGIES)  # TPU first, then GPU; small to large
             all_topos = sorted({*topologies, *(r["topology"] for r in rows)}, key=order.index)
-            write_atomic(store, json.dumps(rows, indent=1, sort_keys=True))
-            write_atomic(out, render(rows, all_steps, all_topos, NOTES))
+            aot_table.save_rows(store, rows)
+            files.write_text(out, aot_table.render(rows, all_steps, all_topos, NOTES,
+                                                   not_registered=NOT_REGISTERED,
+                                                   failure_notes=FAILURE_NOTES))
         return rows
 
     if fresh:
         with lock:
-            write_atomic(store, "[]")
+            aot_table.save_rows(store, [])
     rows = save()
 
     def finished(r):  # a program libtpu refused for its size is a result, not a failure
         return not (retry_failed and r["status"] != "ok"
-                    and hbm_exhausted(r.get("reason", "")) is None)
+                    and aot_table.hbm_exhausted(r.get("reason", "")) is None)
 
     done = {(r["step"], r["topology"]) for r in rows if finished(r)}
     for s in steps:
@@ -481,13 +284,13 @@ def run(out: str, steps: Sequence[str], topologies: Sequence[str], fresh: bool =
                 continue
             with lock:  # another run sharing the table may have compiled it meanwhile
                 if forced is None and any((r["step"], r["topology"]) == (s, t) and (finished(r) or r not in rows)
-                       for r in load_rows(store)):
+                       for r in aot_table.load_rows(store)):
                     continue
             log(f"compiling {s} for {t} ...")
-            row = add_roofline(compile_row(s, t))
+            row = aot_table.add_roofline(compile_row(s, t))
             mine[(s, t)] = row
             rows = save()
-            log(f"  {fit_cell(row)}" + (f": {row['reason']}" if row["status"] != "ok" else "")
+            log(f"  {aot_table.fit_cell(row)}" + (f": {row['reason']}" if row["status"] != "ok" else "")
                 + f" ({row['seconds']:.0f} s)")
     return rows
 

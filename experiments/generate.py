@@ -257,7 +257,7 @@ def generate_text(checkpoint: str, prompt: str, opts: GenerateOptions = Generate
 def main() -> None:
     from absl import app, flags, logging
 
-    from experiments.common import parse_flags_or_exit
+    from core.cli import parse_flags_or_exit
 
     defaults = GenerateOptions()
     f_checkpoint = flags.DEFINE_string(

@@ -30,8 +30,8 @@ import numpy as np
 from tqdm import tqdm
 
 from algorithms.ranking import btl, data, speed, studies
+from core import cli, report, timing
 from core import figures as style
-from core import report, timing
 from core.data import download, judgments
 from experiments import common
 
@@ -107,7 +107,7 @@ def _real_figures(config, d, r):
 def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     # a named file must exist (FileNotFoundError naming it); a data set by name is downloaded
     # once (one-line error offline); "" = simulation only, or the benchmark data set if reachable
-    path = common.check_data_path(config.data_path, "judge_btl comparisons (--config.data_path)")
+    path = cli.check_data_path(config.data_path, "judge_btl comparisons (--config.data_path)")
     if config.data:
         path = download.fetch(config.data, config.data_dir)
     data_only, missing, benchmark = config.data_only, "", None

@@ -28,22 +28,18 @@ its numbers are meaningless and judges no claim.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
-import signal
-import subprocess
 import sys
-import threading
-import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from absl import app, flags, logging
 
+from core import cli, process_watch, report, terminal, timing
 from core import config as cfg_lib
 from core import files as paths
-from core import report, timing
+from core import workdir as workdir_lib
 from experiments import common, registry
 
 _EXPERIMENTS = flags.DEFINE_string(
@@ -104,7 +100,7 @@ def check_folders_free(workdir: str, names) -> None:
         if not paths.is_local(folder) or not os.path.isdir(paths.display(folder)):
             continue
         try:
-            with common.lock_workdir(folder):
+            with workdir_lib.lock_workdir(folder):
                 pass
         except RunDirectoryInUseError as e:
             needed = "" if name in names else \
@@ -115,136 +111,17 @@ def check_folders_free(workdir: str, names) -> None:
 def _run_in_process(name: str, variant: str, workdir: str) -> report.Section:
     module, config_module = registry.load(name)
     config = config_module.get_config(variant)
-    with common.lock_workdir(paths.join(workdir, name)):
+    with workdir_lib.lock_workdir(paths.join(workdir, name)):
         section = module.run(config, workdir)
     section.variant = variant
     return section
 
 
-class _Watched:
-    """A child process whose stdout/stderr lines are forwarded to ours; ``last_output`` is the
-    ``clock()`` time of its last line (of its start, before the first line)."""
-
-    def __init__(self, cmd: list[str], clock: Callable[[], float]):
-        self._clock = clock
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, errors="replace", bufsize=1)
-        self.last_output = clock()
-        self.quiet = False  # set after Ctrl-C: the job prints its own one line
-        self._pumps = [threading.Thread(target=self._pump, args=(pipe, sink), daemon=True)
-                       for pipe, sink in ((self.proc.stdout, "stdout"),
-                                          (self.proc.stderr, "stderr"))]
-        for t in self._pumps:
-            t.start()
-
-    def _pump(self, pipe, sink: str) -> None:
-        for line in iter(pipe.readline, ""):
-            self.last_output = self._clock()  # before forwarding: a forwarded line is progress
-            if not self.quiet:
-                stream = getattr(sys, sink)
-                stream.write(line)
-                stream.flush()
-        pipe.close()
-
-    def stop(self, sig: int = signal.SIGTERM, grace_s: float = 30.0) -> None:
-        """Sends ``sig``, waits up to ``grace_s`` for the child to exit, then kills it."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.join()
-
-    def join(self) -> None:
-        for t in self._pumps:
-            t.join(timeout=5)
-
-
-def _files_state(directory: str) -> tuple[int, int, int]:
-    """A fingerprint of everything under ``directory`` (itself included): (newest modification
-    time in ns, number of entries, total bytes). A file created, removed, grown or shrunk changes
-    it, and so does any write in a later tick of the file system's clock. Only a change is used,
-    never the times themselves, so the watcher's clock need not be the file system's."""
-    newest = count = size = 0
-    for root, _dirs, files in os.walk(directory):
-        for entry in [root, *(os.path.join(root, f) for f in files)]:
-            with contextlib.suppress(OSError):
-                st = os.stat(entry)
-                newest, count, size = max(newest, st.st_mtime_ns), count + 1, size + st.st_size
-    return newest, count, size
-
-
-def watch(cmd: list[str], watch_dir: str | Sequence[str], stall_s: float,
-          timeout_s: float | None = None, poll_s: float = 1.0, *,
-          clock: Callable[[], float] = timing.now,
-          sleep: Callable[[float], None] = time.sleep) -> tuple[str, int | None, float]:
-    """Runs ``cmd``, forwarding its output, until it exits or stops making progress.
-
-    Progress is an output line (stdout or stderr) or a change to the files under one of the local
-    folders ``watch_dir`` (looked for every ``min(10 s, stall_s / 4)``); folders in an object
-    store (``gs://``) are not listed (a listing every few seconds is slow and billed), so there
-    only output lines count: a long step must print, as progress bars do at least every 30 s when
-    the output is not a terminal. A process with neither for more than
-    ``stall_s`` seconds, its start-up included, is stopped (SIGTERM, then SIGKILL after 30 s).
-    The total time is not limited unless ``timeout_s`` is given. Ctrl-C is passed on to the child
-    as SIGINT (so that a checkpoint being saved is committed), and re-raised once it has exited.
-
-    Args:
-      cmd: the child's command line.
-      watch_dir: the folder, or folders, whose files count as the child's progress (need not
-        exist yet; object-store URLs are ignored).
-      stall_s: seconds without progress after which the child is stopped as hung.
-      timeout_s: optional cap on the child's total seconds.
-      poll_s: seconds between two checks (the ``sleep`` between them).
-      clock: the time source, monotonic seconds (default :func:`core.timing.now`); every time
-        above is measured on it, so a test can run the watcher on a clock it controls.
-      sleep: waits between two checks; called with ``poll_s``.
-
-    Returns:
-      ``(outcome, exit code, seconds without progress)``; ``outcome`` is ``"exited"``,
-      ``"stalled"`` or ``"timed out"``.
-    """
-    folders = [d for d in ([watch_dir] if isinstance(watch_dir, str) else watch_dir)
-               if paths.is_local(d)]
-
-    def files_state():
-        return [_files_state(paths.display(d)) for d in folders]
-
-    child = _Watched(cmd, clock)
-    start = scanned = last_write = child.last_output
-    files = files_state()
-    scan_s = min(10.0, stall_s / 4)
-    try:
-        while child.proc.poll() is None:
-            sleep(poll_s)
-            now = clock()
-            if folders and now - scanned >= scan_s:
-                scanned, seen = now, files_state()
-                if seen != files:
-                    files, last_write = seen, now
-            silent = now - max(child.last_output, last_write)
-            if timeout_s is not None and now - start > timeout_s:
-                child.stop()
-                return "timed out", child.proc.returncode, silent
-            if silent > stall_s:
-                child.stop()
-                return "stalled", child.proc.returncode, silent
-    except KeyboardInterrupt:
-        child.quiet = True
-        child.stop(signal.SIGINT)
-        raise
-    child.join()
-    return "exited", child.proc.returncode, 0.0
-
-
 def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
                   timeout_s: float | None = None) -> report.Section:
-    """Runs one experiment in a child process (see :func:`watch`: its output and the files in its
-    own folder and those of the experiments it requires are its progress); its section comes back
-    as JSON.
+    """Runs one experiment in a child process (see :func:`core.process_watch.watch`: its output
+    and the files in its own folder and those of the experiments it requires are its progress);
+    its section comes back as JSON.
 
     Raises:
       core.checkpoint.RunDirectoryInUseError: another process took one of its folders (the
@@ -256,7 +133,7 @@ def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
     cmd = [sys.executable, "-m", "experiments.main", f"--experiments={name}",
            f"--variant={variant}", f"--workdir={workdir}", "--noisolate", f"--section_out={out}"]
     folders = [paths.join(workdir, n) for n in with_requirements([name])]
-    outcome, code, silent_s = watch(cmd, folders, stall_s, timeout_s)
+    outcome, code, silent_s = process_watch.watch(cmd, folders, stall_s, timeout_s)
     if outcome == "exited" and code == IN_USE_EXIT:
         from core.checkpoint import RunDirectoryInUseError
 
@@ -291,7 +168,7 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
     Args:
       names: experiment names, in order.
       variant: the config argument for every experiment (``"tiny"``, ``"smoke,seed=1"``, ...).
-      workdir: the output directory (checked beforehand with ``common.check_workdir``).
+      workdir: the output directory (checked beforehand with ``core.workdir.check_workdir``).
       isolate: run each experiment in its own process, stopped after ``stall_s`` seconds
         without progress or ``timeout_s`` seconds in all (see :func:`_run_isolated`).
       on_done: called with each experiment's name and section (its ``variant`` set) as soon as
@@ -408,7 +285,7 @@ def _variants_help(argv) -> str:
     names = registry.resolve(experiments)
     have: dict[str, list[str]] = {}
     for name in names:
-        for v in common.variants_of(_config_module(name)):
+        for v in cli.variants_of(_config_module(name)):
             have.setdefault(v, []).append(name)
     lines = ["variants (--variant=VARIANT[,field=value,...]):"]
     lines += [f"  {v}: {'every selected experiment' if len(ns) == len(names) else ', '.join(ns)}"
@@ -442,16 +319,16 @@ def _field(config, path: str):
 
 def main(argv):
     if len(argv) > 1:
-        common.usage_error("main", f"unexpected arguments: {argv[1:]} (flags are --name=value)")
+        cli.usage_error("main", f"unexpected arguments: {argv[1:]} (flags are --name=value)")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     try:
         names = registry.resolve(_EXPERIMENTS.value)
         for name in names:  # an unknown variant or a bad field fails here, before anything runs
             cfg_lib.validate_module_config(_config_module(name).get_config(_VARIANT.value),
                                            _config_module(name), experiment=name)
-        workdir = common.check_workdir(_WORKDIR.value, names)
+        workdir = workdir_lib.check_workdir(_WORKDIR.value, names)
     except ValueError as e:
-        common.usage_error("main", str(e))
+        cli.usage_error("main", str(e))
     # JAX is imported only once the flags and the workdir are known to be good
     from core import sharding
     from core.checkpoint import RunDirectoryInUseError
@@ -460,7 +337,7 @@ def main(argv):
     stopwatch = timing.Stopwatch().start()
     if _SECTION_OUT.value:  # child of an isolated run: one experiment, section as JSON
         if len(names) != 1:
-            common.usage_error("main", "--section_out needs exactly one experiment")
+            cli.usage_error("main", "--section_out needs exactly one experiment")
         try:
             section = _run_in_process(names[0], _VARIANT.value, workdir)
         except RunDirectoryInUseError as e:
@@ -478,7 +355,7 @@ def main(argv):
         rebuild_main_report(workdir, _VARIANT.value, done, stopwatch.seconds)
 
     try:
-        with common.lock_workdir(workdir):
+        with workdir_lib.lock_workdir(workdir):
             check_folders_free(workdir, names)
             _, failed = run_all(
                 names, _VARIANT.value, workdir, isolate=_ISOLATE.value and len(names) > 1,
@@ -487,7 +364,7 @@ def main(argv):
                 on_done=on_done)
             path = rebuild_main_report(workdir, _VARIANT.value, names, stopwatch.seconds)
     except RunDirectoryInUseError as e:
-        common.usage_error("main", str(e))
+        cli.usage_error("main", str(e))
     print(f"report: {paths.display(path)}", file=sys.stderr)
     if failed:
         print(f"failed experiments: {', '.join(failed)}", file=sys.stderr)
@@ -497,11 +374,11 @@ def main(argv):
 
 def _entry() -> None:
     common.end_start_up()
-    common.plain_output_if_not_tty()
+    terminal.plain_output_if_not_tty()
     try:
-        app.run(main, flags_parser=common.parse_flags_or_exit("main", _variants_help))
+        app.run(main, flags_parser=cli.parse_flags_or_exit("main", _variants_help))
     except KeyboardInterrupt as e:
-        common.interrupted("main", e)
+        cli.interrupted("main", e)
 
 
 if __name__ == "__main__":

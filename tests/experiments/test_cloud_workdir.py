@@ -9,7 +9,7 @@ import pytest
 
 from core import checkpoint as ckpt_lib
 from core import files, report
-from experiments import common
+from core import workdir as workdir_lib
 from experiments import lm as lm_experiment
 from experiments.configs import lm as lm_config
 from tests.core.fake_bucket import fake_gcs
@@ -17,8 +17,8 @@ from tests.core.fake_bucket import fake_gcs
 
 def _run_lm(workdir: str) -> report.Section:
     """What ``python -m experiments.lm --workdir=<workdir>`` does around the experiment."""
-    common.check_workdir(workdir, ["lm"])
-    with common.lock_workdir(files.join(workdir, "lm")):
+    workdir_lib.check_workdir(workdir, ["lm"])
+    with workdir_lib.lock_workdir(files.join(workdir, "lm")):
         section = lm_experiment.run(lm_config.get_config("smoke"), workdir)
     report.write_report(files.join(workdir, "lm", "report.md"), "lm", [section])
     return section
@@ -57,4 +57,4 @@ def test_a_bucket_without_its_client_library_is_one_clear_error_before_any_work(
         pytest.skip("gcsfs is installed: the check would reach the network")
     with pytest.raises(ValueError, match=r"^--workdir=gs://b/run: no client library for gs:// "
                                          r"paths .*pip install -e '\.\[gcs\]'$"):
-        common.check_workdir("gs://b/run", ["lm"])
+        workdir_lib.check_workdir("gs://b/run", ["lm"])

@@ -209,26 +209,6 @@ def test_missing_column_error_names_the_flag_to_set(tmp_path, no_simulation):
     assert d["judges"] == ["w0", "w1", "w2"]
 
 
-def test_ctrl_c_outside_training_names_no_checkpoint(monkeypatch, capsys):
-    import signal
-
-    from experiments import common
-
-    monkeypatch.setattr(signal, "signal", lambda *a: None)
-
-    def leave(code):
-        raise SystemExit(code)
-
-    monkeypatch.setattr(common.os, "_exit", leave)
-    with pytest.raises(SystemExit) as e:
-        common.interrupted("judge_btl", KeyboardInterrupt())
-    assert e.value.code == 130
-    err = capsys.readouterr().err.strip()
-    assert err == ("judge_btl: interrupted; rerun the same command to resume: what the workdir "
-                   "already holds (finished or checkpointed training, cached results) is reused "
-                   "and the rest runs again")
-
-
 def test_data_only_report_says_why_the_judge_aware_mle_is_nan(tmp_path, no_simulation):
     # Judge 'sep' prefers the better model in all of its 4 comparisons (none tied): a larger
     # discrimination always fits it better, so the unpenalised MLE has gamma_sep = inf. Judge 'adv'

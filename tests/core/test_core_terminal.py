@@ -1,5 +1,6 @@
-"""Progress bars in logs: where output is not a terminal, a tqdm bar becomes plain periodic lines
-(no carriage returns, no cursor codes), and an error printed after a bar starts its own line."""
+"""core.terminal: progress bars in logs: where output is not a terminal, a tqdm bar becomes plain
+periodic lines (no carriage returns, no cursor codes), and an error printed after a bar starts its
+own line."""
 
 import io
 import subprocess
@@ -8,7 +9,7 @@ import textwrap
 
 from tqdm import tqdm
 
-from experiments.common import PlainLines
+from core.terminal import PlainLines
 
 
 class Clock:
@@ -105,7 +106,7 @@ def test_an_entry_point_with_piped_output_prints_plain_lines():
     code = textwrap.dedent("""
         import sys
         from tqdm import tqdm
-        from experiments.common import plain_output_if_not_tty
+        from core.terminal import plain_output_if_not_tty
         plain_output_if_not_tty(interval_s=1e9)
         for _ in tqdm(range(20), desc="work", mininterval=0, miniters=1):
             pass
