@@ -4,11 +4,12 @@ Dimensions: B batch, L sequence length, H query heads, K kv heads (GQA: H = G * 
 N layers.
 
 Works on any decoder with the interface shared by :class:`models.transformer.Transformer` (causal,
-unconditioned, ``scan_layers=False``) and :class:`models.llama.Llama`: ``model.embed``, a list
-``model.blocks`` whose blocks have ``norm1``, ``attn.qkv(x, positions)`` and
-``block(x, positions, mask)``. The captured tensors come from the same computation as the forward
-pass, so attention over them (``softmax(q k^T / sqrt(D)) v`` under the causal mask) is exactly what
-each layer attends to: the keys and values are the ones a dense KV cache stores after prefill.
+unconditioned) and :class:`models.llama.Llama`: ``model.embed``, ``model.blocks`` (a list, or with
+``cfg.scan_layers`` one module with stacked parameters, applied in one ``lax.scan``) whose blocks
+have ``norm1``, ``attn.qkv(x, positions)`` and ``block(x, positions, mask)``. The captured
+tensors come from the same computation as the forward pass, so attention over them
+(``softmax(q k^T / sqrt(D)) v`` under the causal mask) is exactly what each layer attends to: the
+keys and values are the ones a dense KV cache stores after prefill.
 
 Measuring sparse or quantized KV caches on these captures (kept softmax mass, attention-output
 error) needs nothing else from the model. Sliding windows (Mistral, Qwen2) are not applied to the
@@ -58,12 +59,8 @@ def attention_inputs(model: Any, tokens: jax.Array) -> list[tuple[jax.Array, jax
       the model's computation dtype.
 
     Raises:
-      ValueError: tokens not [B, L] or longer than ``max_len``; a model whose layers are scanned
-        (stacked parameters have no per-layer blocks to call).
+      ValueError: tokens not [B, L] or longer than ``max_len``.
     """
-    if getattr(model.cfg, "scan_layers", False):
-        raise ValueError("attention_inputs: the model stacks its layers (scan_layers=True); "
-                         "build it with scan_layers=False to capture per-layer activations")
     if tokens.ndim != 2:
         raise ValueError(f"attention_inputs: tokens must be [B, L] integers, got shape "
                          f"{tokens.shape}")
@@ -74,6 +71,15 @@ def attention_inputs(model: Any, tokens: jax.Array) -> list[tuple[jax.Array, jax
     positions = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
     mask = jnp.tril(jnp.ones((l, l), bool))[None]
     x = model.embed(tokens)
+    if getattr(model.cfg, "scan_layers", False):
+        block_def, block_params = nnx.split(model.blocks)
+
+        def layer(h, params):
+            block = nnx.merge(block_def, params)
+            return block(h, positions, mask), block.attn.qkv(block.norm1(h), positions)
+
+        _, (q, k, v) = jax.lax.scan(layer, x, block_params)
+        return [(q[i], k[i], v[i]) for i in range(q.shape[0])]
     out = []
     for block in model.blocks:
         out.append(block.attn.qkv(block.norm1(x), positions))

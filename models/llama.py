@@ -44,7 +44,7 @@ from kernels import attention_math, cache_backend, checks
 from kernels.rope import apply_rope
 from models import kv_cache as kvc
 from models.rope import RotaryEmbedding
-from models.transformer import SwiGLU
+from models.transformer import SwiGLU, init_stacked_cache, scan_blocks, scan_blocks_decode, stack_layer_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +70,15 @@ class LlamaConfig:
       dtype: computation dtype (activations); logits are float32.
       param_dtype: parameter dtype (bfloat16 halves memory for large checkpoints).
       model_type: the ``model_type`` the config came from (informational).
+      scan_layers: store the blocks' parameters stacked along a leading layer axis [N, ...] and
+        apply them with one ``lax.scan`` (the compiled program holds one block instead of N, so a
+        30-layer model compiles about N times faster); the KV cache is then stacked the same way.
+        Same function; :func:`scanned` converts a loaded model. Needs one window for every layer.
 
     Raises:
-      ValueError: a non-positive size, H not a multiple of K, an odd head dim, a window < 1, or
-        ``layer_windows`` of the wrong length.
+      ValueError: a non-positive size, H not a multiple of K, an odd head dim, a window < 1,
+        ``layer_windows`` of the wrong length, or ``scan_layers`` with layers of different
+        windows.
     """
 
     vocab_size: int
@@ -93,6 +98,7 @@ class LlamaConfig:
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     model_type: str = "llama"
+    scan_layers: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads",
@@ -121,6 +127,10 @@ class LlamaConfig:
             if any(w is not None and w < 1 for w in self.layer_windows):
                 raise ValueError(f"LlamaConfig: layer_windows={self.layer_windows}: a window must "
                                  "be >= 1 or None")
+            if self.scan_layers and len(set(self.layer_windows)) > 1:
+                raise ValueError(f"LlamaConfig: scan_layers=True needs one window for every "
+                                 f"layer (one scanned block), got layer_windows="
+                                 f"{self.layer_windows}")
 
     @property
     def kv_heads(self) -> int:
@@ -250,7 +260,16 @@ class Llama(nnx.Module):
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype,
                                param_dtype=cfg.param_dtype,
                                embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.num_layers)])
+        if cfg.scan_layers:
+            # One Block whose parameters carry a leading layer axis (every layer has layer 0's
+            # window, which the config checks is every layer's).
+            @nnx.vmap(in_axes=0, out_axes=0)
+            def stacked_blocks(layer_rngs):
+                return Block(cfg, 0, rngs=layer_rngs)
+
+            self.blocks = stacked_blocks(rngs.split(cfg.num_layers))
+        else:
+            self.blocks = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.num_layers)])
         self.final_norm = _norm(cfg, rngs)
         self.head = None if cfg.tie_embeddings else _linear(rngs, cfg.d_model, cfg.vocab_size, cfg)
 
@@ -300,6 +319,9 @@ class Llama(nnx.Module):
         if mask is None:
             mask = jnp.tril(jnp.ones((l, l), bool))[None]
         x = self.embed(tokens)
+        if self.cfg.scan_layers:
+            return self._head(scan_blocks(self.blocks, x,
+                                          lambda block, h: block(h, positions, mask)))
         for block in self.blocks:
             x = block(x, positions, mask)
         return self._head(x)
@@ -317,7 +339,8 @@ class Llama(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int | None = None,
                    backend: cache_backend.KVCacheBackend | None = None) -> list[Any]:
-        """An empty cache: one backend-specific pytree per layer.
+        """An empty cache: one backend-specific pytree per layer (a list), or with ``scan_layers``
+        one pytree whose leaves lead with the layer axis [N, ...].
 
         Raises:
           ValueError: ``batch_size`` not an int >= 1, ``max_len`` not None or an int in
@@ -330,10 +353,13 @@ class Llama(nnx.Module):
         if max_len > self.cfg.max_len:
             raise ValueError(f"cache length {max_len} exceeds the model's max_len={self.cfg.max_len}")
         self.check_backend(backend, max_len)
+        if self.cfg.scan_layers:
+            return init_stacked_cache(backend, self.cfg.num_layers, batch_size, max_len,
+                                      self.cfg.kv_heads, self.cfg.dim_per_head, self.cfg.dtype)
         return [backend.init(batch_size, max_len, self.cfg.kv_heads, self.cfg.dim_per_head,
                              self.cfg.dtype) for _ in range(self.cfg.num_layers)]
 
-    def decode(self, tokens: jax.Array, cache: list[Any], start: jax.Array,
+    def decode(self, tokens: jax.Array, cache: Any, start: jax.Array,
                backend: cache_backend.KVCacheBackend | None = None) -> tuple[jax.Array, list[Any]]:
         """Appends ``tokens`` at positions ``start .. start + T - 1`` and returns their logits.
 
@@ -342,7 +368,8 @@ class Llama(nnx.Module):
 
         Args:
           tokens: int [B, T].
-          cache: from :meth:`init_cache` with the same backend.
+          cache: from :meth:`init_cache` with the same backend (a list of layer caches, or with
+            ``scan_layers`` the stacked cache).
           start: int32 [B], tokens already in each row's cache.
           backend: the KV-cache backend (default dense).
 
@@ -350,13 +377,14 @@ class Llama(nnx.Module):
           (float32 logits [B, T, V], the updated cache).
 
         Raises:
-          ValueError: as :meth:`__call__`; a cache with the wrong number of layers; ``start`` not
+          ValueError: as :meth:`__call__`; a cache with the wrong number of layers (or, with
+            ``scan_layers``, a list, or leaves without the leading layer axis); ``start`` not
             an int scalar or [B]; a concrete ``start`` that leaves no room for T tokens in the
             cache (raised by the backend's ``update``).
         """
         backend = backend or cache_backend.DenseKVCache()
         self._check_tokens(tokens, "Llama.decode")
-        if len(cache) != self.cfg.num_layers:
+        if not self.cfg.scan_layers and len(cache) != self.cfg.num_layers:
             raise ValueError(f"Llama.decode: cache has {len(cache)} layers, the model "
                              f"{self.cfg.num_layers}")
         b, t = tokens.shape
@@ -369,13 +397,18 @@ class Llama(nnx.Module):
         start = jnp.broadcast_to(jnp.asarray(start, jnp.int32), (b,))
         positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
         x = self.embed(tokens)
+        if self.cfg.scan_layers:
+            x, cache = scan_blocks_decode(
+                self.blocks, x, cache, self.cfg.num_layers, "Llama.decode: cache",
+                lambda block, h, layer_cache: block.decode(h, positions, layer_cache, backend))
+            return self._head(x), cache
         new_cache = []
         for block, layer_cache in zip(self.blocks, cache, strict=True):
             x, layer_cache = block.decode(x, positions, layer_cache, backend)
             new_cache.append(layer_cache)
         return self._head(x), new_cache
 
-    def flush_cache(self, cache: list[Any],
+    def flush_cache(self, cache: Any,
                     backend: cache_backend.KVCacheBackend | None = None) -> list[Any]:
         """The backend's optional ``flush`` on every layer of ``cache``
         (:func:`kernels.cache_backend.flush_layers`): call it after each one-token
@@ -400,3 +433,26 @@ def backend_for(name: str, cfg: LlamaConfig, **kwargs) -> cache_backend.KVCacheB
     if cls is not None and "rope_base" in {f.name for f in dataclasses.fields(cls)}:
         kwargs.setdefault("rope_base", cfg.rope)
     return kvc.get_backend(name, **kwargs)
+
+
+def scanned(cfg: LlamaConfig, params: nnx.State) -> tuple[LlamaConfig, nnx.GraphDef, nnx.State]:
+    """A model's unrolled parameters in the scanned layout (``scan_layers=True``): the same
+    function, one compiled block instead of N.
+
+    Args:
+      cfg: the unrolled model's config (``scan_layers=False``).
+      params: its ``nnx.State`` (e.g. from :mod:`models.checkpoints`); block leaves per layer.
+
+    Returns:
+      (the config with ``scan_layers=True``, its graphdef, the parameters with every block leaf
+      stacked [N, ...], :func:`models.transformer.stack_layer_params`). ``nnx.merge`` the last two.
+
+    Raises:
+      ValueError: ``cfg`` already scanned, layers of different windows, or ``params`` not a Llama
+        state in the unrolled layout.
+    """
+    if cfg.scan_layers:
+        raise ValueError("llama.scanned: the config already has scan_layers=True")
+    cfg = dataclasses.replace(cfg, scan_layers=True)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
+    return cfg, graphdef, stack_layer_params(params)

@@ -473,14 +473,8 @@ class Transformer(nnx.Module):
         x = _residual(self.embed(tokens))
         policy = REMAT_POLICIES[self.cfg.remat]
         if self.cfg.scan_layers:
-            block_def, block_params = nnx.split(self.blocks)
-
-            def layer(h, params):
-                return _residual(nnx.merge(block_def, params)(h, positions, mask, c)), None
-
-            if self.cfg.remat != "none":
-                layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
-            x, _ = jax.lax.scan(layer, x, block_params)
+            x = scan_blocks(self.blocks, x, lambda block, h: _residual(block(h, positions, mask, c)),
+                            remat=self.cfg.remat != "none", policy=policy)
         else:
             def apply(block, h):
                 return _residual(block(h, positions, mask, c))
@@ -513,15 +507,8 @@ class Transformer(nnx.Module):
         if max_len > self.cfg.max_len:
             raise ValueError(f"cache length {max_len} exceeds the model's max_len={self.cfg.max_len}")
         if self.cfg.scan_layers:
-            layer = backend.init(batch_size, max_len, self.cfg.kv_heads, self.cfg.dim_per_head,
-                                 self.cfg.dtype)
-            for leaf in jax.tree.leaves(layer):
-                if not isinstance(leaf, jax.Array | np.ndarray):
-                    raise ValueError(
-                        f"KV-cache backend {type(backend).__name__}: its layer cache has a leaf of "
-                        f"type {type(leaf).__name__}, which cannot be stacked along a layer axis "
-                        "(scan_layers=True); use scan_layers=False with this backend")
-            return stack_layer_caches([layer] * self.cfg.num_layers)
+            return init_stacked_cache(backend, self.cfg.num_layers, batch_size, max_len,
+                                      self.cfg.kv_heads, self.cfg.dim_per_head, self.cfg.dtype)
         return [backend.init(batch_size, max_len, self.cfg.kv_heads, self.cfg.dim_per_head,
                              self.cfg.dtype) for _ in range(self.cfg.num_layers)]
 
@@ -557,27 +544,9 @@ class Transformer(nnx.Module):
         c = self.condition(cond)
         x = self.embed(tokens)
         if self.cfg.scan_layers:
-            _check_stacked(cache, self.cfg.num_layers, "Transformer.decode: cache")
-
-            block_def, block_params = nnx.split(self.blocks)
-
-            # The stacked cache rides in the carry and layer i's slice is written back in place:
-            # passing it as scanned input/output instead copies the whole cache every step (2x
-            # slower greedy generation with the dense cache on CPU).
-            def layer(carry, xs):
-                h, stacked = carry
-                params, i = xs
-                layer_cache = jax.tree.map(
-                    lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
-                h, layer_cache = nnx.merge(block_def, params).decode(h, positions, layer_cache,
-                                                                     backend, c)
-                stacked = jax.tree.map(
-                    lambda a, new: jax.lax.dynamic_update_index_in_dim(a, new, i, 0), stacked,
-                    layer_cache)
-                return (h, stacked), None
-
-            (x, cache), _ = jax.lax.scan(
-                layer, (x, cache), (block_params, jnp.arange(self.cfg.num_layers)))
+            x, cache = scan_blocks_decode(
+                self.blocks, x, cache, self.cfg.num_layers, "Transformer.decode: cache",
+                lambda block, h, layer_cache: block.decode(h, positions, layer_cache, backend, c))
             return self._head(x, c), cache
         new_cache = []
         for block, layer_cache in zip(self.blocks, cache, strict=True):
@@ -602,6 +571,95 @@ class Transformer(nnx.Module):
           ValueError: a cache that is not the backend's (from its ``flush``).
         """
         return cache_backend.flush_layers(backend or cache_backend.DenseKVCache(), cache)
+
+
+# ----------------------------------------------------------------------------------------------
+# Applying stacked blocks (scan_layers), shared by the decoders of this package
+
+
+def scan_blocks(blocks: nnx.Module, x: jax.Array, apply: Any, *, remat: bool = False,
+                policy: Any = None) -> jax.Array:
+    """``x`` through every layer of ``blocks`` (a module whose parameters carry a leading layer
+    axis [N, ...], as ``scan_layers`` builds it) in one ``lax.scan``: the compiled program holds
+    one block instead of N.
+
+    Args:
+      blocks: the stacked block module (``nnx.vmap`` of the block constructor).
+      x: the residual stream entering layer 0, any shape ``apply`` accepts.
+      apply: ``apply(block, h) -> h`` for one merged layer.
+      remat: rematerialise each layer in the backward pass with ``policy`` (a
+        ``jax.checkpoint_policies`` entry; None saves nothing but the layer inputs).
+
+    Returns:
+      the stream after layer N-1.
+    """
+    block_def, block_params = nnx.split(blocks)
+
+    def layer(h, params):
+        return apply(nnx.merge(block_def, params), h), None
+
+    if remat:
+        layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
+    return jax.lax.scan(layer, x, block_params)[0]
+
+
+def init_stacked_cache(backend: cache_backend.KVCacheBackend, num_layers: int, batch_size: int,
+                       max_len: int, kv_heads: int, head_dim: int, dtype: Any) -> Any:
+    """An empty cache of ``num_layers`` layers stacked along a leading axis (``scan_layers``):
+    ``backend.init(batch_size, max_len, kv_heads, head_dim, dtype)`` with every leaf
+    [num_layers, ...].
+
+    Raises:
+      ValueError: the backend's layer cache has a leaf that is not an array (it cannot be
+        stacked).
+    """
+    layer = backend.init(batch_size, max_len, kv_heads, head_dim, dtype)
+    for leaf in jax.tree.leaves(layer):
+        if not isinstance(leaf, jax.Array | np.ndarray):
+            raise ValueError(
+                f"KV-cache backend {type(backend).__name__}: its layer cache has a leaf of "
+                f"type {type(leaf).__name__}, which cannot be stacked along a layer axis "
+                "(scan_layers=True); use scan_layers=False with this backend")
+    return stack_layer_caches([layer] * num_layers)
+
+
+def scan_blocks_decode(blocks: nnx.Module, x: jax.Array, cache: Any, num_layers: int, where: str,
+                       decode: Any) -> tuple[jax.Array, Any]:
+    """One decode step through stacked ``blocks`` in one ``lax.scan`` (see :func:`scan_blocks`).
+
+    The stacked cache rides in the carry and layer i's slice is written back in place: passing it
+    as scanned input/output instead copies the whole cache every step (2x slower greedy
+    generation with the dense cache on CPU).
+
+    Args:
+      blocks: the stacked block module.
+      x: the residual stream [B, T, E] entering layer 0.
+      cache: the stacked layer cache (every leaf [N, ...], :func:`stack_layer_caches`).
+      num_layers: N.
+      where: names the cache in errors.
+      decode: ``decode(block, h, layer_cache) -> (h, layer_cache)`` for one merged layer.
+
+    Returns:
+      (the stream after layer N-1, the updated stacked cache).
+
+    Raises:
+      ValueError: ``cache`` is a list, or a leaf does not lead with ``num_layers``.
+    """
+    _check_stacked(cache, num_layers, where)
+    block_def, block_params = nnx.split(blocks)
+
+    def layer(carry, xs):
+        h, stacked = carry
+        params, i = xs
+        layer_cache = jax.tree.map(
+            lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
+        h, layer_cache = decode(nnx.merge(block_def, params), h, layer_cache)
+        stacked = jax.tree.map(
+            lambda a, new: jax.lax.dynamic_update_index_in_dim(a, new, i, 0), stacked, layer_cache)
+        return (h, stacked), None
+
+    (x, cache), _ = jax.lax.scan(layer, (x, cache), (block_params, jnp.arange(num_layers)))
+    return x, cache
 
 
 # ----------------------------------------------------------------------------------------------
@@ -733,6 +791,6 @@ def unstack_layer_params(params: nnx.State) -> nnx.State:
 
 def _flat_state(params: nnx.State, where: str) -> list[tuple[tuple, Any]]:
     if not isinstance(params, nnx.State) or "blocks" not in params:
-        raise ValueError(f"{where}: expected the nnx.State of a Transformer (with a 'blocks' "
-                         f"entry), got {type(params).__name__}")
+        raise ValueError(f"{where}: expected the nnx.State of a Transformer or Llama (with a "
+                         f"'blocks' entry), got {type(params).__name__}")
     return list(nnx.to_flat_state(params))

@@ -11,38 +11,43 @@ always kept. This module fills the masks (:func:`with_keep`, :func:`budgets_and_
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from algorithms.kv_budget import entrokv
+from models import capture
 from models import kv_cache as kvc
 
 BudgetedKVCache = kvc.BudgetedKVCache  # the "budgeted" backend; defined with the others
 
 
-def with_keep(cache: list[dict], keep: list[jax.Array]) -> list[dict]:
-    """Installs keep masks bool [B, K, P] (one per layer) on the first P slots of each layer."""
-    out = []
-    for layer, m in zip(cache, keep, strict=True):
-        full = layer["keep"].at[:, :, :m.shape[2]].set(m)
-        out.append({**layer, "keep": full})
-    return out
+def with_keep(cache: Any, keep: list[jax.Array]) -> Any:
+    """Installs keep masks bool [B, K, P] (one per layer) on the first P slots of each layer of a
+    budgeted cache: a list of layer caches, or one stacked cache (``scan_layers``; every leaf
+    [N, ...]). Returns the cache in the layout it was given.
+
+    Raises:
+      ValueError: a different number of masks and layers.
+    """
+    if isinstance(cache, list | tuple):
+        if len(cache) != len(keep):
+            raise ValueError(f"with_keep: {len(keep)} keep masks for {len(cache)} layers")
+        return [{**layer, "keep": layer["keep"].at[:, :, :m.shape[2]].set(m)}
+                for layer, m in zip(cache, keep, strict=True)]
+    if cache["keep"].shape[0] != len(keep):
+        raise ValueError(f"with_keep: {len(keep)} keep masks for {cache['keep'].shape[0]} layers")
+    m = jnp.stack(keep)
+    return {**cache, "keep": cache["keep"].at[:, :, :, :m.shape[3]].set(m)}
 
 
 def prompt_queries_keys(model, tokens: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
-    """Per layer (q [B, H, P, D], k [B, K, P, D]) of a causal, unconditioned transformer on
-    ``tokens`` [B, P] (RoPE applied), from the same computation as its forward pass."""
-    b, p = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    mask = jnp.tril(jnp.ones((p, p), bool))[None]
-    x = model.embed(tokens)
-    out = []
-    for block in model.blocks:
-        q, k, _ = block.attn.qkv(block.norm1(x), positions)
-        out.append((q, k))
-        x = block(x, positions, mask)
-    return out
+    """Per layer (q [B, H, P, D], k [B, K, P, D]) of a causal, unconditioned decoder on
+    ``tokens`` [B, P] (RoPE applied), from the same computation as its forward pass
+    (:func:`models.capture.attention_inputs`)."""
+    return [(q, k) for q, k, _ in capture.attention_inputs(model, tokens)]
 
 
 def budgets_and_keep(qk: list[tuple[jax.Array, jax.Array]], cfg: entrokv.EntroKVConfig,

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from kernels import cache_backend
 from models import hf_checkpoint as hfc
+from models import llama as llama_lib
 from models.llama import Llama, backend_for
 from models.rope import RotaryEmbedding
 from models.sampling import generate
@@ -220,14 +221,23 @@ def llama3(ckpts):
     return ck, ids, want, cont, margins
 
 
+def _scanned(ck: hfc.Checkpoint) -> hfc.Checkpoint:
+    """The checkpoint's model with its layers stacked and scanned (``scan_layers=True``)."""
+    cfg, graphdef, params = llama_lib.scanned(ck.config, ck.params)
+    return hfc.Checkpoint(cfg, graphdef, params)
+
+
+@pytest.mark.parametrize("layout", ["unrolled", "scanned"])
 @pytest.mark.parametrize("name", list(BACKENDS))
-def test_each_backend_decodes_and_generates_like_transformers(llama3, name):
+def test_each_backend_decodes_and_generates_like_transformers(llama3, name, layout):
     """Teacher-forced on transformers' greedy continuation, every step's logits are within the
     backend's bound, and their argmax is transformers' next token, so greedy generation with the
-    backend reproduces transformers' tokens (by induction over the steps)."""
+    backend reproduces transformers' tokens (by induction over the steps). The same holds with
+    the layers scanned over stacked parameters and a stacked cache."""
     ck, ids, want, cont, _ = llama3
     kwargs, rel = BACKENDS[name]
-    got, _, cache = _decode_logits(ck, backend_for(name, ck.config, **kwargs), ids)
+    model = ck if layout == "unrolled" else _scanned(ck)
+    got, _, cache = _decode_logits(model, backend_for(name, ck.config, **kwargs), ids)
     bound = rel * np.abs(want).max()
     err = np.abs(got - want).max()
     assert err <= bound, (name, err, bound)
@@ -235,7 +245,8 @@ def test_each_backend_decodes_and_generates_like_transformers(llama3, name):
         assert err > F32_REL * np.abs(want).max()
     np.testing.assert_array_equal(got.argmax(-1), cont)
     if name == "qvg":
-        _check_qvg_stores_pre_rope_keys(ck, ids, cache[0])
+        first = cache[0] if layout == "unrolled" else jax.tree.map(lambda a: a[0], cache)
+        _check_qvg_stores_pre_rope_keys(ck, ids, first)
 
 
 def _check_qvg_stores_pre_rope_keys(ck, ids, layer_cache):
@@ -283,6 +294,44 @@ def test_entrokv_budgets_as_a_selection_policy(llama3):
     assert np.isfinite(half).all() and np.abs(half[:, 1:] - want[:, 1:]).max() > 1e-3
     kept = np.stack([np.asarray(k) for k in keep])  # [L, B, K, P]
     assert kept[..., -4:].all() and 0.3 < kept.mean() < 0.7
+    # the stacked cache of the scanned layout takes the same masks and gives the same logits
+    half_scanned, keep_scanned, _ = _decode_logits(_scanned(ck), BudgetedKVCache(), ids,
+                                                   entrokv_fraction=0.5)
+    np.testing.assert_array_equal(np.stack([np.asarray(k) for k in keep_scanned]), kept)
+    np.testing.assert_allclose(half_scanned, half, rtol=0, atol=F32_REL * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name", ["llama3", "mistral"])
+def test_scanned_layers_match_transformers(ckpts, name):
+    """scan_layers=True (one lax.scan over stacked parameters) gives transformers' logits in the
+    forward pass, Mistral's window (the same in every layer) included; the converted parameters
+    are the unrolled ones stacked."""
+    path, hf_model = ckpts[name]
+    ck = hfc.load_checkpoint(path)
+    ids = _tokens(2, 40)
+    want = _reference_logits(hf_model, ids)
+    sk = _scanned(ck)
+    assert sk.config.scan_layers and not ck.config.scan_layers
+    got = np.asarray(jax.jit(lambda p, t: nnx.merge(sk.graphdef, p)(t))(sk.params,
+                                                                       jnp.asarray(ids)))
+    np.testing.assert_allclose(got, want, rtol=0, atol=F32_REL * np.abs(want).max())
+    q0 = ck.params["blocks"][1]["attn"]["q_proj"]["kernel"][...]
+    np.testing.assert_array_equal(sk.params["blocks"]["attn"]["q_proj"]["kernel"][...][1], q0)
+
+
+def test_scanned_layers_refusals(ckpts):
+    """Layers of different windows (Qwen2's max_window_layers) cannot share one scanned block;
+    a scanned config is not converted twice; a list cache is refused by the scanned decode."""
+    qwen = hfc.load_checkpoint(ckpts["qwen2"][0])
+    with pytest.raises(ValueError, match="one window for every layer"):
+        llama_lib.scanned(qwen.config, qwen.params)
+    sk = _scanned(hfc.load_checkpoint(ckpts["llama3"][0]))
+    with pytest.raises(ValueError, match="already has scan_layers=True"):
+        llama_lib.scanned(sk.config, sk.params)
+    model = nnx.merge(sk.graphdef, sk.params)
+    layers = [cache_backend.DenseKVCache().init(1, 8, 2, 16, jnp.float32)] * 2
+    with pytest.raises(ValueError, match="list of 2 per-layer entries"):
+        model.decode(jnp.zeros((1, 1), jnp.int32), layers, jnp.zeros((1,), jnp.int32))
 
 
 def test_sliding_window_refused_by_backends_that_cannot_forget(ckpts):
