@@ -38,6 +38,7 @@ from core import report, timing
 from experiments import common, measured_model
 from experiments.configs import kv_quant as kv_quant_config
 from kernels.kv_quant import reference as ref
+from kernels.kv_quant.reference import quantizer_configs
 from models import capture
 from models import kv_cache as kvc
 
@@ -46,17 +47,6 @@ METHODS = ("qvg", "qvg_pro", "kivi")
 LABELS = {"qvg": "QVG", "qvg_pro": "QVG-Pro", "kivi": "KIVI"}
 # One colour per cache in both panels; the full-precision cache in grey.
 COLORS = {**style.method_colors(("qvg", "qvg_pro", "kivi", "entrokv", "uniform")), "full": "0.55"}
-
-
-def quantizer_configs(config: ml_collections.ConfigDict, head_dim: int) -> dict:
-    """The three quantizers of the config (blocks clamped to the head dim)."""
-    common_qvg = dict(bits=config.bits, num_centroids=config.num_centroids, chunk=config.chunk,
-                      kmeans_iters=config.kmeans_iters, seed=config.seed)
-    return {"qvg": ref.qvg_preset("qvg", block=min(config.qvg_block, head_dim), **common_qvg),
-            "qvg_pro": ref.qvg_preset("qvg_pro", block=min(config.qvg_pro_block, head_dim),
-                                      stages=config.qvg_pro_stages, **common_qvg),
-            "kivi": ref.KIVIConfig(bits=config.bits, group=config.kivi_group,
-                                   block=min(config.kivi_block, head_dim), residual=config.chunk)}
 
 
 def _bpb(graphdef, params, windows, backend, prompt_len, keep=None):

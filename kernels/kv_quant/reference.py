@@ -169,6 +169,66 @@ class KIVIConfig:
                              f"{8 // self.bits}")
 
 
+@dataclasses.dataclass(frozen=True)
+class QuantizerSettings:
+    """What the QVG, QVG-Pro and KIVI quantizers of one run share or set (hashable).
+
+    Attributes:
+      bits: n of every quantizer. chunk: tokens per k-means chunk (QVG) = KIVI's full-precision
+        residual. num_centroids, kmeans_iters, seed: QVG's k-means.
+      qvg_block, qvg_pro_block: channels per residual block (clamped to the head dim).
+      qvg_pro_stages: QVG-Pro's residual stages S.
+      kivi_group: tokens per key-statistics group. kivi_block: channels per value block (clamped).
+    """
+
+    bits: int
+    chunk: int
+    num_centroids: int
+    kmeans_iters: int
+    seed: int
+    qvg_block: int
+    qvg_pro_block: int
+    qvg_pro_stages: int
+    kivi_group: int
+    kivi_block: int
+
+    @classmethod
+    def of(cls, fields) -> QuantizerSettings:
+        """The settings read from any object with attributes of the same names (a run config).
+
+        Raises:
+          ValueError: ``fields`` lacks one of them (naming those missing).
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if not hasattr(fields, n)]
+        if missing:
+            raise ValueError(f"QuantizerSettings.of: the fields {missing} are missing; expected "
+                             f"an object with attributes {names}")
+        return cls(**{n: getattr(fields, n) for n in names})
+
+
+def quantizer_configs(settings, head_dim: int) -> dict[str, QVGConfig | KIVIConfig]:
+    """The three quantizers of a run: ``"qvg"`` and ``"qvg_pro"`` (the paper presets,
+    :func:`qvg_preset`) and ``"kivi"``, at ``settings``' bits, chunk and k-means, with their blocks
+    clamped to ``head_dim``.
+
+    Args:
+      settings: a :class:`QuantizerSettings`, or any object with its attributes (a run config).
+      head_dim: D of the keys and values.
+
+    Raises:
+      ValueError: settings a quantizer refuses (as :class:`QVGConfig` / :class:`KIVIConfig`).
+    """
+    common_qvg = dict(bits=settings.bits, num_centroids=settings.num_centroids,
+                      chunk=settings.chunk, kmeans_iters=settings.kmeans_iters, seed=settings.seed)
+    return {"qvg": qvg_preset("qvg", block=min(settings.qvg_block, head_dim), **common_qvg),
+            "qvg_pro": qvg_preset("qvg_pro", block=min(settings.qvg_pro_block, head_dim),
+                                  stages=settings.qvg_pro_stages, **common_qvg),
+            "kivi": KIVIConfig(bits=settings.bits, group=settings.kivi_group,
+                               block=min(settings.kivi_block, head_dim),
+                               residual=settings.chunk)}
+
+
 # ----------------------------------------------------------------------------------------------
 # Symmetric per-token block INTn (QVG's residual quantizer)
 

@@ -188,13 +188,15 @@ def test_benchmark_game_sweeps(monkeypatch):
 def test_decode_steps_build_their_caches_through_get_backend(monkeypatch):
     """Every lm decode row's cache backend comes from ``models.kv_cache.get_backend`` with the
     experiments' paper options (FFD: sparse_decode's page size and delta; QVG: the quantizer
-    kv_quant runs, ``kv_quant.quantizer_configs``, at the lm model's head dim)."""
+    kv_quant runs, ``kernels.kv_quant.reference.quantizer_configs`` of its paper config, at the
+    lm model's head dim)."""
     from algorithms.lm import training
     from core.data import ByteTokenizer
-    from experiments import kv_quant, sparse_decode
+    from experiments import sparse_decode
     from experiments.configs import kv_quant as kq_cfg
     from experiments.configs import lm as lm_cfg
     from experiments.configs import sparse_decode as sd_cfg
+    from kernels.kv_quant.reference import quantizer_configs
     from models import kv_cache as kvc
 
     calls = []
@@ -207,5 +209,4 @@ def test_decode_steps_build_their_caches_through_get_backend(monkeypatch):
     sd = sd_cfg.get_config("paper")
     assert (calls[1][1]["page_size"], calls[1][1]["delta"]) == (sd.page_size, sd.delta)
     d = training.model_config(lm_cfg.get_config("paper"), ByteTokenizer().vocab_size).dim_per_head
-    assert calls[2][1]["config"] == kv_quant.quantizer_configs(kq_cfg.get_config("paper"),
-                                                               d)["qvg"]
+    assert calls[2][1]["config"] == quantizer_configs(kq_cfg.get_config("paper"), d)["qvg"]
