@@ -5,11 +5,12 @@ Dimensions: B batch, H query heads, K kv heads, G = H / K, S cache slots, T new 
 The protocol (:class:`kernels.cache_backend.KVCacheBackend`: ``init`` / ``update`` / ``attend``)
 and the dense backend (:class:`kernels.cache_backend.DenseKVCache`) live in
 :mod:`kernels.cache_backend` with the backend registry. Every backend class registers its name
-there (``@register_backend("ffd")``); this module imports, by an explicit list
-(:data:`BACKEND_MODULES`, ``models`` -> ``kernels``, the allowed direction), every module that
-defines one, and defines the one backend that lives at this layer, EntroKV's keep-mask cache
-(:class:`BudgetedKVCache`, ``"budgeted"``: the budgets and selection that fill its mask are in
-:mod:`algorithms.kv_budget`). So :func:`get_backend` is the one lookup, and it knows every name:
+there (``@register_backend("ffd")``); this module imports the backend modules of every kernel op
+registered in :data:`kernels.dispatch.OPS` (:data:`BACKEND_MODULES`, ``models`` -> ``kernels``,
+the allowed direction; a new op registers there, not here), and defines the one backend that lives
+at this layer, EntroKV's keep-mask cache (:class:`BudgetedKVCache`, ``"budgeted"``: the budgets
+and selection that fill its mask are in :mod:`algorithms.kv_budget`). So :func:`get_backend` is
+the one lookup, and it knows every name (today's, :func:`registered_names` lists them):
 
 ========================  ==============================================================
 ``"dense"``               :class:`kernels.cache_backend.DenseKVCache`
@@ -35,20 +36,15 @@ import importlib
 
 import jax.numpy as jnp
 
-from kernels import attention_math, cache_backend, checks
+from kernels import attention_math, cache_backend, checks, dispatch
 from kernels.cache_backend import (
     DENSE,  # also read as kv_cache.DENSE by experiments/sparse_decode.py
     KVCacheBackend,  # also read by experiments/generate.py
 )
 
-# The modules that define (and register) KV-cache backends, imported here so that the registry
-# is complete whenever this module is: the one list to extend with a new backend module.
-BACKEND_MODULES = (
-    "kernels.sparse_decode.cache",
-    "kernels.sparse_decode.sharded",
-    "kernels.kv_quant.cache",
-    "kernels.kv_quant.sharded",
-)
+# The modules that define (and register) KV-cache backends, those of every op of
+# kernels.dispatch.OPS, imported here so that the registry is complete whenever this module is.
+BACKEND_MODULES = dispatch.backend_modules()
 for _module in BACKEND_MODULES:
     importlib.import_module(_module)
 

@@ -18,6 +18,8 @@ import pathlib
 import subprocess
 import sys
 
+from kernels import dispatch
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMPORTED = ("core", "kernels", "models", "algorithms")  # nothing imports experiments
 SCANNED = IMPORTED + ("experiments",)
@@ -103,7 +105,7 @@ def _op_folders() -> dict[str, set[str]]:
 
 def test_op_folders_have_the_same_file_set():
     ops = _op_folders()
-    assert set(ops) == {"sparse_decode", "kv_quant"}, sorted(ops)
+    assert set(ops) == set(dispatch.OPS), sorted(ops)  # every op folder is registered
     assert not op_file_problems(ops), op_file_problems(ops)
 
 
@@ -116,7 +118,8 @@ def test_op_file_check_can_fail():
 
 def api_dispatch_problems(op: str, source: str) -> list[str]:
     """What keeps an op's api.py from the shared dispatch: it must build ``TABLE =
-    dispatch.Table(...)``, call ``dispatch.resolve``, and read no platform itself."""
+    dispatch.Table(...)``, call ``dispatch.resolve``, read no platform itself, and import every
+    implementation at module level (the table holds functions; no import inside a function)."""
     tree = ast.parse(source)
     calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     table = any(isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["TABLE"]
@@ -129,6 +132,11 @@ def api_dispatch_problems(op: str, source: str) -> list[str]:
                   if isinstance(n, ast.Attribute) and n.attr in ("default_backend", "backends")})
     if own:
         problems.append(f"{op}/api.py: reads the platform itself ({', '.join(own)})")
+    nested = sorted({f"{f.name}:{n.lineno}" for f in ast.walk(tree)
+                     if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))})
+    if nested:
+        problems.append(f"{op}/api.py: imports inside functions ({', '.join(nested)})")
     return problems
 
 
@@ -140,11 +148,13 @@ def test_both_apis_use_the_shared_dispatch():
 
 def test_api_dispatch_check_can_fail():
     own = ("IMPLEMENTATIONS = ('xla',)\n"
-           "def resolve(i):\n    return {'tpu': 'pallas_tpu'}.get(jax.default_backend(), 'xla')\n")
+           "def resolve(i):\n    return {'tpu': 'pallas_tpu'}.get(jax.default_backend(), 'xla')\n"
+           "def call(i):\n    from x import xla\n    return xla.f()\n")
     assert api_dispatch_problems("x", own) == [
         "x/api.py: no module-level TABLE = dispatch.Table(...)",
         "x/api.py: never calls dispatch.resolve",
-        "x/api.py: reads the platform itself (jax.default_backend)"]
+        "x/api.py: reads the platform itself (jax.default_backend)",
+        "x/api.py: imports inside functions (call:5)"]
     shared = ("TABLE = dispatch.Table('x', (), {})\n"
               "def f(i):\n    return dispatch.resolve(TABLE, i, 'f')\n")
     assert api_dispatch_problems("x", shared) == []

@@ -14,13 +14,14 @@ Implementations (``implementation=``):
 * ``"auto"`` (or None): Pallas on TPU / GPU, ``"xla"`` elsewhere; KIVI has no Pallas kernel and
   uses ``"xla"`` on every backend.
 
-One table (:data:`TABLE`) lists them with their platforms and the entry points they serve (the
-Pallas kernels serve QVG only), resolved by the shared :func:`kernels.dispatch.resolve`, as in
-every op: an implementation that is unknown, does not serve the entry point, or (on concrete
-arrays) does not run on the call's platform is one ValueError of the same wording. A shape the
-picked kernel cannot tile is a ValueError (GPU: chunk and head dim powers of two; TPU:
-:func:`kernels.kv_quant.pallas_tpu.check_layout`), never a silent switch to another path;
-``implementation="xla"`` serves any shape.
+One table (:data:`TABLE`) lists them per entry point they serve (the Pallas kernels serve QVG
+only), with the function each calls, its platforms and its ``supports`` hook (the shapes it
+tiles), resolved by the shared :func:`kernels.dispatch.resolve`, as in every op: an
+implementation that is unknown, does not serve the entry point, or (on concrete arrays) does not
+run on the call's platform is one ValueError of the same wording. A shape the picked kernel
+cannot tile is a ValueError (GPU: chunk and head dim powers of two, its ``supports`` hook; TPU:
+:func:`kernels.kv_quant.pallas_tpu.check_layout`), never a silent switch to another path,
+``"auto"`` included; ``implementation="xla"`` serves any shape.
 
 The cache backends that call these live in :mod:`kernels.kv_quant.cache` (``QVGCache``,
 ``KIVICache``, registered as ``"qvg"`` and ``"kivi"``).
@@ -32,18 +33,65 @@ import jax
 import jax.numpy as jnp
 
 from kernels import checks, dispatch
+from kernels.kv_quant import pallas_gpu, pallas_tpu, xla
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
 
 QVG, KIVI = "QVG", "KIVI"  # the entry points an implementation may serve
-# The op's implementation table: where each runs, what it serves, what "auto" picks per platform.
+
+
+# Calling conventions of the implementations (the table's ``fn``), after the entry points' checks:
+# QVG: fn(q, k_code, v_code, cfg, start, num_quantized, num_new, rope_base, interpret=...)
+#   -> (out float32 [B, K, R, D], lse float32 [B, K, R]) (:func:`qvg_chunk_attention`);
+# KIVI: fn(q, k_code, window_k, v_code, ring, cfg, start int32 [B], num_new, num_quantized)
+#   -> float32 [B, K, R, D] (:func:`kivi_attention`).
+
+def _qvg_reference(q, k_code, v_code, cfg, start, num_quantized, num_new, rope_base,
+                   interpret=False):
+    """QVG's specification: every chunk dequantized to float32, then attended."""
+    del interpret
+    valid = quantized_mask(start, num_quantized, q.shape[2], num_new,
+                           k_code.codes.shape[2] * k_code.codes.shape[4])
+    return ref.qvg_chunk_attention_reference(q, k_code, v_code, cfg.bits, valid, rope_base)
+
+
+def _qvg_xla(q, k_code, v_code, cfg, start, num_quantized, num_new, rope_base, interpret=False):
+    """QVG's fused XLA path (:func:`kernels.kv_quant.xla.qvg_chunk_attention`)."""
+    del interpret
+    return xla.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized, num_new,
+                                   rope_base)
+
+
+def _pow2(*sizes: int) -> bool:
+    return all(x > 0 and x & (x - 1) == 0 for x in sizes)
+
+
+def _gpu_supports(shapes: dispatch.Shapes, platform: str | None) -> str | None:
+    """The GPU (Triton) kernel tiles a chunk of ``chunk`` tokens with head dim ``head_dim`` only
+    when both are powers of two; ``implementation="xla"`` serves any shape."""
+    del platform
+    for name, x in (("chunk", shapes["chunk"]), ("head dim", shapes["head_dim"])):
+        if not _pow2(x):
+            return (f"the GPU kernel (implementation 'pallas_gpu', what 'auto' picks on a GPU) "
+                    f"needs a power-of-two {name} (Triton tiles); got {name} {x}. Use a chunk "
+                    f"of 128, 256, 512 or 1024 tokens and head dim 64, 128 or 256, or pass "
+                    f"implementation='xla' (the fused XLA path, any shape)")
+    return None
+
+
+# The op's implementation table: what each calls per entry point, where it runs, which shapes it
+# tiles (shapes: "chunk" N, "head_dim" D), and what "auto" picks per platform.
 TABLE = dispatch.Table(
     op="kv_quant",
     implementations=(
-        dispatch.Implementation("reference"),
-        dispatch.Implementation("xla"),
-        dispatch.Implementation("pallas_tpu", ("tpu",), interpretable=True, serves=(QVG,)),
-        dispatch.Implementation("pallas_gpu", ("gpu",), interpretable=True, serves=(QVG,)),
+        dispatch.Implementation("reference", _qvg_reference, entry=QVG),
+        dispatch.Implementation("reference", ref.kivi_cache_attention_reference, entry=KIVI),
+        dispatch.Implementation("xla", _qvg_xla, entry=QVG),
+        dispatch.Implementation("xla", xla.kivi_attention, entry=KIVI),
+        dispatch.Implementation("pallas_tpu", pallas_tpu.qvg_chunk_attention, ("tpu",),
+                                interpretable=True, entry=QVG),
+        dispatch.Implementation("pallas_gpu", pallas_gpu.qvg_chunk_attention, ("gpu",),
+                                interpretable=True, supports=_gpu_supports, entry=QVG),
     ),
     auto={"tpu": ("pallas_tpu", "xla"), "gpu": ("pallas_gpu", "xla"), "*": ("xla",)},
 )
@@ -52,17 +100,23 @@ IMPLEMENTATIONS = TABLE.names
 
 def resolve_implementation(implementation: str | None, where: str = "kv_quant",
                            entry: str = QVG) -> str:
-    """``"auto"`` / None -> what ``TABLE.auto`` picks for ``entry`` on this platform (QVG: Pallas
-    on TPU / GPU, the fused XLA path elsewhere; KIVI: the fused XLA path); otherwise one of
+    """``"auto"`` (or None) -> what ``TABLE.auto`` picks for ``entry`` on this platform (QVG:
+    Pallas on TPU / GPU, the fused XLA path elsewhere; KIVI: the fused XLA path); otherwise one of
     :data:`IMPLEMENTATIONS` that serves ``entry`` (:func:`kernels.dispatch.resolve` without a
     platform: the name only; the attention functions also refuse one that cannot run on the
-    platform of their call).
+    platform of their call or cannot tile its shapes).
 
     Raises:
       ValueError: an unknown name, or one that does not serve ``entry`` (the message lists those
         that do and every implementation's platforms).
     """
-    return dispatch.resolve(TABLE, implementation, where, entry=entry)
+    return dispatch.resolve(TABLE, implementation, where, entry=entry).name
+
+
+def kernel_shapes(chunk: int, head_dim: int) -> dict[str, int]:
+    """The shapes an implementation's ``supports`` hook is asked about (QVG): ``chunk`` N tokens
+    per chunk and ``head_dim`` D."""
+    return {"chunk": chunk, "head_dim": head_dim}
 
 
 def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, cfg: QVGConfig,
@@ -80,8 +134,9 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
       num_new: T.
       rope_base: RoPE base (a float or an object with ``inv_freq``) if keys were stored before
         RoPE, else None.
-      implementation: see :func:`resolve_implementation`; on concrete arrays it must run on this
-        platform (a Pallas kernel runs on any platform with ``interpret=True``).
+      implementation: ``"auto"`` (the default) or a name, see :func:`resolve_implementation`; on
+        concrete arrays it must run on this platform (a Pallas kernel runs on any platform with
+        ``interpret=True``).
       interpret: run a Pallas kernel in interpret mode (CPU tests); ignored otherwise.
 
     Returns:
@@ -91,7 +146,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
       ValueError: ``q`` not float [B, K, R, D] matching the codes' B and K; ``start`` or
         ``num_quantized`` not int [B]; an unknown implementation or, on concrete arrays, one that
         does not run on this platform (:func:`kernels.dispatch.resolve`); a chunk or head dim the
-        resolved kernel cannot tile (:func:`check_kernel_shape`).
+        resolved kernel cannot tile (its ``supports`` hook, :func:`kernel_shapes`).
     """
     where = "qvg_chunk_attention"
     b, kh = k_code.codes.shape[:2]
@@ -100,23 +155,10 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     checks.array(num_quantized, "num_quantized", where, kind="int", shape=(b,))
     checks.integer(num_new, "num_new", where, minimum=1)
     impl = dispatch.resolve(TABLE, implementation, where, entry=QVG, interpret=interpret,
-                            platform=dispatch.call_platform(q, k_code, v_code, start, num_quantized))
-    nc, n = k_code.codes.shape[2], k_code.codes.shape[4]
-    check_kernel_shape(impl, n, q.shape[-1], where)
-    if impl == "reference":
-        valid = quantized_mask(start, num_quantized, q.shape[2], num_new, nc * n)
-        return ref.qvg_chunk_attention_reference(q, k_code, v_code, cfg.bits, valid, rope_base)
-    if impl == "xla":
-        from kernels.kv_quant import xla
-        return xla.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized, num_new,
-                                       rope_base)
-    if impl == "pallas_tpu":
-        from kernels.kv_quant import pallas_tpu
-        return pallas_tpu.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized,
-                                              num_new, rope_base, interpret=interpret)
-    from kernels.kv_quant import pallas_gpu
-    return pallas_gpu.qvg_chunk_attention(q, k_code, v_code, cfg, start, num_quantized, num_new,
-                                          rope_base, interpret=interpret)
+                            platform=dispatch.call_platform(q, k_code, v_code, start, num_quantized),
+                            shapes=kernel_shapes(k_code.codes.shape[4], q.shape[-1]))
+    return impl.fn(q, k_code, v_code, cfg, start, num_quantized, num_new, rope_base,
+                   interpret=interpret)
 
 
 def kivi_attention(q: jax.Array, k_code: ref.KIVICode, window_k: jax.Array,
@@ -162,37 +204,8 @@ def kivi_attention(q: jax.Array, k_code: ref.KIVICode, window_k: jax.Array,
         num_quantized = num_quantized.astype(jnp.int32)
     impl = dispatch.resolve(TABLE, implementation, where, entry=KIVI,
                             platform=dispatch.call_platform(q, k_code, window_k, v_code, ring, start))
-    start = start.astype(jnp.int32)
-    if impl == "reference":
-        return ref.kivi_cache_attention_reference(q, k_code, window_k, v_code, ring, cfg, start,
-                                                  num_new, num_quantized)
-    from kernels.kv_quant import xla
-    return xla.kivi_attention(q, k_code, window_k, v_code, ring, cfg, start, num_new,
-                              num_quantized)
-
-
-def _pow2(*sizes: int) -> bool:
-    return all(x > 0 and x & (x - 1) == 0 for x in sizes)
-
-
-def check_kernel_shape(implementation: str, chunk: int, head_dim: int, where: str) -> None:
-    """Raises ValueError, before anything is compiled, when the resolved ``implementation``'s
-    kernel cannot tile a chunk of ``chunk`` tokens with head dim ``head_dim``: the GPU (Triton)
-    kernel needs both to be powers of two. ``"auto"`` never swaps to another path in silence;
-    ``implementation="xla"`` serves any shape.
-
-    Raises:
-      ValueError: naming the value, the shapes that work and the ``"xla"`` alternative.
-    """
-    if implementation != "pallas_gpu":
-        return
-    for name, x in (("chunk", chunk), ("head dim", head_dim)):
-        if not _pow2(x):
-            raise ValueError(
-                f"{where}: the GPU kernel (implementation 'pallas_gpu', what 'auto' picks on a "
-                f"GPU) needs a power-of-two {name} (Triton tiles); got {name} {x}. Use a chunk "
-                f"of 128, 256, 512 or 1024 tokens and head dim 64, 128 or 256, or pass "
-                f"implementation='xla' (the fused XLA path, any shape)")
+    return impl.fn(q, k_code, window_k, v_code, ring, cfg, start.astype(jnp.int32), num_new,
+                   num_quantized)
 
 
 def quantized_mask(start: jax.Array, num_quantized: jax.Array, rows: int, num_new: int,

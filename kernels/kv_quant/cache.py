@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import attention_math, cache_backend, checks
+from kernels import attention_math, cache_backend, checks, dispatch
 from kernels.kv_quant import api
 from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import KIVIConfig, QVGConfig
@@ -474,8 +474,9 @@ class QVGCache(_ChunkedQuantCache):
     def _check(self, head_dim):
         self.config.check_head_dim(head_dim)
         # at init, on the platform in use: a shape the picked kernel cannot tile is refused here
-        api.check_kernel_shape(api.resolve_implementation(self.implementation), self.config.chunk,
-                               head_dim, "QVGCache.init")
+        dispatch.check_kernel_shape(api.TABLE, self.implementation,
+                                    api.kernel_shapes(self.config.chunk, head_dim),
+                                    "QVGCache.init", entry=api.QVG)
 
     def _pre_rope(self):
         return self.config.pre_rope

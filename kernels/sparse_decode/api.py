@@ -6,7 +6,8 @@ P pages, S = P * p capacity.
 * :func:`ffd_decode` -- FFD decode attention of one new token per row (``implementation`` =
   ``"xla"`` (the CPU default, :mod:`kernels.sparse_decode.xla`), ``"reference"``
   (:mod:`kernels.sparse_decode.reference`), ``"pallas_tpu"`` (TPU default), ``"pallas_gpu"`` (GPU
-  default)); :data:`TABLE`, resolved by the shared :func:`kernels.dispatch.resolve`.
+  default)); :data:`TABLE` holds each implementation's function, platforms and ``supports``
+  hook, resolved by the shared :func:`kernels.dispatch.resolve`.
 * :func:`ffd_select` -- the kept-page mask alone (for density and kept-mass statistics).
 
 The KV-cache backends built on these (:class:`~kernels.sparse_decode.cache.FFDCache`,
@@ -34,6 +35,7 @@ the pages actually attended.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Any
 
@@ -41,39 +43,153 @@ import jax
 import jax.numpy as jnp
 
 from kernels import attention_math, checks, dispatch
-from kernels.sparse_decode import cost, xla
+from kernels.sparse_decode import cost, pallas_gpu, pallas_tpu, xla
 from kernels.sparse_decode import reference as ref
 
-# The op's implementation table: where each runs, and what "auto" picks per platform.
-TABLE = dispatch.Table(
-    op="sparse_decode",
-    implementations=(
-        dispatch.Implementation("reference"),
-        dispatch.Implementation("xla"),
-        dispatch.Implementation("pallas_tpu", ("tpu",), interpretable=True),
-        dispatch.Implementation("pallas_gpu", ("gpu",), interpretable=True),
-    ),
-    auto={"tpu": ("pallas_tpu",), "gpu": ("pallas_gpu",), "*": ("xla",)},
-)
-IMPLEMENTATIONS = TABLE.names
 XLA_SCANS = ("float32", "int8")  # the XLA path's page scan (:func:`ffd_decode`'s ``xla_scan``)
 DELTA_UNITS = ref.DELTA_UNITS
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """The arguments of :func:`ffd_decode` every implementation receives, checked.
+
+    Attributes:
+      delta_nats: the top-delta margin in nats (a float, or a traced scalar).
+      top_k, max_pages, num_splits, interpret, assumed_kept_fraction, xla_scan, return_keep: as
+        :func:`ffd_decode`.
+    """
+
+    delta_nats: Any
+    top_k: int | None
+    max_pages: int | None
+    num_splits: int | None
+    interpret: bool
+    assumed_kept_fraction: float
+    xla_scan: str
+    return_keep: bool
+
+    def result(self, out: jax.Array, keep: jax.Array):
+        """What :func:`ffd_decode` returns: ``out``, or ``(out, keep)`` with ``return_keep``."""
+        return (out, keep) if self.return_keep else out
+
+    def keep(self, q: jax.Array, cache: dict[str, Any], lengths: jax.Array) -> jax.Array:
+        """bool [B, K, P]: the rule's pages (:func:`kernels.sparse_decode.reference.ffd_keep`)."""
+        return ref.ffd_keep(q, cache, lengths, self.delta_nats, self.top_k, self.max_pages)
+
+    def slots(self, num_pages: int) -> int:
+        """The page slots a kernel gets: ``max_pages`` capped at P (P without a cap)."""
+        return num_pages if self.max_pages is None else min(self.max_pages, num_pages)
+
+    def top_delta(self, num_pages: int) -> bool:
+        """True for the top-delta rule the fused kernels apply themselves: no ``top_k``, no cap
+        below P, a concrete margin."""
+        return (self.top_k is None and self.slots(num_pages) == num_pages
+                and isinstance(self.delta_nats, numbers.Real))
+
+
+# Every implementation: fn(q [B, H, D], cache, lengths int32 [B], options: DecodeOptions) ->
+# what ffd_decode returns, after ffd_decode's checks.
+
+def _decode_reference(q, cache, lengths, o: DecodeOptions):
+    keep = o.keep(q, cache, lengths)
+    return o.result(ref.ffd_decode_reference(q, cache, lengths, keep=keep)[0], keep)
+
+
+def _decode_xla(q, cache, lengths, o: DecodeOptions):
+    if o.xla_scan == "int8" and o.top_k is None and "codes_i8" in cache:
+        # the CPU scan: int8 x int8 -> int32 with a proven margin, a superset of the rule's pages
+        keep = xla.ffd_keep_superset(q, cache, lengths, o.delta_nats, o.max_pages)
+    else:
+        keep = o.keep(q, cache, lengths)
+    return o.result(xla.ffd_decode_xla(q, cache, lengths, max_pages=o.max_pages, keep=keep)[0],
+                    keep)
+
+
+def _decode_pallas_tpu(q, cache, lengths, o: DecodeOptions):
+    b, h, d = q.shape
+    kh, n = cache["resid"].shape[1:3]
+    if o.top_delta(n):
+        # the top-delta rule: scan, selection and page list in one Pallas kernel, then attention
+        out, idx, count = pallas_tpu.ffd_decode_tpu(
+            q, cache, lengths, delta=float(o.delta_nats), interpret=o.interpret,
+            assumed_kept_fraction=o.assumed_kept_fraction)
+        return (out, pallas_tpu.list_to_mask(idx, count, n)) if o.return_keep else out
+    # top-k or a page cap: the XLA selection, then the TPU attention
+    keep = o.keep(q, cache, lengths)
+    idx, count = ref.page_list(keep, o.slots(n))
+    out = pallas_tpu.ffd_pages_attention(
+        attention_math.grouped_query(q, kh), cache["codes"], cache["scale"], cache["resid"],
+        cache["v"], cache["tail"], idx, count, lengths, interpret=o.interpret,
+        assumed_kept_fraction=o.assumed_kept_fraction)
+    return o.result(out.reshape(b, h, d).astype(q.dtype), keep)
+
+
+def _decode_pallas_gpu(q, cache, lengths, o: DecodeOptions):
+    n = cache["resid"].shape[2]
+    if o.top_delta(n) and _gpu_fusable(q, cache):
+        # the top-delta rule: scan, selection and attention fused in one split-K GPU kernel
+        return o.result(*_gpu_fused_decode(q, cache, lengths, float(o.delta_nats), o.interpret,
+                                           o.assumed_kept_fraction))
+    keep = o.keep(q, cache, lengths)
+    return o.result(_gpu_pages_decode(q, cache, lengths, keep, o.slots(n), o.num_splits,
+                                      o.interpret, o.assumed_kept_fraction), keep)
+
+
+def _gpu_supports(shapes: dispatch.Shapes, platform: str | None) -> str | None:
+    """The GPU kernel tiles pages of a power-of-two size >= 16 and at most 16 query heads per kv
+    head. (Head dims that are multiples of 16, which every FFD cache has, are served by every
+    implementation.)"""
+    del platform
+    page_size, group = shapes["page_size"], shapes["group"]
+    if page_size < 16 or page_size & (page_size - 1):
+        return ("implementation 'pallas_gpu' tiles pages of a power-of-two size >= 16 (16, 32, "
+                f"64, 128, ...), got page size {page_size}; use such a page size or "
+                "implementation='xla'")
+    if group > 16:
+        return (f"implementation 'pallas_gpu' serves at most 16 query heads per kv head, got "
+                f"{group}; use implementation='xla' or 'reference'")
+    return None
+
+
+# The op's implementation table: what each calls, where it runs, which shapes it tiles
+# (shapes: "group" G, "page_size" p), and what "auto" picks per platform.
+TABLE = dispatch.Table(
+    op="sparse_decode",
+    implementations=(
+        dispatch.Implementation("reference", _decode_reference),
+        dispatch.Implementation("xla", _decode_xla),
+        dispatch.Implementation("pallas_tpu", _decode_pallas_tpu, ("tpu",), interpretable=True),
+        dispatch.Implementation("pallas_gpu", _decode_pallas_gpu, ("gpu",), interpretable=True,
+                                supports=_gpu_supports),
+    ),
+    auto={"tpu": ("pallas_tpu",), "gpu": ("pallas_gpu",), "*": ("xla",)},
+)
+IMPLEMENTATIONS = TABLE.names
+
+
 def default_implementation() -> str:
     """``pallas_tpu`` on TPU, ``pallas_gpu`` on GPU, ``xla`` otherwise (``TABLE.auto``)."""
-    return TABLE.auto_choice(dispatch.current_platform())
+    return TABLE.auto_choice(dispatch.current_platform()).name
 
 
 def resolve_implementation(implementation: str | None, where: str = "ffd_decode") -> str:
-    """``None`` or ``"auto"``: :func:`default_implementation` (dispatch by platform); otherwise
+    """``"auto"`` (or None): :func:`default_implementation` (dispatch by platform); otherwise
     one of :data:`IMPLEMENTATIONS` (:func:`kernels.dispatch.resolve` without a platform: the name
-    only; :func:`ffd_decode` also refuses one that cannot run on the platform of its call).
+    only; :func:`ffd_decode` also refuses one that cannot run on the platform of its call or
+    cannot tile its shapes).
 
     Raises:
       ValueError: an unknown name (the message lists the valid ones and their platforms).
     """
-    return dispatch.resolve(TABLE, implementation, where)
+    return dispatch.resolve(TABLE, implementation, where).name
+
+
+def kernel_shapes(q: jax.Array, cache: dict[str, Any]) -> dict[str, int]:
+    """The shapes an implementation's ``supports`` hook is asked about: ``group`` G = H / K and
+    ``page_size`` p of queries ``q [B, H, D]`` on an FFD cache."""
+    kh, _, p = cache["resid"].shape[1:4]
+    return {"group": q.shape[1] // kh, "page_size": p}
 
 
 def check_delta(delta, delta_unit: str, where: str) -> None:
@@ -86,22 +202,6 @@ def check_delta(delta, delta_unit: str, where: str) -> None:
 def check_count(value, name: str, where: str) -> None:
     """Raises ValueError unless ``value`` is None or an int >= 1."""
     checks.integer(value, name, where, minimum=1, allow_none=True)
-
-
-def check_kernel_shape(impl: str, group: int, page_size: int, where: str) -> None:
-    """Raises one ValueError before anything is traced when ``impl`` cannot serve the shapes (no
-    other implementation is substituted): the GPU kernel tiles pages of a power-of-two size >= 16
-    and at most 16 query heads per kv head. (Head dims that are multiples of 16, which every FFD
-    cache has, are served by every implementation.)"""
-    if impl != "pallas_gpu":
-        return
-    if page_size < 16 or page_size & (page_size - 1):
-        raise ValueError(f"{where}: implementation 'pallas_gpu' tiles pages of a power-of-two size "
-                         f">= 16 (16, 32, 64, 128, ...), got page size {page_size}; use such a "
-                         "page size or implementation='xla'")
-    if group > 16:
-        raise ValueError(f"{where}: implementation 'pallas_gpu' serves at most 16 query heads per "
-                         f"kv head, got {group}; use implementation='xla' or 'reference'")
 
 
 def _check(q: jax.Array, cache: dict[str, Any], delta, delta_unit: str, top_k: int | None,
@@ -136,7 +236,7 @@ def ffd_select(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
 
 def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta: float = 8.0,
                delta_unit: str = "nats", top_k: int | None = None, max_pages: int | None = None,
-               num_splits: int | None = None, implementation: str | None = None,
+               num_splits: int | None = None, implementation: str | None = "auto",
                interpret: bool = False, return_keep: bool = False,
                assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION,
                xla_scan: str = "float32"):
@@ -169,10 +269,10 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         the slot count of the Pallas kernels.
       num_splits: the GPU kernel's split-K factor over the page slots (default up to 8); the TPU
         kernel walks each (row, kv head)'s pages in one grid step and ignores it.
-      implementation: ``None`` or ``"auto"`` (dispatch by platform: Pallas on TPU/GPU, XLA on
-        CPU, :func:`default_implementation`) or one of :data:`IMPLEMENTATIONS` that runs on the
-        call's platform (a Pallas kernel runs on any platform with ``interpret=True``;
-        :func:`kernels.dispatch.resolve`).
+      implementation: ``"auto"`` (the default; None means the same: dispatch by platform,
+        Pallas on TPU/GPU, XLA on CPU, :func:`default_implementation`) or one of
+        :data:`IMPLEMENTATIONS` that runs on the call's platform (a Pallas kernel runs on any
+        platform with ``interpret=True``; :func:`kernels.dispatch.resolve`).
       interpret: run Pallas kernels in interpret mode (CPU testing).
       return_keep: also return the attended-page mask (the XLA path's superset where it has one).
       assumed_kept_fraction: Pallas paths: the fraction f in (0, 1] of the pages the kernel's
@@ -199,7 +299,8 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
         ``top_k``/``max_pages``/``num_splits`` not an int >= 1, ``lengths`` not int [B] or,
         when concrete, outside 1..S, an unknown implementation or, on concrete arrays, one that
         does not run on this platform (one wording for every op, :func:`kernels.dispatch.resolve`),
-        a shape the picked kernel cannot tile (:func:`check_kernel_shape`),
+        a shape the picked kernel cannot tile (its ``supports`` hook, :func:`kernel_shapes`;
+        ``"auto"`` refuses too, never swapping kernels),
         ``assumed_kept_fraction`` not in (0, 1], or ``xla_scan`` not ``"float32"`` / ``"int8"``.
     """
     _check(q, cache, delta, delta_unit, top_k, max_pages, "ffd_decode")
@@ -208,41 +309,14 @@ def ffd_decode(q: jax.Array, cache: dict[str, Any], lengths: jax.Array, *, delta
     check_count(num_splits, "num_splits", "ffd_decode")
     cost.check_kept_fraction(assumed_kept_fraction, "ffd_decode")
     impl = dispatch.resolve(TABLE, implementation, "ffd_decode",
-                            platform=dispatch.call_platform(q, cache, lengths), interpret=interpret)
-    b, kh, n, p, d = cache["resid"].shape
-    check_kernel_shape(impl, q.shape[1] // kh, p, "ffd_decode")
+                            platform=dispatch.call_platform(q, cache, lengths), interpret=interpret,
+                            shapes=kernel_shapes(q, cache))
+    b, _, n, p, _ = cache["resid"].shape
     ref.check_lengths(lengths, n * p, "ffd_decode", batch=b)
-    lengths = jnp.asarray(lengths, jnp.int32)
-    m_slots = n if max_pages is None else min(max_pages, n)  # keep holds at most m_slots pages
-    delta_nats = ref.delta_in_nats(delta, delta_unit)
-    if (impl == "pallas_tpu" and top_k is None and m_slots == n
-            and isinstance(delta_nats, numbers.Real)):
-        # the top-delta rule: scan, selection and page list in one Pallas kernel, then attention
-        from kernels.sparse_decode import pallas_tpu
-
-        out, idx, count = pallas_tpu.ffd_decode_tpu(
-            q, cache, lengths, delta=float(delta_nats), interpret=interpret,
-            assumed_kept_fraction=assumed_kept_fraction)
-        return (out, pallas_tpu.list_to_mask(idx, count, n)) if return_keep else out
-    if (impl == "pallas_gpu" and top_k is None and m_slots == n
-            and isinstance(delta_nats, numbers.Real) and _gpu_fusable(q, cache)):
-        # the top-delta rule: scan, selection and attention fused in one split-K GPU kernel
-        out, keep = _gpu_fused_decode(q, cache, lengths, float(delta_nats), interpret,
-                                      assumed_kept_fraction)
-        return (out, keep) if return_keep else out
-    if impl == "xla" and xla_scan == "int8" and top_k is None and "codes_i8" in cache:
-        # the CPU scan: int8 x int8 -> int32 with a proven margin, a superset of the rule's pages
-        keep = xla.ffd_keep_superset(q, cache, lengths, delta_nats, max_pages)
-    else:
-        keep = ref.ffd_keep(q, cache, lengths, delta_nats, top_k, max_pages)
-    if impl == "reference":
-        out = ref.ffd_decode_reference(q, cache, lengths, keep=keep)[0]
-    elif impl == "xla":
-        out = xla.ffd_decode_xla(q, cache, lengths, max_pages=max_pages, keep=keep)[0]
-    else:
-        out = _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret,
-                             assumed_kept_fraction)
-    return (out, keep) if return_keep else out
+    return impl.fn(q, cache, jnp.asarray(lengths, jnp.int32), DecodeOptions(
+        delta_nats=ref.delta_in_nats(delta, delta_unit), top_k=top_k, max_pages=max_pages,
+        num_splits=num_splits, interpret=interpret, assumed_kept_fraction=assumed_kept_fraction,
+        xla_scan=xla_scan, return_keep=return_keep))
 
 
 def _gpu_fusable(q, cache) -> bool:
@@ -254,8 +328,6 @@ def _gpu_fusable(q, cache) -> bool:
 
 def _gpu_fused_decode(q, cache, lengths, delta, interpret, kept_fraction):
     """The fused GPU kernel's partials merged with the tail page: (out [B, H, D], keep)."""
-    from kernels.sparse_decode import pallas_gpu
-
     b, h, d = q.shape
     qg = attention_math.grouped_query(q, cache["resid"].shape[1])
     acc, m, l, keep = pallas_gpu.ffd_decode_fused(
@@ -269,29 +341,18 @@ def _gpu_fused_decode(q, cache, lengths, delta, interpret, kept_fraction):
     return out.reshape(b, h, d).astype(q.dtype), keep
 
 
-def _pallas_decode(q, cache, lengths, keep, m_slots, impl, num_splits, interpret,
-                   kept_fraction):
-    """The Pallas paths: the kept pages as a list, kernel partials, LSE merge with the tail."""
+def _gpu_pages_decode(q, cache, lengths, keep, m_slots, num_splits, interpret, kept_fraction):
+    """The GPU kernel over the kept pages as a list (slots: a multiple of the splits), its
+    partials LSE-merged with the tail page: out [B, H, D] in ``q``'s dtype."""
     b, h, d = q.shape
-    kh = cache["resid"].shape[1]
-    qg = attention_math.grouped_query(q, kh)
-    if impl == "pallas_tpu":  # top-k or a page cap: the XLA selection, then the TPU attention
-        from kernels.sparse_decode import pallas_tpu
-
-        idx, count = ref.page_list(keep, m_slots)
-        out = pallas_tpu.ffd_pages_attention(
-            qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], cache["tail"], idx,
-            count, lengths, interpret=interpret, assumed_kept_fraction=kept_fraction)
-        return out.reshape(b, h, d).astype(q.dtype)
+    qg = attention_math.grouped_query(q, cache["resid"].shape[1])
     splits = num_splits or min(8, m_slots)
     idx, count = ref.page_list(keep, -(-m_slots // splits) * splits)  # slots: a multiple of NS
-    args = (qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], idx, count)
-    from kernels.sparse_decode import pallas_gpu
-
-    acc, m, l = pallas_gpu.ffd_pages_attention(*args, num_splits=splits, interpret=interpret,
-                                               assumed_kept_fraction=kept_fraction)
+    acc, m, l = pallas_gpu.ffd_pages_attention(
+        qg, cache["codes"], cache["scale"], cache["resid"], cache["v"], idx, count,
+        num_splits=splits, interpret=interpret, assumed_kept_fraction=kept_fraction)
     ta, tm, tl = ref.tail_partial(qg, cache, lengths)
     out = attention_math.merge_partials(jnp.concatenate([acc, ta[:, :, None]], 2),
-                             jnp.concatenate([m, tm[:, :, None]], 2),
-                             jnp.concatenate([l, tl[:, :, None]], 2), 2)
+                                        jnp.concatenate([m, tm[:, :, None]], 2),
+                                        jnp.concatenate([l, tl[:, :, None]], 2), 2)
     return out.reshape(b, h, d).astype(q.dtype)

@@ -41,7 +41,7 @@ class FFDCache:
         :func:`kernels.sparse_decode.api.ffd_decode`.
       top_k: use the top-k-pages variant instead.
       max_pages: attend at most this many pages by score (``None`` = no cap), see ``ffd_decode``.
-      implementation: see ``ffd_decode``.
+      implementation: ``"auto"`` (dispatch by platform) or a name, see ``ffd_decode``.
       scan_copy: keep byte-per-code codes for the XLA scan (default: on CPU).
       assumed_kept_fraction: the fraction of the pages the Pallas kernels' declared cost assumes
         attended (``ffd_decode``'s argument; it changes the cost XLA sees, never the output).
@@ -55,7 +55,7 @@ class FFDCache:
     delta_unit: str = "nats"
     top_k: int | None = None
     max_pages: int | None = None
-    implementation: str | None = None
+    implementation: str = "auto"
     scan_copy: bool | None = None
     assumed_kept_fraction: float = cost.DEFAULT_KEPT_FRACTION
 

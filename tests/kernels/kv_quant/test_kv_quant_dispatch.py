@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kernels import dispatch
 from kernels.kv_quant import api
 from kernels.kv_quant.cache import QVGCache
 from kernels.kv_quant.reference import QVGConfig
@@ -65,4 +66,5 @@ def test_auto_attention_on_gpu_raises_and_xla_serves_the_same_codes(monkeypatch,
 def test_auto_on_gpu_accepts_powers_of_two(on_gpu):
     cfg = QVGConfig(bits=2, stages=1, block=32, num_centroids=4, chunk=64, kmeans_iters=2)
     QVGCache(config=cfg).init(1, 256, 1, 64, jnp.float32)  # no error
-    api.check_kernel_shape("pallas_gpu", 1024, 256, "here")
+    dispatch.check_kernel_shape(api.TABLE, "pallas_gpu", api.kernel_shapes(1024, 256), "here",
+                                entry=api.QVG)
