@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from algorithms.ranking import btl, data, speed, studies
+from algorithms.ranking import diagnosis, speed, studies
 from core import cli, report, timing
 from core import figures as style
 from core.data import download, judgments
@@ -55,11 +55,9 @@ def load_comparisons(path: str, config: ml_collections.ConfigDict) -> dict:
                                   name=config.data_name or None,
                                   column_options={f: f"--config.columns.{f}"
                                                   for f in ("left", "right", "judge", "outcome")})
-    comps = studies.Comparisons(js.left, js.right, js.judge, js.outcome)
-    table = studies.table_of(comps, np.arange(js.num_comparisons), len(js.models), len(js.judges))
     try:  # the leaderboard's ridge on the log-discriminations keeps every judge's parameter finite
-        data.check_identifiable(table, judge_aware=True, ridge_alpha=1.0, model_names=js.models,
-                                judge_names=js.judges)
+        studies.check_comparisons(studies.Comparisons(js.left, js.right, js.judge, js.outcome),
+                                  js.models, js.judges, ridge_alpha=1.0)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     return dict(left=js.left, right=js.right, judge=js.judge, outcome=js.outcome, models=js.models,
@@ -241,86 +239,16 @@ def _summary(m: dict) -> str:
             f"{h['speedup_vs_choix']:.0f}x faster than choix")
 
 
-def judge_table(names, r, level: float) -> list[dict]:
-    """Each judge's discrimination by the judge's name from the file, most discriminating first:
-    ``{"judge", "gamma", "se", "lo", "hi", "comparisons"}``, with the Wald interval at ``level``
-    (``gamma +- z se``, the delta-method standard error of the real-data fit)."""
-    from scipy import stats
-
-    z = float(stats.norm.ppf(0.5 + level / 2))
-    rows = [{"judge": str(n), "gamma": float(g), "se": float(s), "lo": float(g - z * s),
-             "hi": float(g + z * s), "comparisons": int(c)}
-            for n, g, s, c in zip(names, r["gamma"], r["gamma_se"], r["comparisons_per_judge"])]
-    return sorted(rows, key=lambda e: -e["gamma"])
-
-
-def mle_diagnosis(d: dict) -> dict:
-    """Why the unpenalised judge-aware MLE of the comparisons ``d`` (all of them) is not finite, or
-    that it is.
-
-    The model's log-likelihood in one judge's discrimination ``gamma_k``, the scores held fixed, is
-    concave, ``sum_c log sigmoid(gamma_k y_c m_c)`` over the judge's comparisons ``c`` (``m_c`` the
-    fitted score lead of the first model, ``y_c`` +1 / -1 / a half of each for a win / loss / tie).
-    So the unpenalised fit sends ``gamma_k`` to infinity when the judge has no tie and agrees with
-    the fitted order in every comparison (separation: a larger ``gamma_k`` always fits better), and
-    to 0 when the judge's comparisons lean against the fitted order, ``sum_c y_c m_c <= 0`` (the
-    slope at ``gamma_k = 0``; ties add 0). A judge whose every comparison is a tie has its maximum
-    at ``gamma_k = 0`` whatever the scores. This function fits the MLE (:func:`btl.solve`, float64),
-    takes the parameters :func:`btl.diverging` flags and sorts them by those conditions, evaluated
-    where the fit stopped.
-
-    Args:
-      d: :func:`load_comparisons`'s dict (int arrays [C] ``left``, ``right``, ``judge``,
-        ``outcome``; name lists ``models`` [N], ``judges`` [J]).
-
-    Returns:
-      dict: ``exists`` (bool); ``only_ties`` (judges, by name, with only tied comparisons; the fit
-      is not run then), ``to_infinity`` (``{"judge", "comparisons"}`` per judge that agrees with the
-      fitted order in every comparison, none tied), ``to_zero`` (``{"judge", "comparisons",
-      "lead_sum"}`` per judge with ``sum_c y_c m_c <= 0``), ``other_judges`` (flagged, neither
-      condition), ``models`` (models whose score the fit flags).
-    """
-    comps = studies.Comparisons(d["left"], d["right"], d["judge"], d["outcome"])
-    n, nj = len(d["models"]), len(d["judges"])
-    table = studies.table_of(comps, np.arange(d["left"].shape[0]), n, nj)
-    out = dict(exists=True, only_ties=[], to_infinity=[], to_zero=[], other_judges=[], models=[])
-    k = np.asarray(table.judge)
-    wins, losses, ties = (np.asarray(a, np.float64) for a in (table.wins, table.losses, table.ties))
-    decisive = np.bincount(k, wins + losses, nj)
-    if nj > 1 and np.any(decisive <= 0):
-        out.update(exists=False, only_ties=[str(d["judges"][j]) for j in np.flatnonzero(decisive <= 0)])
-        return out
-    config = btl.FitConfig()
-    with jax.enable_x64(True):
-        t = table.astype(np.float64)
-        params, conv = btl.solve(t, config)
-        flat_s, flat_a, _ = (np.asarray(a) for a in btl.diverging(t, config, conv.information))
-        scores = np.asarray(params.scores)
-    lead = scores[np.asarray(table.i)] - scores[np.asarray(table.j)]   # [M], first model's lead
-    agree = np.bincount(k, wins * (lead > 0) + losses * (lead < 0), nj)
-    total = np.bincount(k, wins + losses + ties, nj)
-    lead_sum = np.bincount(k, (wins - losses) * lead, nj)
-    for j in np.flatnonzero(flat_a):
-        name, count = str(d["judges"][j]), int(total[j])
-        if agree[j] == total[j]:  # every comparison decisive and won by the fitted leader
-            out["to_infinity"].append(dict(judge=name, comparisons=count))
-        elif lead_sum[j] <= 0:
-            out["to_zero"].append(dict(judge=name, comparisons=count, lead_sum=float(lead_sum[j])))
-        else:
-            out["other_judges"].append(name)
-    out["models"] = [str(d["models"][m]) for m in np.flatnonzero(flat_s)]
-    out["exists"] = not (out["to_infinity"] or out["to_zero"] or out["other_judges"] or out["models"])
-    return out
-
-
 def _real_metrics(d, r, level: float) -> dict:
     """The real-data part's metrics: counts, held-out numbers, the leaderboard (best first) and
     each judge's discrimination by name (most discriminating first); where the judge-aware MLE's
-    held-out number is not finite on some split, ``mle_diagnosis`` (:func:`mle_diagnosis`, else
-    None)."""
+    held-out number is not finite on some split, ``mle_diagnosis``
+    (:func:`algorithms.ranking.diagnosis.mle_diagnosis`, else None)."""
     failed = any(not np.isfinite(float(s["judge_aware_mle"])) for s in r["splits"])
-    return dict(judges=judge_table(d["judges"], r, level),
-                mle_diagnosis=mle_diagnosis(d) if failed else None,
+    comps = studies.Comparisons(d["left"], d["right"], d["judge"], d["outcome"])
+    return dict(judges=studies.judge_table(d["judges"], r["gamma"], r["gamma_se"],
+                                           r["comparisons_per_judge"], level),
+                mle_diagnosis=diagnosis.mle_diagnosis(comps, d["models"], d["judges"]) if failed else None,
                 name=d["name"], path=d["path"], num_comparisons=int(d["left"].shape[0]),
                 num_models=len(d["models"]), num_judges=len(d["judges"]),
                 dropped_outcomes=dict(d["dropped"]), num_dropped=int(sum(d["dropped"].values())),
@@ -392,11 +320,6 @@ def _body(config, m) -> str:
     return "\n".join(lines + ["", *_real_lines(config, llm)])
 
 
-def _names(items: list, limit: int = 6) -> str:
-    shown = ", ".join(f"'{x}'" for x in items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
 def _mle_failures(splits: list) -> str:
     """After the judge-aware MLE's held-out number: on how many splits it has no finite value."""
     bad = sum(not np.isfinite(float(s["judge_aware_mle"])) for s in splits)
@@ -409,48 +332,12 @@ def _mle_failures(splits: list) -> str:
 
 
 def _mle_reason(llm: dict) -> str:
-    """Why the unpenalised judge-aware MLE has no finite value (:func:`mle_diagnosis` on the whole
-    file), one or two sentences ending in a space; "" when it was finite on every split."""
+    """Why the unpenalised judge-aware MLE has no finite value (:func:`diagnosis.explain` of the
+    whole file's diagnosis), ending in a space; "" when it was finite on every split."""
     g = llm.get("mle_diagnosis")
     if g is None:
         return ""
-    where = "Each split's reason is in metrics.json (real_data.splits, mle_error). "
-    if g["exists"]:
-        return ("The unpenalised judge-aware MLE exists on the whole file but not on the training "
-                "part of a split. " + where)
-    if g["only_ties"]:
-        return (f"The unpenalised judge-aware MLE does not exist: judges {_names(g['only_ties'])} "
-                "have only tied comparisons, so their likelihood is highest at discrimination "
-                "gamma = 0 (log-discrimination at -inf). " + where)
-    parts = []
-    if g["to_infinity"]:
-        inf = g["to_infinity"]
-        counts = sorted(e["comparisons"] for e in inf)
-        span = f"{counts[0]}-{counts[-1]}" if counts[0] != counts[-1] else f"{counts[0]}"
-        one = len(inf) == 1
-        parts.append(f"{'judge' if one else f'{len(inf)} judges'} {_names([e['judge'] for e in inf])} "
-                     f"({span} comparisons{'' if one else ' each'}) "
-                     f"agree{'s' if one else ''} with the fitted order in every comparison, none tied, "
-                     "so a larger discrimination gamma always fits those votes better and it runs to "
-                     "infinity (the data separate)")
-    if g["to_zero"]:
-        zero = sorted(g["to_zero"], key=lambda e: -e["comparisons"])
-        one = len(zero) == 1
-        parts.append(f"{'judge' if one else f'{len(zero)} judges'} {_names([e['judge'] for e in zero])} "
-                     f"({', '.join(str(e['comparisons']) for e in zero[:6])}"
-                     f"{', ...' if len(zero) > 6 else ''} comparisons) vote{'s' if one else ''} against "
-                     "the fitted order on balance (the fitted score lead of the winner sums to <= 0 "
-                     "over the comparisons), so the likelihood is highest at gamma = 0 and the "
-                     f"discrimination{'' if one else 's'} fall{'s' if one else ''} to 0")
-    if g["other_judges"]:
-        parts.append(f"judges {_names(g['other_judges'])} have a vanishing information where the fit "
-                     "stopped")
-    if g["models"]:
-        parts.append(f"the scores of models {_names(g['models'])} run to infinity")
-    ridge = (" The MAP's ridge on the log-discriminations keeps every discrimination finite."
-             if g["to_infinity"] or g["to_zero"] or g["other_judges"] else "")
-    return ("The unpenalised judge-aware MLE does not exist: on the whole file " + "; ".join(parts)
-            + "." + ridge + " " + where)
+    return diagnosis.explain(g) + " Each split's reason is in metrics.json (real_data.splits, mle_error). "
 
 
 def _real_lines(config, llm) -> list[str]:
@@ -490,45 +377,13 @@ def _real_lines(config, llm) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # Ahead-of-time compile of the paper step (``experiments.aot``)
 
-
-def aot_precision(platform: str) -> tuple[bool, tuple[str, str] | None]:
-    """(fit in float64, fallback) for the timed fit compiled for ``platform`` (a device's
-    ``platform``): float64 as the experiment fits, except on TPU, where the fit is compiled in
-    float32 with the stated reason (measured with libtpu 0.0.42: XLA:TPU refuses the float64
-    Newton fit on a 16-chip mesh with "A tuple parameter that is being flattened shouldn't have
-    frontend attributes"; TPUs have no float64 units and XLA:TPU emulates float64, without e.g. an
-    LU decomposition for it; the float32 fit compiles on the mesh in seconds)."""
-    if platform != "tpu":
-        return True, None
-    return False, ("float32 counts and Newton steps (the experiment fits in float64)",
-                   "TPUs have no float64 units: XLA:TPU emulates float64 and refuses this float64 "
-                   "fit on a pod mesh (\"A tuple parameter that is being flattened shouldn't have "
-                   "frontend attributes\"); the float32 fit compiles. Run the float64 fit on a CPU or "
-                   "GPU host: it is one small dense solve")
+aot_precision = speed.aot_precision  # the fit's precision per platform, named in experiments.aot
 
 
 def fit_step_spec(config: ml_collections.ConfigDict, devices):
-    """The Newton fit the timing study times (:func:`algorithms.ranking.speed.solve`: judge-aware
-    BTL, float64, :data:`~algorithms.ranking.speed.FIT_CONFIG`) at the config's timing scale:
-    every (i < j, judge) cell of ``timing.num_models`` models and ``timing.num_judges`` judges a
-    row (``speed.table_rows``). Replicated on ``devices`` (one small dense solve); in float32 on
-    TPU (:func:`aot_precision`). Returns a ``core.aot_steps.StepSpec``."""
-    import jax.numpy as jnp
-
-    from core import aot_steps, sharding
-
-    t = config.timing
-    n, nj = t.num_models, t.num_judges
-    rows = speed.table_rows(n, nj)
-    rep = sharding.replicated(sharding.make_mesh(1, devices=devices))
-    x64, fallback = aot_precision(devices[0].platform)
-    with jax.enable_x64(x64):
-        ints = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rep)
-        counts = jax.ShapeDtypeStruct((rows,), jnp.float64 if x64 else jnp.float32, sharding=rep)
-    table = data.ComparisonTable(ints, ints, ints, counts, counts, counts, n, nj)
-    return aot_steps.StepSpec(speed.solve, (table,), (), None, n + nj + 1,
-                              f"{n} models x {nj} judges, {rows} rows, "
-                              f"float{64 if x64 else 32} Newton", x64=x64, fallback=fallback)
+    """:func:`algorithms.ranking.speed.fit_step_spec` at the config's timing scale
+    (``timing.num_models`` models, ``timing.num_judges`` judges) on ``devices``."""
+    return speed.fit_step_spec(config.timing.num_models, config.timing.num_judges, devices)
 
 
 def paper_steps():

@@ -6,17 +6,18 @@ The fit is aggregation of the C comparisons into per-(pair, judge) counts (numpy
 compiled float64 Newton solve (:func:`algorithms.ranking.btl.solve`, O(M) per iteration); the
 ``choix`` estimators (Maystre and Grossglauser, 2015) fit plain BTL on the same comparisons. All are
 timed in one :func:`core.timing.best_seconds` call, so they see the same background load;
-compilation is timed apart.
+compilation is timed apart. :func:`fit_step_spec` is the same fit as an ahead-of-time compile row.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from algorithms.ranking import btl, data, simulate
 from algorithms.ranking.studies import Comparisons, winner_loser_pairs
-from core import timing
+from core import aot_steps, sharding, timing
 
 CHOIX_ESTIMATORS = ("ilsr", "mm", "opt")
 
@@ -33,6 +34,41 @@ def solve(table: data.ComparisonTable) -> tuple[btl.Params, btl.Convergence]:
 def table_rows(num_models: int, num_judges: int) -> int:
     """Rows of the timing study's table: one per (i < j, judge) cell, N (N - 1) / 2 J."""
     return num_models * (num_models - 1) // 2 * num_judges
+
+
+def aot_precision(platform: str) -> tuple[bool, tuple[str, str] | None]:
+    """(fit in float64, fallback) for the timed fit compiled for ``platform`` (a device's
+    ``platform``): float64 as the experiment fits, except on TPU, where the fit is compiled in
+    float32 with the stated reason (measured with libtpu 0.0.42: XLA:TPU refuses the float64
+    Newton fit on a 16-chip mesh with "A tuple parameter that is being flattened shouldn't have
+    frontend attributes"; TPUs have no float64 units and XLA:TPU emulates float64, without e.g. an
+    LU decomposition for it; the float32 fit compiles on the mesh in seconds)."""
+    if platform != "tpu":
+        return True, None
+    return False, ("float32 counts and Newton steps (the experiment fits in float64)",
+                   "TPUs have no float64 units: XLA:TPU emulates float64 and refuses this float64 "
+                   "fit on a pod mesh (\"A tuple parameter that is being flattened shouldn't have "
+                   "frontend attributes\"); the float32 fit compiles. Run the float64 fit on a CPU or "
+                   "GPU host: it is one small dense solve")
+
+
+def fit_step_spec(num_models: int, num_judges: int, devices) -> aot_steps.StepSpec:
+    """The Newton fit the timing study times (:func:`solve`: judge-aware BTL, float64,
+    :data:`FIT_CONFIG`) as an ahead-of-time compile row: every (i < j, judge) cell of N =
+    ``num_models`` models and J = ``num_judges`` judges a row (:func:`table_rows`), abstract
+    arguments replicated on ``devices`` (one small dense solve); in float32 on TPU
+    (:func:`aot_precision`). Returns a ``core.aot_steps.StepSpec``."""
+    n, nj = num_models, num_judges
+    rows = table_rows(n, nj)
+    rep = sharding.replicated(sharding.make_mesh(1, devices=devices))
+    x64, fallback = aot_precision(devices[0].platform)
+    with jax.enable_x64(x64):
+        ints = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rep)
+        counts = jax.ShapeDtypeStruct((rows,), jnp.float64 if x64 else jnp.float32, sharding=rep)
+    table = data.ComparisonTable(ints, ints, ints, counts, counts, counts, n, nj)
+    return aot_steps.StepSpec(solve, (table,), (), None, n + nj + 1,
+                              f"{n} models x {nj} judges, {rows} rows, "
+                              f"float{64 if x64 else 32} Newton", x64=x64, fallback=fallback)
 
 
 def timing_data(num_models: int, num_judges: int, num_comparisons: int, seed: int

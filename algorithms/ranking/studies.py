@@ -39,6 +39,15 @@ def table_of(comps: Comparisons, idx, n_models: int, n_judges: int, pad_to: int 
                           n_models=n_models, n_judges=n_judges, pad_to=pad_to)
 
 
+def check_comparisons(comps: Comparisons, model_names, judge_names, ridge_alpha: float = 1.0) -> None:
+    """Raises ``ValueError`` unless the judge-aware fit of all of ``comps`` with a ridge
+    ``ridge_alpha`` on the log-discriminations is identifiable: :func:`data.check_identifiable` of
+    their table, naming models and judges by ``model_names`` [N] and ``judge_names`` [J]."""
+    table = table_of(comps, np.arange(comps.left.shape[0]), len(model_names), len(judge_names))
+    data.check_identifiable(table, judge_aware=True, ridge_alpha=ridge_alpha, model_names=model_names,
+                            judge_names=judge_names)
+
+
 def per_comparison_loglik(params: btl.Params, table: data.ComparisonTable) -> float:
     """Mean log-likelihood per comparison of ``table`` under ``params`` (ties half a win), nats."""
     t = table.astype(np.float64)
@@ -413,3 +422,24 @@ def leaderboard(models, result: dict) -> list[dict]:
     return [dict(model=models[m], **{k: (int if "rank" in k else float)(v[m])
                                      for k, v in cols.items() if v is not None})
             for m in np.argsort(-np.asarray(result["scores"]))]
+
+
+def judge_table(names, gamma, gamma_se, comparisons, level: float) -> list[dict]:
+    """Each judge's discrimination by name, most discriminating first: ``{"judge", "gamma", "se",
+    "lo", "hi", "comparisons"}``, with the Wald interval ``gamma +- z se`` at ``level`` (``z`` the
+    standard normal's ``0.5 + level / 2`` quantile).
+
+    Args:
+      names: the judges' names [J].
+      gamma, gamma_se: float [J], discriminations and their (delta-method) standard errors, e.g.
+        :func:`real_data_study`'s ``gamma`` and ``gamma_se``.
+      comparisons: int [J], comparisons per judge (``comparisons_per_judge``).
+      level: the intervals' confidence level, in (0, 1).
+    """
+    from scipy import stats
+
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    rows = [{"judge": str(n), "gamma": float(g), "se": float(s), "lo": float(g - z * s),
+             "hi": float(g + z * s), "comparisons": int(c)}
+            for n, g, s, c in zip(names, gamma, gamma_se, comparisons)]
+    return sorted(rows, key=lambda e: -e["gamma"])

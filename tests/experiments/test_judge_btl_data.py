@@ -235,14 +235,18 @@ def test_data_only_report_says_why_the_judge_aware_mle_is_nan(tmp_path, no_simul
 
 
 def test_mle_diagnosis_names_a_judge_with_only_ties(tmp_path):
+    from algorithms.ranking import diagnosis, studies
+
     rows = _rows(n=60) + [dict(left="alpha", right="beta", worker="calm", winner="tie")] * 3
     path = _csv(tmp_path / "votes.csv", rows)
     d = judge_btl.load_comparisons(path, _config(path))  # valid: the leaderboard has a ridge
-    diag = judge_btl.mle_diagnosis(d)
+    comps = studies.Comparisons(d["left"], d["right"], d["judge"], d["outcome"])
+    diag = diagnosis.mle_diagnosis(comps, d["models"], d["judges"])
     assert diag["exists"] is False and diag["only_ties"] == ["calm"]
     text = judge_btl._mle_reason(dict(mle_diagnosis=diag))
     assert text.startswith("The unpenalised judge-aware MLE does not exist: judges 'calm' have only "
                            "tied comparisons")
+    assert text.endswith(" Each split's reason is in metrics.json (real_data.splits, mle_error). ")
 
 
 def _registry_entry(monkeypatch, url: str, body: bytes):

@@ -125,3 +125,15 @@ def test_coverage_study_counts_the_data_sets_it_leaves_out():
     shares = np.mean(hits["expected"], axis=1)
     np.testing.assert_allclose(cov["scores_mc_se"], np.std(shares, ddof=1) / np.sqrt(used),
                                rtol=1e-12)
+
+
+def test_check_comparisons_names_models_and_passes_a_cycle():
+    comps = studies.Comparisons(np.array([0, 1, 2]), np.array([1, 2, 0]), np.array([0, 0, 1]),
+                                np.array([data.LEFT] * 3))
+    studies.check_comparisons(comps, ["a", "b", "c"], ["j0", "j1"])  # a 3-cycle: identifiable
+    ties = comps._replace(outcome=np.array([data.TIE] * 3))
+    with pytest.raises(ValueError, match="no decisive comparison"):
+        studies.check_comparisons(ties, ["a", "b", "c"], ["j0", "j1"])
+    never_loses = comps._replace(outcome=np.array([data.LEFT, data.LEFT, data.RIGHT]))
+    with pytest.raises(ValueError, match="'a'"):  # a beats b and c; named, not numbered
+        studies.check_comparisons(never_loses, ["a", "b", "c"], ["j0", "j1"])
