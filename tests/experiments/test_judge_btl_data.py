@@ -9,24 +9,21 @@ import re
 import numpy as np
 import pytest
 
+from algorithms.ranking import LEFT, RIGHT, TIE
 from experiments import judge_btl
 from experiments.configs import judge_btl as judge_btl_config
+from tests.algorithms.ranking.test_judge_btl_diagnosis import _comparisons as btl_truth_comparisons
 
 NAMES = ["alpha", "beta", "gamma", "delta", "eps"]
 
 
 def _rows(seed=0, n=300, ties_only=False):
-    """Comparisons from a BTL truth (scores 1, 0.5, 0, -0.5, -1), three workers, 10% ties."""
-    rng = np.random.default_rng(seed)
-    s = np.array([1.0, 0.5, 0.0, -0.5, -1.0])
-    out = []
-    for _ in range(n):
-        a, b = rng.choice(5, 2, replace=False)
-        p = 1 / (1 + np.exp(-(s[a] - s[b])))
-        u = rng.random()
-        w = "tie" if ties_only or u < 0.1 else ("left" if u < 0.1 + 0.9 * p else "right")
-        out.append(dict(left=NAMES[a], right=NAMES[b], worker=f"w{rng.integers(3)}", winner=w))
-    return out
+    """Comparisons from a BTL truth (scores 1, 0.5, 0, -0.5, -1), three workers, 10% ties (the
+    draws of the library tests' generator), as file records."""
+    word = {LEFT: "left", RIGHT: "right", TIE: "tie"}
+    return [dict(left=NAMES[a], right=NAMES[b], worker=f"w{j}",
+                 winner="tie" if ties_only else word[o])
+            for a, b, j, o in btl_truth_comparisons(seed, n)]
 
 
 def _csv(path, rows):
