@@ -284,7 +284,9 @@ class Llama(nnx.Module):
             raise ValueError(f"{where}: sequence length {tokens.shape[1]} exceeds the model's "
                              f"max_len={self.cfg.max_len}")
 
-    def _head(self, x: jax.Array) -> jax.Array:
+    def head_logits(self, x: jax.Array) -> jax.Array:
+        """Logits float32 [..., V] from final hidden states x [..., E] (final norm, then the
+        tied embedding or the output head)."""
         x = self.final_norm(x)
         logits = self.embed.attend(x) if self.head is None else self.head(x)
         return logits.astype(jnp.float32)
@@ -320,11 +322,11 @@ class Llama(nnx.Module):
             mask = jnp.tril(jnp.ones((l, l), bool))[None]
         x = self.embed(tokens)
         if self.cfg.scan_layers:
-            return self._head(scan_blocks(self.blocks, x,
-                                          lambda block, h: block(h, positions, mask)))
+            return self.head_logits(scan_blocks(self.blocks, x,
+                                                lambda block, h: block(h, positions, mask)))
         for block in self.blocks:
             x = block(x, positions, mask)
-        return self._head(x)
+        return self.head_logits(x)
 
     def check_backend(self, backend: cache_backend.KVCacheBackend, cache_len: int) -> None:
         """Raises ValueError if ``backend`` cannot serve this model with ``cache_len`` slots: a
@@ -401,12 +403,12 @@ class Llama(nnx.Module):
             x, cache = scan_blocks_decode(
                 self.blocks, x, cache, self.cfg.num_layers, "Llama.decode: cache",
                 lambda block, h, layer_cache: block.decode(h, positions, layer_cache, backend))
-            return self._head(x), cache
+            return self.head_logits(x), cache
         new_cache = []
         for block, layer_cache in zip(self.blocks, cache, strict=True):
             x, layer_cache = block.decode(x, positions, layer_cache, backend)
             new_cache.append(layer_cache)
-        return self._head(x), new_cache
+        return self.head_logits(x), new_cache
 
     def flush_cache(self, cache: Any,
                     backend: cache_backend.KVCacheBackend | None = None) -> list[Any]:

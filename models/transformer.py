@@ -435,7 +435,9 @@ class Transformer(nnx.Module):
         feats = timestep_embedding(jnp.atleast_1d(cond), self.cfg.cond_width)
         return self.time_out(jax.nn.silu(self.time_in(feats)))
 
-    def _head(self, x: jax.Array, c: jax.Array | None) -> jax.Array:
+    def head_logits(self, x: jax.Array, c: jax.Array | None = None) -> jax.Array:
+        """Logits float32 [..., V] from final hidden states x [..., E] (final norm, AdaLN
+        modulation by the condition c when time-conditioned, output head)."""
         x = self.final_norm(x)
         if c is not None:
             shift, scale = jnp.split(self.final_ada(jax.nn.silu(c)), 2, axis=-1)
@@ -485,7 +487,7 @@ class Transformer(nnx.Module):
                 x = apply(block, x)
         if return_hidden:
             return x
-        return self._head(x, c)
+        return self.head_logits(x, c)
 
     # -- KV-cache decoding ----------------------------------------------------------------------
 
@@ -547,12 +549,12 @@ class Transformer(nnx.Module):
             x, cache = scan_blocks_decode(
                 self.blocks, x, cache, self.cfg.num_layers, "Transformer.decode: cache",
                 lambda block, h, layer_cache: block.decode(h, positions, layer_cache, backend, c))
-            return self._head(x, c), cache
+            return self.head_logits(x, c), cache
         new_cache = []
         for block, layer_cache in zip(self.blocks, cache, strict=True):
             x, layer_cache = block.decode(x, positions, layer_cache, backend, c)
             new_cache.append(layer_cache)
-        return self._head(x, c), new_cache
+        return self.head_logits(x, c), new_cache
 
     def flush_cache(self, cache: Any, backend: cache_backend.KVCacheBackend | None = None) -> Any:
         """The backend's optional ``flush`` on every layer of ``cache``

@@ -11,6 +11,7 @@ always kept. This module fills the masks (:func:`with_keep`, :func:`budgets_and_
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -97,29 +98,51 @@ def head_entropies(qk: list[tuple[jax.Array, jax.Array]], cfg: entrokv.EntroKVCo
     return jnp.concatenate([entrokv.head_entropy(pr, valid) for pr, valid in probs], axis=1)
 
 
-def _teacher_forced_nll(graphdef, params, tokens, backend, prompt_len, keep):
-    model = nnx.merge(graphdef, params)
-    b, l = tokens.shape
-    cache = model.init_cache(b, l, backend)
-    logits, cache = model.decode(tokens[:, :prompt_len], cache, jnp.zeros((b,), jnp.int32),
-                                 backend)
+def _layers(model) -> list[tuple[nnx.GraphDef, nnx.State]]:
+    """Each decoder block as ``(graphdef, params)``: the blocks of a list, or the slices of the
+    stacked parameters of ``scan_layers``."""
+    if getattr(model.cfg, "scan_layers", False):
+        block_def, stacked = nnx.split(model.blocks)
+        return [(block_def, jax.tree.map(lambda a, i=i: a[i], stacked))
+                for i in range(model.cfg.num_layers)]
+    return [nnx.split(block) for block in model.blocks]
+
+
+@functools.partial(jax.jit, static_argnames=("block_def", "backend", "prompt_len", "cache_len"))
+def _layer_teacher_forced(block_def, block_params, x, keep, *, backend, prompt_len, cache_len):
+    """One layer of :func:`teacher_forced_nll`: its inputs x [B, T, E] at positions 0..T-1 ->
+    its outputs [B, T, E], the first ``prompt_len`` prefilled into a fresh cache of ``cache_len``
+    slots (``keep`` [B, K, P] installed when given), the rest decoded one token per step, each
+    step followed by the backend's flush: the calls, in the order, that token-by-token decoding
+    makes on this layer's cache."""
+    block = nnx.merge(block_def, block_params)
+    b, t, _ = x.shape
+    cfg = block.attn.cfg
+    cache = backend.init(b, cache_len, cfg.kv_heads, cfg.dim_per_head, cfg.dtype)
+    positions = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), (b, prompt_len))
+    prompt_out, cache = block.decode(x[:, :prompt_len], positions, cache, backend)
     if keep is not None:
-        cache = with_keep(cache, keep)
+        cache = with_keep([cache], [keep])[0]
+    flush = getattr(backend, "flush", lambda c: c)
 
-    def body(carry, i):
-        cache, last = carry
-        tok = jax.lax.dynamic_index_in_dim(tokens, i, axis=1, keepdims=False)
-        nll = -jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
-        lg, cache = model.decode(tok[:, None], cache, jnp.full((b,), i, jnp.int32), backend)
-        cache = model.flush_cache(cache, backend)  # QVG / KIVI: chunk quantization
-        return (cache, lg[:, 0]), nll
+    def step(cache, i):
+        xi = jax.lax.dynamic_slice_in_dim(x, i, 1, axis=1)
+        out, cache = block.decode(xi, jnp.full((b, 1), i, jnp.int32), cache, backend)
+        return flush(cache), out[:, 0]
 
-    _, losses = jax.lax.scan(body, (cache, logits[:, -1]), jnp.arange(prompt_len, l))
-    return jnp.sum(losses)
+    _, decoded = jax.lax.scan(step, cache, jnp.arange(prompt_len, t))
+    return jnp.concatenate([prompt_out, decoded.transpose(1, 0, 2)], axis=1)
 
 
-_teacher_forced_nll_jit = jax.jit(_teacher_forced_nll,
-                                  static_argnames=("graphdef", "backend", "prompt_len"))
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _embed(graphdef, params, tokens):
+    return nnx.merge(graphdef, params).embed(tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _nll_sum(graphdef, params, x, targets):
+    logits = nnx.merge(graphdef, params).head_logits(x)
+    return -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1))
 
 
 def teacher_forced_nll(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array,
@@ -132,7 +155,15 @@ def teacher_forced_nll(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Ar
     decodes one token per step (``lax.scan``), teacher-forced: the logits after token i-1 score
     token i for i = P .. L-1. With the dense backend this equals the forward pass's next-token
     NLL on the same positions; a lossy cache (quantized, sparse, budgeted) shows its cost here.
-    Jitted inside (one compile per graphdef, backend, P and token shape).
+
+    Evaluated layer by layer: a layer's cache depends only on that layer's keys and values, and
+    with the tokens known in advance (teacher forcing) every layer's inputs are known once the
+    layer below is done. So each layer prefills and decodes all positions through its own cache
+    (the same ``decode`` and ``flush`` calls, in the same order, as decoding the whole model one
+    token at a time) before the next layer starts. The result is that of token-major decoding
+    (the tests compare the two); one compiled program serves every layer of the same
+    structure (one compile per block graphdef, backend, P and token shape, instead of a program
+    that unrolls all layers), and the projections and MLP see all positions at once.
 
     Args:
       graphdef, params: ``nnx.split`` of a causal decoder with ``init_cache`` / ``decode``
@@ -162,6 +193,16 @@ def teacher_forced_nll(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Ar
     if keep is not None and not isinstance(backend, BudgetedKVCache):
         raise ValueError(f"teacher_forced_nll: keep masks need a BudgetedKVCache backend, got "
                          f"{type(backend).__name__}")
-    total = _teacher_forced_nll_jit(graphdef, params, jnp.asarray(tokens), backend, prompt_len,
-                                    keep)
+    model = nnx.merge(graphdef, params)
+    layers = _layers(model)
+    if keep is not None and len(keep) != len(layers):
+        raise ValueError(f"teacher_forced_nll: {len(keep)} keep masks for {len(layers)} layers")
+    model.init_cache(b, l, backend)  # the model's own checks (length, windows vs backend)
+    tokens = jnp.asarray(tokens)
+    # Position L-1 is only ever a target: the hidden states of positions 0..L-2 are all it needs.
+    x = _embed(graphdef, params, tokens[:, :-1])
+    for i, (block_def, block_params) in enumerate(layers):
+        x = _layer_teacher_forced(block_def, block_params, x, None if keep is None else keep[i],
+                                  backend=backend, prompt_len=prompt_len, cache_len=l)
+    total = _nll_sum(graphdef, params, x[:, prompt_len - 1:], tokens[:, prompt_len:])
     return total, b * (l - prompt_len)

@@ -68,7 +68,7 @@ def test_causality_by_gradient():
         h = e
         for blk in model.blocks:
             h = blk(h, pos, mask)
-        return model._head(h, None)[0].sum(-1)  # [L]: row t is logits[t] summed over the vocab
+        return model.head_logits(h, None)[0].sum(-1)  # [L]: row t is logits[t] summed over the vocab
 
     jac = jax.jit(jax.jacrev(out))(emb)[:, 0]  # [L (output t), L (input s), E]
     for t in range(10):
