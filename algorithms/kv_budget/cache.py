@@ -11,6 +11,7 @@ always kept. This module fills the masks (:func:`with_keep`, :func:`budgets_and_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -108,30 +109,56 @@ def _layers(model) -> list[tuple[nnx.GraphDef, nnx.State]]:
     return [nnx.split(block) for block in model.blocks]
 
 
+@dataclasses.dataclass(frozen=True)
+class _TeacherForcedDecode:
+    """A KV-cache backend wrapping ``inner`` for one layer of :func:`teacher_forced_nll`.
+
+    Given a block's whole sequence at once, its ``update`` only holds the new keys and values;
+    its ``attend`` then makes on ``inner``'s cache (``cache["cache"]``) the calls of decoding: the
+    first ``prompt_len`` positions prefilled and attended, the keep mask ``cache["keep"]``
+    installed when there is one, then each later position appended and attended alone, followed
+    by ``inner.flush``. The block's projections and MLP thus run on every position in one batch
+    while the cache sees exactly what token-by-token decoding shows it.
+    """
+
+    inner: Any
+    prompt_len: int
+
+    def update(self, layer_cache, k, v, start):
+        return {**layer_cache, "k": k, "v": v}
+
+    def attend(self, layer_cache, q, start):
+        p, inner, k, v = self.prompt_len, self.inner, layer_cache["k"], layer_cache["v"]
+        zero = jnp.zeros_like(start)
+        cache = inner.update(layer_cache["cache"], k[:, :, :p], v[:, :, :p], zero)
+        prompt_out = inner.attend(cache, q[:, :, :p], zero)
+        if layer_cache["keep"] is not None:
+            cache = with_keep([cache], [layer_cache["keep"]])[0]
+        flush = getattr(inner, "flush", lambda c: c)
+
+        def step(cache, i):
+            one = [jax.lax.dynamic_slice_in_dim(a, i, 1, axis=2) for a in (q, k, v)]
+            pos = jnp.full_like(start, i)
+            cache = inner.update(cache, one[1], one[2], pos)
+            return flush(cache), inner.attend(cache, one[0], pos)[:, :, 0]
+
+        _, decoded = jax.lax.scan(step, cache, jnp.arange(p, q.shape[2]))  # [T - P, B, H, D]
+        return jnp.concatenate([prompt_out, decoded.transpose(1, 2, 0, 3)], axis=2)
+
+
 @functools.partial(jax.jit, static_argnames=("block_def", "backend", "prompt_len", "cache_len"))
 def _layer_teacher_forced(block_def, block_params, x, keep, *, backend, prompt_len, cache_len):
     """One layer of :func:`teacher_forced_nll`: its inputs x [B, T, E] at positions 0..T-1 ->
-    its outputs [B, T, E], the first ``prompt_len`` prefilled into a fresh cache of ``cache_len``
-    slots (``keep`` [B, K, P] installed when given), the rest decoded one token per step, each
-    step followed by the backend's flush: the calls, in the order, that token-by-token decoding
-    makes on this layer's cache."""
+    its outputs [B, T, E], through a fresh ``backend`` cache of ``cache_len`` slots driven as
+    decoding drives it (:class:`_TeacherForcedDecode`)."""
     block = nnx.merge(block_def, block_params)
     b, t, _ = x.shape
     cfg = block.attn.cfg
-    cache = backend.init(b, cache_len, cfg.kv_heads, cfg.dim_per_head, cfg.dtype)
-    positions = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), (b, prompt_len))
-    prompt_out, cache = block.decode(x[:, :prompt_len], positions, cache, backend)
-    if keep is not None:
-        cache = with_keep([cache], [keep])[0]
-    flush = getattr(backend, "flush", lambda c: c)
-
-    def step(cache, i):
-        xi = jax.lax.dynamic_slice_in_dim(x, i, 1, axis=1)
-        out, cache = block.decode(xi, jnp.full((b, 1), i, jnp.int32), cache, backend)
-        return flush(cache), out[:, 0]
-
-    _, decoded = jax.lax.scan(step, cache, jnp.arange(prompt_len, t))
-    return jnp.concatenate([prompt_out, decoded.transpose(1, 0, 2)], axis=1)
+    cache = {"cache": backend.init(b, cache_len, cfg.kv_heads, cfg.dim_per_head, cfg.dtype),
+             "keep": keep}
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    out, _ = block.decode(x, positions, cache, _TeacherForcedDecode(backend, prompt_len))
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -180,8 +207,9 @@ def teacher_forced_nll(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Ar
 
     Raises:
       ValueError: tokens not [B, L]; P outside (0, L); ``keep`` with a backend that has no keep
-        mask; as the model's ``init_cache`` (L > max_len, a
-        backend that cannot honour a sliding window).
+        mask, or not one mask per layer; a model with a sliding window shorter than L - 1
+        tokens (not applied by the layer-by-layer evaluation); as the model's ``init_cache``
+        (L > max_len).
     """
     if getattr(tokens, "ndim", None) != 2:
         raise ValueError(f"teacher_forced_nll: tokens must be [B, L] integers, got shape "
@@ -198,6 +226,11 @@ def teacher_forced_nll(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Ar
     if keep is not None and len(keep) != len(layers):
         raise ValueError(f"teacher_forced_nll: {len(keep)} keep masks for {len(layers)} layers")
     model.init_cache(b, l, backend)  # the model's own checks (length, windows vs backend)
+    windows = [w for w in getattr(model.cfg, "layer_windows", None) or () if w and w < l - 1]
+    if windows:
+        raise ValueError(f"teacher_forced_nll: the model has a sliding window of {min(windows)} "
+                         f"tokens, shorter than the {l}-token windows; expected windows of at "
+                         f"most {min(windows) + 1} tokens (a layer's window is not applied here)")
     tokens = jnp.asarray(tokens)
     # Position L-1 is only ever a target: the hidden states of positions 0..L-2 are all it needs.
     x = _embed(graphdef, params, tokens[:, :-1])

@@ -165,3 +165,25 @@ def test_a_text_that_begins_with_bos_gives_one_bos_per_window(tiny_llama_checkpo
     first = model.windows(10, 1)[0]
     assert first[0] == bos and first[1] != bos
     assert "begins with the tokenizer's prefix" in caplog.text
+
+
+def test_the_scanned_layout_is_the_same_model(tiny_llama_checkpoint, tmp_path):
+    """MeasuredModel.scanned: the blocks stacked, the same logits (a Llama checkpoint and a
+    2-layer byte-level transformer)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from models.transformer import Transformer, TransformerConfig
+
+    lm_cfg = TransformerConfig(vocab_size=256, max_len=32, d_model=32, num_layers=2, num_heads=2)
+    graphdef, params = nnx.split(Transformer(lm_cfg, rngs=nnx.Rngs(0)))
+    byte_lm = measured_model.MeasuredModel(graphdef, params, lm_cfg, np.zeros(8, np.int32), (),
+                                           {"kind": "byte_lm"})
+    config = _config(kv_quant_config, tiny_llama_checkpoint)
+    for model in (measured_model.load(config, str(tmp_path)), byte_lm):
+        tokens = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 12)), jnp.int32)
+        sg, sp = model.scanned()
+        assert nnx.merge(sg, sp).cfg.scan_layers
+        np.testing.assert_allclose(np.asarray(nnx.merge(sg, sp)(tokens)),
+                                   np.asarray(nnx.merge(model.graphdef, model.params)(tokens)),
+                                   rtol=1e-5, atol=1e-5)

@@ -1,5 +1,7 @@
 """algorithms.kv_budget.cache.teacher_forced_nll: held-out NLL decoded through a KV backend."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,6 +73,7 @@ def test_bad_arguments_are_refused(model):
                                         [jnp.ones((3, 2, P), bool)] * 2)
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "backend", "prompt_len"))
 def _token_major_nll(graphdef, params, tokens, backend, prompt_len, keep=None):
     """The definition, decoded as a generator decodes: the whole model one token at a time
     (prefill, then per step decode every layer and flush), the logits after token i-1 scoring
@@ -81,14 +84,16 @@ def _token_major_nll(graphdef, params, tokens, backend, prompt_len, keep=None):
     logits, cache = m.decode(tokens[:, :prompt_len], cache, jnp.zeros((b,), jnp.int32), backend)
     if keep is not None:
         cache = budget_cache.with_keep(cache, keep)
-    last, total = logits[:, -1], 0.0
-    for i in range(prompt_len, l):
-        total -= float(jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(last), tokens[:, i, None],
-                                                   axis=-1)))
-        lg, cache = m.decode(tokens[:, i, None], cache, jnp.full((b,), i, jnp.int32), backend)
-        cache = m.flush_cache(cache, backend)
-        last = lg[:, 0]
-    return total
+
+    def step(carry, i):
+        cache, last = carry
+        tok = jax.lax.dynamic_index_in_dim(tokens, i, axis=1, keepdims=False)
+        nll = -jnp.take_along_axis(jax.nn.log_softmax(last), tok[:, None], axis=-1)[:, 0]
+        lg, cache = m.decode(tok[:, None], cache, jnp.full((b,), i, jnp.int32), backend)
+        return (m.flush_cache(cache, backend), lg[:, 0]), nll
+
+    _, nll = jax.lax.scan(step, (cache, logits[:, -1]), jnp.arange(prompt_len, l))
+    return jnp.sum(nll)
 
 
 # Chunks of 4 so that the 7 decoded tokens cross two chunk boundaries (QVG / KIVI flush there).
@@ -105,7 +110,7 @@ def test_layer_by_layer_equals_token_by_token_decoding(model, name):
     graphdef, params = nnx.split(m)
     backend = kvc.get_backend(name, **_LOSSY.get(name, {}))
     got, _ = budget_cache.teacher_forced_nll(graphdef, params, tokens, backend, P)
-    want = _token_major_nll(graphdef, params, tokens, backend, P)
+    want = float(_token_major_nll(graphdef, params, tokens, backend, P))
     np.testing.assert_allclose(float(got), want, rtol=2e-5)
     if name != "dense":  # the cache is lossy here: the comparison is not dense vs dense
         assert abs(want - _forward_nll(m, tokens, P)) > 1e-4 * abs(want)
@@ -117,7 +122,7 @@ def test_budgeted_and_stacked_layers_equal_token_by_token_decoding(model):
     keep = [jnp.ones((3, 2, P), bool).at[:, 0, 1:3].set(False),
             jnp.ones((3, 2, P), bool).at[:, 1, :2].set(False)]
     be = budget_cache.BudgetedKVCache()
-    want = _token_major_nll(graphdef, params, tokens, be, P, keep)
+    want = float(_token_major_nll(graphdef, params, tokens, be, P, keep))
     got, _ = budget_cache.teacher_forced_nll(graphdef, params, tokens, be, P, keep)
     np.testing.assert_allclose(float(got), want, rtol=2e-5)
     # the same weights with the layers stacked (scan_layers) give the same NLL
@@ -134,7 +139,7 @@ def test_the_byte_level_transformer_equals_token_by_token_decoding():
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, V, (2, L)), jnp.int32)
     backend = kvc.get_backend("kivi", **_LOSSY["kivi"])
     got, _ = budget_cache.teacher_forced_nll(graphdef, params, tokens, backend, P)
-    np.testing.assert_allclose(float(got), _token_major_nll(graphdef, params, tokens, backend, P),
+    np.testing.assert_allclose(float(got), float(_token_major_nll(graphdef, params, tokens, backend, P)),
                                rtol=2e-5)
 
 
@@ -144,3 +149,17 @@ def test_keep_masks_must_match_the_layers(model):
     with pytest.raises(ValueError, match="1 keep masks for 2 layers"):
         budget_cache.teacher_forced_nll(graphdef, params, tokens, budget_cache.BudgetedKVCache(),
                                         P, [jnp.ones((3, 2, P), bool)])
+
+
+def test_a_sliding_window_shorter_than_the_tokens_is_refused():
+    cfg = LlamaConfig(vocab_size=V, max_len=16, d_model=32, num_layers=2, num_heads=4,
+                      num_kv_heads=2, mlp_dim=48, layer_windows=(None, 6))
+    graphdef, params = nnx.split(Llama(cfg, rngs=nnx.Rngs(0)))
+    tokens = jnp.zeros((1, L), jnp.int32)
+    with pytest.raises(ValueError, match="sliding window of 6 tokens, shorter than the 12-token"):
+        budget_cache.teacher_forced_nll(graphdef, params, tokens, cache_backend.DENSE, P)
+    # a window no shorter than the positions it would cut is no window: accepted, and exact
+    total, _ = budget_cache.teacher_forced_nll(graphdef, params, tokens[:, :7],
+                                               cache_backend.DENSE, 3)
+    np.testing.assert_allclose(float(total), _forward_nll(nnx.merge(graphdef, params),
+                                                          tokens[:, :7], 3), rtol=1e-5)
