@@ -345,18 +345,26 @@ def test_rl_step_reports_the_mean_over_inner_steps_and_replays_the_second():
     new_params, _, m = jax.jit(trainer.make_rl_step(gd, _TX, spec))(
         params, _TX.init(params), key, n, pool)
 
-    # Replay: the step's rollouts, advantages and two updates, from the public pieces.
-    k_batch, k_roll = jax.random.split(key)
-    prob_of_rollout, ids = trainer.sample_batch(k_batch, pool["prompts"].shape[0], 8, n)
-    rows = jnp.arange(8) // n
-    prompts = pool["prompts"][ids[:8]]
-    comps, _, mask = rollout.rollout(gd, params, prompts, k_roll, max_new_tokens=4,
-                                     end_id=tasks.END_ID, temperature=temperature,
-                                     prompt_rows=rows)
-    rewards = tasks.exact_match(comps, pool["targets"][prob_of_rollout],
-                                pool["lens"][prob_of_rollout])
-    adv = grpo.group_advantages(rewards, n, mode=_STEP_GRPO.advantage, eps=_STEP_GRPO.adv_eps)
+    # Replay: the step's rollouts, advantages and two updates, from the public pieces (each piece
+    # jitted: eager NNX calls compile every primitive on their own).
+    @jax.jit
+    def rollouts(params, key, n):
+        k_batch, k_roll = jax.random.split(key)
+        prob_of_rollout, ids = trainer.sample_batch(k_batch, pool["prompts"].shape[0], 8, n)
+        rows = jnp.arange(8) // n
+        prompts = pool["prompts"][ids[:8]]
+        comps, _, mask = rollout.rollout(gd, params, prompts, k_roll, max_new_tokens=4,
+                                         end_id=tasks.END_ID, temperature=temperature,
+                                         prompt_rows=rows)
+        rewards = tasks.exact_match(comps, pool["targets"][prob_of_rollout],
+                                    pool["lens"][prob_of_rollout])
+        adv = grpo.group_advantages(rewards, n, mode=_STEP_GRPO.advantage,
+                                    eps=_STEP_GRPO.adv_eps)
+        return prompts, rows, comps, mask, adv
 
+    prompts, rows, comps, mask, adv = rollouts(params, key, n)
+
+    @jax.jit
     def logp(p):
         return trainer.policy_logprobs(gd, p, prompts, comps, rows, temperature)
 
@@ -365,18 +373,23 @@ def test_rl_step_reports_the_mean_over_inner_steps_and_replays_the_second():
     def loss(p):
         return grpo.grpo_loss(logp(p), old, adv, mask, _STEP_GRPO)[0]
 
+    @jax.jit
+    def update(p, o):
+        """(loss, gradient norm, params and optimizer state after one Adam step) at ``p``."""
+        value, grads = jax.value_and_grad(loss)(p)
+        updates, o = _TX.update(grads, o, p)
+        return value, optax.tree.norm(grads), optax.apply_updates(p, updates), o
+
     p, o, losses, norms, clip, ratio_mean = params, _TX.init(params), [], [], [], []
     for _ in range(2):
-        value, grads = jax.value_and_grad(loss)(p)
         ratio = np.exp(np.asarray(logp(p), np.float64) - np.asarray(old, np.float64))
         on = np.asarray(mask)
         clip.append(np.mean((ratio[on] > 1 + _STEP_GRPO.eps_high)
                             | (ratio[on] < 1 - _STEP_GRPO.clip_eps)))
         ratio_mean.append(ratio[on].mean())
+        value, norm, p, o = update(p, o)
         losses.append(float(value))
-        norms.append(float(optax.tree.norm(grads)))
-        updates, o = _TX.update(grads, o, p)
-        p = optax.apply_updates(p, updates)
+        norms.append(float(norm))
 
     assert clip[0] == 0.0 and ratio_mean[0] == pytest.approx(1.0, abs=1e-6)
     assert clip[1] > 0.1  # the second step is off-policy and clips: the first alone reads 0
