@@ -62,7 +62,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         kv_quant_config.check_model_shapes(config, d, model.config.max_len,
                                            f"the checkpoint {config.checkpoint}")
     # one compiled block for every layer (the capture, each cache's layer-by-layer decoding)
-    (graphdef, params), rope = model.scanned(), model.rope
+    (graphdef, params), rope = model.scanned, model.rope
     unit = "bits per token" if model.is_checkpoint else "bits per byte"
     cfgs = quantizer_configs(config, d)
     prompt_len = kv_quant_config.prompt_length(config, seq)

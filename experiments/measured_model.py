@@ -19,6 +19,7 @@ note says which kind they are (:func:`weights_note`: trained, or no better than 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -29,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from core import files
 from core.data.files import read_text
@@ -78,9 +78,10 @@ class MeasuredModel:
         """The model's RoPE (:func:`models.capture.model_rope`)."""
         return capture.model_rope(self.config)
 
+    @functools.cached_property
     def scanned(self) -> tuple[Any, Any]:
         """(graphdef, params) of the same model with its blocks stacked (``scan_layers=True``,
-        :func:`models.transformer.stack_layer_params`): one compiled block instead of one per
+        :func:`models.transformer.scanned`), built once: one compiled block instead of one per
         layer. For programs that compile once and run briefly (a prefill and a few generated
         tokens: about a fifth of the compile time of SmolLM2's 30 layers unrolled), not for long
         decode loops (slower per step on CPU than the unrolled layout).
@@ -90,10 +91,10 @@ class MeasuredModel:
         """
         if self.config.scan_layers:
             return self.graphdef, self.params
-        cfg = dataclasses.replace(self.config, scan_layers=True)
-        cls = llama.Llama if isinstance(cfg, llama.LlamaConfig) else transformer.Transformer
-        graphdef = nnx.graphdef(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
-        return graphdef, transformer.stack_layer_params(self.params)
+        to_scanned = llama.scanned if isinstance(self.config, llama.LlamaConfig) else \
+            transformer.scanned
+        _, graphdef, params = to_scanned(self.config, self.params)
+        return graphdef, params
 
     def windows(self, length: int, count: int) -> np.ndarray:
         """int32 [n, length], n = min(count, what the text holds): each window is :attr:`prefix`

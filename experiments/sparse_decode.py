@@ -73,7 +73,7 @@ def real_quality(config, model: measured_model.MeasuredModel) -> dict:
     :func:`real_windows`, at every delta of :func:`quality_deltas` (``"ours"`` on top), the
     ``fit_contexts`` and ``real_queries`` decode positions of ``config``."""
     return measure.real_quality(
-        *model.scanned(), model.config, real_windows(config, model),
+        *model.scanned, model.config, real_windows(config, model),
         page_size=config.real_page_size, deltas=quality_deltas(config),
         fit_contexts=config.fit_contexts, queries=config.real_queries,
         fit_target=config.fit_target, seed=config.seed)
@@ -156,7 +156,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         bar.update()
         densest = min(real["by_delta"], key=lambda lb: real["by_delta"][lb]["density"])
         # prefills and short generations: the stacked layout compiles one block, not every layer
-        graphdef, params = model.scanned()
+        graphdef, params = model.scanned
         key = measure.passkey(
             graphdef, params, max_len=model.config.max_len, prefix=model.prefix,
             tokenizer=model.tokenizer, context=config.passkey_context,

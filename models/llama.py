@@ -44,7 +44,8 @@ from kernels import attention_math, cache_backend, checks
 from kernels.rope import apply_rope
 from models import kv_cache as kvc
 from models.rope import RotaryEmbedding
-from models.transformer import SwiGLU, init_stacked_cache, scan_blocks, scan_blocks_decode, stack_layer_params
+from models.transformer import SwiGLU, init_stacked_cache, scan_blocks, scan_blocks_decode
+from models.transformer import scanned as transformer_scanned
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,8 +454,4 @@ def scanned(cfg: LlamaConfig, params: nnx.State) -> tuple[LlamaConfig, nnx.Graph
       ValueError: ``cfg`` already scanned, layers of different windows, or ``params`` not a Llama
         state in the unrolled layout.
     """
-    if cfg.scan_layers:
-        raise ValueError("llama.scanned: the config already has scan_layers=True")
-    cfg = dataclasses.replace(cfg, scan_layers=True)
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))))
-    return cfg, graphdef, stack_layer_params(params)
+    return transformer_scanned(cfg, params, Llama)

@@ -718,6 +718,33 @@ def unstack_layer_caches(cache: Any) -> list[Any]:
     return [jax.tree.map(lambda x, i=i: x[i], cache) for i in range(n)]
 
 
+def scanned(cfg: Any, params: nnx.State, model_cls: type | None = None
+            ) -> tuple[Any, nnx.GraphDef, nnx.State]:
+    """A model's unrolled parameters in the scanned layout (``scan_layers=True``): the same
+    function, one compiled block instead of N.
+
+    Args:
+      cfg: the unrolled model's config (``scan_layers=False``), a :class:`TransformerConfig` or
+        any config ``model_cls`` is built from (:func:`models.llama.scanned` passes its Llama).
+      params: its ``nnx.State``; block leaves per layer.
+      model_cls: the decoder class (default :class:`Transformer`).
+
+    Returns:
+      (the config with ``scan_layers=True``, its graphdef, the parameters with every block leaf
+      stacked [N, ...] by :func:`stack_layer_params`). ``nnx.merge`` the last two.
+
+    Raises:
+      ValueError: ``cfg`` already scanned; as the config's checks (e.g. a Llama's layers of
+        different windows) or :func:`stack_layer_params`.
+    """
+    if cfg.scan_layers:
+        raise ValueError(f"scanned: the {type(cfg).__name__} already has scan_layers=True")
+    cfg = dataclasses.replace(cfg, scan_layers=True)
+    cls = model_cls or Transformer
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
+    return cfg, graphdef, stack_layer_params(params)
+
+
 def stack_layer_params(params: nnx.State) -> nnx.State:
     """Parameters of an unrolled model -> those of the same model with ``scan_layers=True``.
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from algorithms.kv_budget import entrokv
@@ -169,7 +170,7 @@ def _embed(graphdef, params, tokens):
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _nll_sum(graphdef, params, x, targets):
     logits = nnx.merge(graphdef, params).head_logits(x)
-    return -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1))
+    return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
 
 
 def teacher_forced_nll(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array,
@@ -208,8 +209,7 @@ def teacher_forced_nll(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Ar
     Raises:
       ValueError: tokens not [B, L]; P outside (0, L); ``keep`` with a backend that has no keep
         mask, or not one mask per layer; a model with a sliding window shorter than L - 1
-        tokens (not applied by the layer-by-layer evaluation); as the model's ``init_cache``
-        (L > max_len).
+        tokens (not applied by the layer-by-layer evaluation); L > the model's ``max_len``.
     """
     if getattr(tokens, "ndim", None) != 2:
         raise ValueError(f"teacher_forced_nll: tokens must be [B, L] integers, got shape "
@@ -225,7 +225,9 @@ def teacher_forced_nll(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Ar
     layers = _layers(model)
     if keep is not None and len(keep) != len(layers):
         raise ValueError(f"teacher_forced_nll: {len(keep)} keep masks for {len(layers)} layers")
-    model.init_cache(b, l, backend)  # the model's own checks (length, windows vs backend)
+    if l > model.cfg.max_len:
+        raise ValueError(f"teacher_forced_nll: windows of {l} tokens exceed the model's "
+                         f"max_len={model.cfg.max_len}")
     windows = [w for w in getattr(model.cfg, "layer_windows", None) or () if w and w < l - 1]
     if windows:
         raise ValueError(f"teacher_forced_nll: the model has a sliding window of {min(windows)} "

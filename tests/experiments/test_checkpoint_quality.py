@@ -182,7 +182,7 @@ def test_the_scanned_layout_is_the_same_model(tiny_llama_checkpoint, tmp_path):
     config = _config(kv_quant_config, tiny_llama_checkpoint)
     for model in (measured_model.load(config, str(tmp_path)), byte_lm):
         tokens = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 12)), jnp.int32)
-        sg, sp = model.scanned()
+        sg, sp = model.scanned
         assert nnx.merge(sg, sp).cfg.scan_layers
         np.testing.assert_allclose(np.asarray(nnx.merge(sg, sp)(tokens)),
                                    np.asarray(nnx.merge(model.graphdef, model.params)(tokens)),

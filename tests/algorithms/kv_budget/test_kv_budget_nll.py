@@ -68,6 +68,9 @@ def test_bad_arguments_are_refused(model):
             budget_cache.teacher_forced_nll(graphdef, params, tokens, cache_backend.DENSE, p)
     with pytest.raises(ValueError, match=r"tokens must be \[B, L\]"):
         budget_cache.teacher_forced_nll(graphdef, params, tokens[0], cache_backend.DENSE, P)
+    with pytest.raises(ValueError, match="windows of 17 tokens exceed the model's max_len=16"):
+        budget_cache.teacher_forced_nll(graphdef, params, jnp.zeros((1, 17), jnp.int32),
+                                        cache_backend.DENSE, P)
     with pytest.raises(ValueError, match="keep masks need a BudgetedKVCache"):
         budget_cache.teacher_forced_nll(graphdef, params, tokens, cache_backend.DENSE, P,
                                         [jnp.ones((3, 2, P), bool)] * 2)
