@@ -2,7 +2,8 @@
 
 On SmolLM2-135M-Instruct (the packaged GGUF, ``checkpoint="smollm2-135m"``, the default; any GGUF
 file or Hugging Face Llama / Qwen2 / Mistral directory; ``checkpoint=""`` the trained byte-level LM)
-and held-out Shakespeare windows read with its own tokenizer (:mod:`experiments.measured_model`):
+and windows of English prose written after its release (the byte LM: its held-out plays), read with
+its own tokenizer (:mod:`experiments.measured_model`):
 true compression (every scale, zero point, assignment and centroid counted, vs bf16),
 attention-output relative error on the model's real keys / values / queries
 (:mod:`algorithms.kv_budget.quality`), held-out bits per token (per byte for the byte LM) and

@@ -5,8 +5,9 @@ and held-out NLL on the queries, keys and values of a real model. By default tha
 project's byte-level LM (trained by the ``lm`` experiment into ``<workdir>/lm``); with the config
 field ``checkpoint=DIR`` it is a local Hugging Face Llama / Qwen2 / Mistral directory
 (``config.json``, ``*.safetensors``, ``tokenizer.json``; :mod:`models.hf_checkpoint`), read with
-its own tokenizer. The text is the config field ``text`` (a UTF-8 file) or, when empty, the
-held-out Shakespeare plays of :mod:`core.data.text` (for the byte LM: its own held-out split).
+its own tokenizer. The text is the config field ``data_path`` (a UTF-8 file) or, when empty, for a
+checkpoint the English prose it cannot have seen in training (:data:`core.data.text.UNSEEN_PROSE`,
+written after its release) and for the byte LM its own held-out Shakespeare plays.
 
 When the lm's checkpoint is missing or unfinished, :func:`load` trains it first, saying so in
 one line and then showing the lm's usual progress (a stall watcher sees its output and its files in
@@ -33,14 +34,14 @@ import numpy as np
 
 from core import files
 from core.data.files import read_text
-from core.data.text import ByteTokenizer, load_corpus, sequential_windows
+from core.data.text import UNSEEN_PROSE, ByteTokenizer, sequential_windows
 from models import capture, llama, transformer
 
 # Tokens of the text on which :func:`weights_note` measures the checkpoint's loss.
 NOTE_TOKENS = 128
 # A loss at or above this fraction of log V (a uniform guess over the vocabulary) is untrained.
 CHANCE_FRACTION = 0.9
-DEFAULT_TEXT = "held-out Shakespeare plays (core.data.text)"
+DEFAULT_TEXT = "English prose written after the model's release (core.data.text.UNSEEN_PROSE)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,9 +144,9 @@ def _sizes(cfg) -> dict:
 
 def _read_text(path: str) -> str:
     if not os.path.exists(path):
-        raise ValueError(f"config field text = {path!r}: no such file (expected a UTF-8 text "
-                         "file, or '' for the held-out Shakespeare plays)")
-    return read_text(path, "config field text =")
+        raise ValueError(f"config field data_path = {path!r}: no such file (expected a UTF-8 text "
+                         "file, or '' for the default text)")
+    return read_text(path, "config field data_path =")
 
 
 def weights_note(nll: float, tokens: int, vocab_size: int) -> str:
@@ -173,13 +174,17 @@ def weights_note(nll: float, tokens: int, vocab_size: int) -> str:
 
 
 def _mean_nll(graphdef, params, ids: np.ndarray) -> float:
-    """Mean next-token loss (nats) of int32 [L] ``ids`` under the model."""
+    """Mean next-token loss (nats) of int32 [L] ``ids`` under the model (one compiled program)."""
+    return float(_mean_nll_jit(graphdef, params, jnp.asarray(ids, jnp.int32)[None]))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _mean_nll_jit(graphdef, params, tokens: jax.Array) -> jax.Array:
     from flax import nnx
 
     from models.losses import next_token_nll
 
-    tokens = jnp.asarray(ids, jnp.int32)[None]
-    return float(next_token_nll(nnx.merge(graphdef, params)(tokens), tokens).mean())
+    return next_token_nll(nnx.merge(graphdef, params)(tokens), tokens).mean()
 
 
 def _lm_checkpoint_step(lm_dir: str) -> int | None:
@@ -247,8 +252,8 @@ def _load_checkpoint(path: str, text_path: str) -> MeasuredModel:
     ck = checkpoints.load_checkpoint(path)
     if text_path:
         text = _read_text(text_path)
-    else:  # the byte LM's held-out plays, as text
-        text = load_corpus(None).val.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+    else:  # text written after the checkpoint's release
+        text = read_text(UNSEEN_PROSE, "the default held-out text")
     ids = np.asarray(tokenizer.encode(text, add_special_tokens=False), np.int32)
     if ids.size == 0:
         raise ValueError(f"text {text_path or DEFAULT_TEXT}: encodes to no tokens")

@@ -57,6 +57,17 @@ class ByteTokenizer:
         return "".join(out)
 
 
+# English prose the pretrained checkpoints cannot have seen in training: the prose paragraphs of
+# this project's documentation (docs/*.md of 2026-12-04, after the SmolLM2 family's release in
+# November 2024), tables, code, formulas and lists removed and paragraphs kept whose characters are
+# at least 93% ASCII letters, spaces and punctuation: 60 paragraphs, 46,674 characters, 13,239
+# SmolLM2 tokens. Technical English about the methods of this project, so its vocabulary is
+# narrower than general web text. A pretrained model's held-out text by default
+# (:mod:`experiments.measured_model`); the Shakespeare plays are public-domain text every
+# web-scale training set holds.
+UNSEEN_PROSE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unseen_prose_2026.txt")
+
+
 def shakespeare_files() -> list[str]:
     """Paths of the Shakespeare plays shipped in the ``shakespeare`` package, sorted.
 

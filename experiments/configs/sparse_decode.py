@@ -66,7 +66,7 @@ def base() -> ml_collections.ConfigDict:
     # the measured model: SmolLM2-135M-Instruct, packaged (see experiments.measured_model); a
     # GGUF file or a Hugging Face model directory; "" = the byte-level lm of lm_config
     c.checkpoint = "smollm2-135m"
-    c.data_path = ""  # UTF-8 text file to capture on; "" = the held-out Shakespeare plays
+    c.data_path = ""  # UTF-8 text file to capture on; "" = prose the model cannot have seen (below)
     c.claim = report.claim_config(
         method="Faster Flash Decoding (FFD)",
         statement="up to 11.6x kernel speedup at 256k context (GPU), accuracy kept",
@@ -203,8 +203,9 @@ CROSS_CHECKS = (check_layout, check_max_density, check_lm)
 
 
 FIELD_HELP = {
-    "data_path": "the text to capture keys, values and queries on: a UTF-8 text file; '' = the "
-                 "held-out Shakespeare plays",
+    "data_path": "the text to capture keys, values and queries on: a UTF-8 text file; '' = for a "
+                 "checkpoint, English prose written after its release (core.data.text.UNSEEN_PROSE); "
+                 "for the byte lm, its held-out Shakespeare plays",
     "checkpoint": "the model to measure: 'smollm2-135m' (the packaged SmolLM2-135M-Instruct, the "
                   "default), a .gguf file or a local Hugging Face Llama / Qwen2 / Mistral directory; "
                   "'' = the byte-level lm of lm_config",

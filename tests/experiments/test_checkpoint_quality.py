@@ -84,6 +84,27 @@ def test_tokenizer_prefix_and_windows(tiny_llama_checkpoint, tmp_path):
         model.windows(len(ids) + 2, 1)
 
 
+def test_a_checkpoint_is_measured_on_prose_written_after_its_release(tiny_llama_checkpoint,
+                                                                     tmp_path):
+    """With ``data_path=''`` a checkpoint reads the bundled unseen prose, all of it, and it holds
+    more tokens than the tiny configs' measurements take (kv_quant's windows, sparse_decode's
+    capture) under the packaged model's tokenizer."""
+    from core.data.files import read_text
+    from core.data.text import UNSEEN_PROSE
+    from models import checkpoints
+
+    text = read_text(UNSEEN_PROSE)
+    config = _config(kv_quant_config, tiny_llama_checkpoint, data_path="")
+    model = measured_model.load(config, str(tmp_path))
+    tok = hfc.load_tokenizer(tiny_llama_checkpoint)
+    np.testing.assert_array_equal(model.text, tok.encode(text, add_special_tokens=False))
+    assert model.info["text"] == measured_model.DEFAULT_TEXT
+    smollm2 = checkpoints.load_tokenizer("smollm2-135m")
+    tokens = len(smollm2.encode(text, add_special_tokens=False))
+    kv, sd = kv_quant_config.get_config("tiny"), sparse_decode_config.get_config("tiny")
+    assert tokens >= 2 * max(kv.windows * kv.context, sd.real_context)
+
+
 @pytest.mark.slow
 def test_sparse_decode_measures_the_checkpoint(tiny_llama_checkpoint, tmp_path):
     config = _config(sparse_decode_config, tiny_llama_checkpoint)
@@ -143,7 +164,7 @@ def test_checkpoint_limits_are_refused_naming_the_fields(tiny_llama_checkpoint, 
     with pytest.raises(ValueError, match="real_context=1024 and real_page_size=128"):
         sparse_decode.real_quality(config, measured_model.load(config, str(tmp_path)))
     missing = _config(kv_quant_config, tiny_llama_checkpoint, data_path=str(tmp_path / "none.txt"))
-    with pytest.raises(ValueError, match="config field text = .*none.txt.*no such file"):
+    with pytest.raises(ValueError, match="config field data_path = .*none.txt.*no such file"):
         measured_model.load(missing, str(tmp_path))
 
 
