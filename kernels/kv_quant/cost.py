@@ -126,7 +126,9 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
         int32, the scalar-prefetched ``start`` and ``num_quantized``, ``2 B`` int32, and with
         RoPE the frequencies and offsets' tables (their block index never changes, so they are
         fetched once).
-      * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, one-hot matmul),
+      * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, one-hot matmul;
+        the kernel gathers the values' centroids through the smaller products P onehot^T
+        [R, N] x [N, C] and [R, C] x [C, D], counted here at the keys' rate: an upper bound),
         with RoPE the rotation of N keys (:func:`rope_flops`) and the masked lane sums that pick
         the chunk start's column, ``3 (D / 2) L``, and :func:`tile_flops` with R rows; per pair
         the final ``acc / l`` and ``m + log l``, R (D + 1).

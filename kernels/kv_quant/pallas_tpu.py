@@ -7,10 +7,18 @@ CB chunks per grid step, L lanes of the chunk-start table per block.
 Layout. The cache stores each chunk tokens minor (codes [P, N], scales [NB, N], assignments
 [S, N]; :class:`~kernels.kv_quant.reference.QVGCode`), so with N a multiple of 128 every per-token
 array fills the 128 lanes and the kernel reads the cache as stored (no relayout copy per decode
-step); centroids [S, C, D] keep D on the lanes. A chunk is dequantized channels by tokens
-(pieces [W, N], :mod:`kernels.kv_quant.pallas_common`): the logits are ``q [R, W] @ piece``, the
-values enter as ``p [R, N] @ piece^T``, and the centroid rows come from the bfloat16 one-hot
-product ``C_s^T [W, C] @ onehot [C, N]`` (exact).
+step); centroids [S, C, D] keep D on the lanes. A chunk is worked on channels by tokens.
+
+Keys: dequantized in float32 pieces [W, N] (:mod:`kernels.kv_quant.pallas_common`), a code plane
+masked in place rather than shifted (``code 2^(n j)`` times ``scale 2^(-n j)``, exact), plus the
+centroid rows from the bfloat16 one-hot product ``C_s^T [D, C] @ onehot [C, N]`` (exact); rotated
+(below); then ``q [R, D] @ K [D, N]`` as one matmul over the whole head dim with both factors
+split into three bfloat16 terms (float32 accuracy; Mosaic's float32 HIGHEST matmul on W-row
+pieces cost twice the bundles). Values are never dequantized in float32 beyond the exact
+``(code - 2^(n-1)) scale`` (a power of two times a bfloat16 scale for 2-bit codes, so exact in
+one bfloat16 term, in two otherwise): ``P V^T = P ((code - 2^(n-1)) scale)^T + (P onehot^T) C_s``,
+with P in three bfloat16 terms, so the centroid gather costs [R, N] x [N, C] and [R, C] x [C, D]
+products instead of a [D, N] one.
 
 Grid (B, K, NC / CB), chunk blocks innermost ("arbitrary"). ``start`` and ``num_quantized`` are
 prefetched into SMEM (``PrefetchScalarGridSpec``); the block index maps clamp the block index to
@@ -44,18 +52,11 @@ from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import QVGConfig
 
 _NT = (((1,), (1,)), ((), ()))  # [M, X] x [N, X] -> [M, N]
-_HI = lax.Precision.HIGHEST
 
 
 LANES = 128  # TPU vector lanes: the token axis of a chunk fills whole lane tiles
 SUBLANES = 8  # float32 / int32 sublanes: a piece's W rows fill whole tiles
 TARGET_TOKENS = 2048  # tokens per grid step aimed at (CB = the largest divisor of NC in reach)
-
-
-def _mm(a, b):
-    # f32 operands at full precision; bf16 operands (the one-hot centroid gather) are exact as is
-    precision = _HI if a.dtype == jnp.float32 or b.dtype == jnp.float32 else None
-    return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=precision)
 
 
 def check_layout(chunk: int, d: int, cfg: QVGConfig, rope: bool) -> int:
@@ -91,9 +92,43 @@ def chunks_per_block(num_chunks: int, chunk: int) -> int:
                if num_chunks % c == 0 and LANES % c == 0)
 
 
+def _split(x: jax.Array, parts: int) -> list[jax.Array]:
+    """float32 x as ``parts`` bfloat16 terms whose float32 sum approximates it (3 terms: exact,
+    24 significant bits; 2 terms: to 2^-17 relative), for MXU products at float32 accuracy."""
+    out = []
+    for i in range(parts):
+        hi = x.astype(jnp.bfloat16)
+        out.append(hi)
+        if i + 1 < parts:
+            x = x - hi.astype(jnp.float32)
+    return out
+
+
+def _dot_split(a_parts, b_parts, dims=None):
+    """Sum of the bf16 products ``a_i b_j`` with i + j < max(len(a), len(b)) (float32
+    accumulation): the terms above float32's precision are left out."""
+    top = max(len(a_parts), len(b_parts))
+    total = None
+    for i, a in enumerate(a_parts):
+        for j, b in enumerate(b_parts):
+            if i + j >= top:
+                continue
+            part = (jnp.dot(a, b, preferred_element_type=jnp.float32) if dims is None else
+                    lax.dot_general(a, b, dims, preferred_element_type=jnp.float32))
+            total = part if total is None else total + part
+    return total
+
+
+def _code_planes(codes, bits, plane):
+    """Plane ``plane`` of planar-packed codes int32 [P, T], masked in place (not shifted):
+    ``code * 2^(bits * plane)``, an exact small integer in float32 and bfloat16."""
+    return codes & jnp.int32(((1 << bits) - 1) << (bits * plane))
+
+
 def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
             num_blocks: int, cb: int, lanes: int, rope_terms: int):
     stages = cfg.stages
+    bits = cfg.bits
     per_code = 4 if stages else 2
     k_refs, v_refs = refs[:per_code], refs[per_code:2 * per_code]
     rest = refs[2 * per_code:]
@@ -104,6 +139,8 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
     n = k_refs[0].shape[-1]
     d = q_ref.shape[-1]
     h = d // 2
+    p = d * bits // 8
+    offset = float(2 ** (bits - 1))
     nq = nq_ref[b]
     # chunks of this block that hold a quantized slot (lax.div: non-negative ints)
     count = jnp.clip(lax.div(nq + n - 1, n) - blk * cb, 0, cb)
@@ -114,29 +151,44 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
         m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
         l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
 
-    def pieces(code_refs, j):
-        codes_ref, scale_ref = code_refs[0], code_refs[1]
-        codes = codes_ref[j].astype(jnp.int32)  # [P, N]
-        scales = scale_ref[j].astype(jnp.float32)  # [NB, N]
-        cent_rows = None
+    def onehots(code_refs, j, ls=slice(None)):
+        assign = code_refs[2][j, :, ls].astype(jnp.int32)  # [S, T]
+        cid = lax.broadcasted_iota(jnp.int32, (cfg.num_centroids, assign.shape[1]), 0)
+        return [(assign[s:s + 1] == cid).astype(jnp.bfloat16) for s in range(stages)]
+
+    def code_rows(code_refs, j, ls=slice(None)):
+        """(x - centroids) float32 pieces [W, T] of the tokens ``ls``: (code - 2^(n-1)) scale,
+        exact."""
+        codes = code_refs[0][j, :, ls].astype(jnp.int32)  # [P, T]
+        scales = code_refs[1][j, :, ls].astype(jnp.float32)  # [NB, T]
+        pieces = []
+        for i in range(d // w):
+            c0 = i * w
+            plane, b0 = divmod(c0, p)
+            sc = scales[c0 // cfg.block:c0 // cfg.block + 1]  # [1, N]
+            m = _code_planes(codes[b0:b0 + w], bits, plane).astype(jnp.float32)
+            # m = code 2^(bits plane): m (scale 2^-(bits plane)) - 2^(n-1) scale, both exact
+            pieces.append(m * (sc * 2.0 ** (-bits * plane)) - sc * offset)
+        return pieces
+
+    def key_pieces(j, ls):
+        pieces = code_rows(k_refs, j, ls)
         if stages:
-            assign_ref, cent_ref = code_refs[2], code_refs[3]
-            assign = assign_ref[j].astype(jnp.int32)  # [S, N]
-            cid = lax.broadcasted_iota(jnp.int32, (cfg.num_centroids, n), 0)
-            onehot = [(assign[s:s + 1] == cid).astype(jnp.bfloat16) for s in range(stages)]
-            # C_s^T [D, C]: transposed once per chunk (float32, then back to bf16: exact)
+            oh = onehots(k_refs, j, ls)
+            cent_ref = k_refs[3]
+            # C_s^T [D, C] @ onehot [C, N]: the tokens' centroid rows, exact (bf16 products)
             cent_t = [cent_ref[j, s].astype(jnp.float32).T.astype(jnp.bfloat16)
                       for s in range(stages)]
+            for s in range(stages):
+                rows = jnp.dot(cent_t[s], oh[s], preferred_element_type=jnp.float32)  # [D, T]
+                pieces = [x + rows[i * w:(i + 1) * w] for i, x in enumerate(pieces)]
+        return pieces
 
-            def cent_rows(s, c0, ww):
-                return _mm(cent_t[s][c0:c0 + ww], onehot[s])  # [W, N]
-        return pc.dequant_pieces(
-            lambda b0, ww: codes[b0:b0 + ww], lambda bi: scales[bi:bi + 1], cent_rows,
-            d=d, bits=cfg.bits, block=cfg.block, stages=stages, w=w)
-
-    def chunk_step(j):
-        c = blk * cb + j  # global chunk index
-        kp = pieces(k_refs, j)
+    def key_logits(j, c):
+        """Unscaled logits q K^T [R, N] at float32 accuracy: the keys dequantized (and rotated)
+        in float32 [D, N], both factors as three bfloat16 terms."""
+        ls = slice(None)
+        kp = key_pieces(j, ls)
         if rope:
             kpos = (c * n + lax.broadcasted_iota(jnp.int32, (1, n), 1)).astype(jnp.float32)
             zero = jnp.minimum(nq, 0)  # 0 at run time (num_quantized >= 0)
@@ -149,25 +201,37 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
             def rotation(c0, ww):
                 return pc.rope_cos_sin(
                     kpos, freq_ref[c0:c0 + ww, :],
-                    tuple(off_ref[i, c0:c0 + ww, :] for i in range(3)),
+                    tuple(off_ref[i, c0:c0 + ww, ls] for i in range(3)),
                     tuple(x[c0:c0 + ww] for x in start), rope_terms, zero)
 
             kp = pc.rope_pieces(kp, rotation)
-        logits = None
-        for i, kx in enumerate(kp):
-            qx = q_ref[:, pl.ds(i * w, w)].astype(jnp.float32)
-            part = jnp.dot(qx, kx, preferred_element_type=jnp.float32, precision=_HI)  # [R, N]
-            logits = part if logits is None else logits + part
-        logits = logits * (1.0 / math.sqrt(d))
+        keys = jnp.concatenate(kp, axis=0) if len(kp) > 1 else kp[0]  # [D, N] float32
+        q = q_ref[...].astype(jnp.float32)  # [R, D]
+        return _dot_split(_split(q, 3), _split(keys, 3))
+
+    def chunk_step(j):
+        c = blk * cb + j  # global chunk index
+        logits = key_logits(j, c) * (1.0 / math.sqrt(d))  # [R, N]
         rows = logits.shape[0]
         slot = c * n + lax.broadcasted_iota(jnp.int32, (rows, n), 1)
         pos = start_ref[b] + rowoff_ref[...]  # [R, 1]
         valid = (slot < nq) & (slot <= pos)
         prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m_ref[...], l_ref[...])
-        for i, vx in enumerate(pieces(v_refs, j)):
-            cols = pl.ds(i * w, w)
-            acc_ref[:, cols] = corr * acc_ref[:, cols] + lax.dot_general(
-                prob, vx, _NT, preferred_element_type=jnp.float32, precision=_HI)
+        # values: P V^T = P (C[a])^T + P ((code - 2^(n-1)) scale)^T; the second factor is exact
+        # in bfloat16 for 2-bit codes (a power of two times a bf16 scale) and in two bfloat16
+        # terms otherwise; P in three terms
+        vx = jnp.concatenate(code_rows(v_refs, j), axis=0)  # [D, N] float32
+        v_parts = _split(vx, 1 if bits == 2 else 2)
+        p_parts = _split(prob, 3)
+        pv = _dot_split(p_parts, v_parts, _NT)  # [R, D]
+        if stages:
+            oh = onehots(v_refs, j)
+            for s in range(stages):
+                pa = _dot_split(p_parts, [oh[s]], _NT)  # P onehot^T [R, C], float32
+                cent = v_refs[3][j, s]  # [C, D] bfloat16
+                for a in _split(pa, 3):
+                    pv = pv + jnp.dot(a, cent, preferred_element_type=jnp.float32)
+        acc_ref[...] = corr * acc_ref[...] + pv
         m_ref[...] = m_new
         l_ref[...] = l_new
 
