@@ -57,7 +57,7 @@ def base() -> ml_collections.ConfigDict:
     # the measured model: SmolLM2-135M-Instruct, packaged (see experiments.measured_model); a
     # GGUF file or a Hugging Face model directory; "" = the byte-level lm of lm_config
     c.checkpoint = "smollm2-135m"
-    c.data_path = ""  # UTF-8 text file of held-out windows; "" = prose the model cannot have seen (below)
+    c.data_path = ""  # UTF-8 text file of held-out windows; "" = core.data.text.UNSEEN_PROSE
     c.claim = report.claim_config(
         method="QVG / KIVI / EntroKV",
         statement="QVG INT2 >= 6x true compression with lower attention error than KIVI; EntroKV "
@@ -220,6 +220,12 @@ FIELD_HELP = {
                   "default), a .gguf file or a local Hugging Face Llama / Qwen2 / Mistral directory; "
                   "'' = the byte-level lm of lm_config",
 }
+
+
+def runs_alone(config: ml_collections.ConfigDict) -> bool:
+    """With ``decode_timing`` it times each cache's decode: a main job with ``--jobs`` > 1 then runs
+    it with nothing beside it (``experiments.main.runs_alone``)."""
+    return bool(config.decode_timing)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -66,7 +66,7 @@ def base() -> ml_collections.ConfigDict:
     # the measured model: SmolLM2-135M-Instruct, packaged (see experiments.measured_model); a
     # GGUF file or a Hugging Face model directory; "" = the byte-level lm of lm_config
     c.checkpoint = "smollm2-135m"
-    c.data_path = ""  # UTF-8 text file to capture on; "" = prose the model cannot have seen (below)
+    c.data_path = ""  # UTF-8 text file to capture on; "" = core.data.text.UNSEEN_PROSE
     c.claim = report.claim_config(
         method="Faster Flash Decoding (FFD)",
         statement="up to 11.6x kernel speedup at 256k context (GPU), accuracy kept",
@@ -210,6 +210,12 @@ FIELD_HELP = {
                   "default), a .gguf file or a local Hugging Face Llama / Qwen2 / Mistral directory; "
                   "'' = the byte-level lm of lm_config",
 }
+
+
+def runs_alone(config: ml_collections.ConfigDict) -> bool:
+    """Its speed table times FFD against dense on this machine: a main job with ``--jobs`` > 1
+    runs it with nothing beside it (``experiments.main.runs_alone``)."""
+    return True
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
