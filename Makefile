@@ -12,9 +12,6 @@ DEV_STAMP  := $(VENV)/.installed-dev
 WORKDIR ?= workdir
 EXPERIMENTS ?=
 VARIANT ?= tiny
-# Experiments run two at a time (each leaves part of a 2-core machine idle); the ones that time
-# themselves run alone (experiments/main.py --jobs).
-JOBS ?= 2
 # Keep XLA to the machine's cores and quiet on CPU.
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONHASHSEED := 0
@@ -104,7 +101,7 @@ device-check:
 	PYTHONPATH=$(CURDIR) $(DEVICE_PY) -m experiments.device_check --size=$(DEVICE_SIZE) --out=DEVICE.md
 
 run: $(STAMP)
-	$(PY) -m experiments.main --variant=$(VARIANT) --workdir=$(WORKDIR) --jobs=$(JOBS) \
+	$(PY) -m experiments.main --variant=$(VARIANT) --workdir=$(WORKDIR) \
 	  $(if $(EXPERIMENTS),--experiments=$(EXPERIMENTS),)
 
 # Single-device tests, then the multi-device tests in their own processes with 8 fake CPU devices each, then

@@ -21,8 +21,8 @@ class _Watched:
     """A child process whose stdout/stderr lines are forwarded to ours; ``last_output`` is the
     ``clock()`` time of its last line (of its start, before the first line)."""
 
-    def __init__(self, cmd: list[str], clock: Callable[[], float], prefix: str = ""):
-        self._clock, self._prefix = clock, prefix
+    def __init__(self, cmd: list[str], clock: Callable[[], float]):
+        self._clock = clock
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, errors="replace", bufsize=1)
         self.last_output = clock()
@@ -38,7 +38,7 @@ class _Watched:
             self.last_output = self._clock()  # before forwarding: a forwarded line is progress
             if not self.quiet:
                 stream = getattr(sys, sink)
-                stream.write(self._prefix + line if self._prefix else line)
+                stream.write(line)
                 stream.flush()
         pipe.close()
 
@@ -76,9 +76,7 @@ def _files_state(directory: str) -> tuple[int, int, int]:
 def watch(cmd: list[str], watch_dir: str | Sequence[str], stall_s: float,
           timeout_s: float | None = None, poll_s: float = 1.0, *,
           clock: Callable[[], float] = timing.now,
-          sleep: Callable[[float], None] = time.sleep,
-          stop: threading.Event | None = None,
-          prefix: str = "") -> tuple[str, int | None, float]:
+          sleep: Callable[[float], None] = time.sleep) -> tuple[str, int | None, float]:
     """Runs ``cmd``, forwarding its output, until it exits or stops making progress.
 
     Progress is an output line (stdout or stderr) or a change to the files under one of the local
@@ -88,8 +86,7 @@ def watch(cmd: list[str], watch_dir: str | Sequence[str], stall_s: float,
     the output is not a terminal. A process with neither for more than
     ``stall_s`` seconds, its start-up included, is stopped (SIGTERM, then SIGKILL after 30 s).
     The total time is not limited unless ``timeout_s`` is given. Ctrl-C is passed on to the child
-    as SIGINT (so that a checkpoint being saved is committed), and re-raised once it has exited;
-    so is ``stop`` being set (from another thread: the watches of several children at once).
+    as SIGINT (so that a checkpoint being saved is committed), and re-raised once it has exited.
 
     Args:
       cmd: the child's command line.
@@ -101,8 +98,6 @@ def watch(cmd: list[str], watch_dir: str | Sequence[str], stall_s: float,
       clock: the time source, monotonic seconds (default :func:`core.timing.now`); every time
         above is measured on it, so a test can run the watcher on a clock it controls.
       sleep: waits between two checks; called with ``poll_s``.
-      stop: when set, the child is stopped as by Ctrl-C and ``KeyboardInterrupt`` is raised.
-      prefix: put before each forwarded line (e.g. the child's name, when several run at once).
 
     Returns:
       ``(outcome, exit code, seconds without progress)``; ``outcome`` is ``"exited"``,
@@ -114,15 +109,13 @@ def watch(cmd: list[str], watch_dir: str | Sequence[str], stall_s: float,
     def files_state():
         return [_files_state(paths.display(d)) for d in folders]
 
-    child = _Watched(cmd, clock, prefix)
+    child = _Watched(cmd, clock)
     start = scanned = last_write = child.last_output
     files = files_state()
     scan_s = min(10.0, stall_s / 4)
     try:
         while child.proc.poll() is None:
             sleep(poll_s)
-            if stop is not None and stop.is_set():
-                raise KeyboardInterrupt
             now = clock()
             if folders and now - scanned >= scan_s:
                 scanned, seen = now, files_state()

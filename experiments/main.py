@@ -33,7 +33,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 from absl import app, flags, logging
 
@@ -51,9 +50,6 @@ _VARIANT = flags.DEFINE_string(
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "output directory")
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "call jax.distributed.initialize() first")
 _ISOLATE = flags.DEFINE_bool("isolate", True, "run each experiment in its own process")
-_JOBS = flags.DEFINE_integer(
-    "jobs", 1, "isolated experiments run at the same time (those that time themselves run alone, "
-    "last); each output line then starts with its experiment's name", lower_bound=1)
 _STALL = flags.DEFINE_float(
     "stall_minutes", 10.0, "when isolated, stop an experiment as hung after this many minutes "
     "without an output line or a file written in its folder (progress lines come every 30 s)")
@@ -122,12 +118,10 @@ def _run_in_process(name: str, variant: str, workdir: str) -> report.Section:
 
 
 def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
-                  timeout_s: float | None = None, stop: Any = None,
-                  prefix: str = "") -> report.Section:
+                  timeout_s: float | None = None) -> report.Section:
     """Runs one experiment in a child process (see :func:`core.process_watch.watch`: its output
     and the files in its own folder and those of the experiments it requires are its progress);
-    its section comes back as JSON. ``stop`` (a ``threading.Event``) and ``prefix`` are passed on
-    to the watch (:func:`_run_parallel`).
+    its section comes back as JSON.
 
     Raises:
       core.checkpoint.RunDirectoryInUseError: another process took one of its folders (the
@@ -139,8 +133,7 @@ def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
     cmd = [sys.executable, "-m", "experiments.main", f"--experiments={name}",
            f"--variant={variant}", f"--workdir={workdir}", "--noisolate", f"--section_out={out}"]
     folders = [paths.join(workdir, n) for n in with_requirements([name])]
-    outcome, code, silent_s = process_watch.watch(cmd, folders, stall_s, timeout_s, stop=stop,
-                                                  prefix=prefix)
+    outcome, code, silent_s = process_watch.watch(cmd, folders, stall_s, timeout_s)
     if outcome == "exited" and code == IN_USE_EXIT:
         from core.checkpoint import RunDirectoryInUseError
 
@@ -164,16 +157,13 @@ def _run_isolated(name: str, variant: str, workdir: str, stall_s: float,
 
 def run_all(names, variant: str, workdir: str, isolate: bool = False,
             stall_s: float = 600.0, timeout_s: float | None = None,
-            on_done: Callable[[str, report.Section], None] | None = None,
-            jobs: int = 1, alone: frozenset[str] = frozenset()
+            on_done: Callable[[str, report.Section], None] | None = None
             ) -> tuple[list[report.Section], list[str]]:
-    """Runs each experiment; returns (sections in the order finished, names of failed experiments).
+    """Runs each experiment; returns (sections, names of failed experiments).
 
     Raises:
       core.checkpoint.RunDirectoryInUseError: another process holds a folder an experiment needs
-        (that experiment is neither reported nor saved; the ones finished before it are, and one
-        running beside it is stopped as by Ctrl-C).
-      ValueError: ``jobs`` below 1, or above 1 without ``isolate``.
+        (that experiment is neither reported nor saved; the ones before it are).
 
     Args:
       names: experiment names, in order.
@@ -183,42 +173,13 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
         without progress or ``timeout_s`` seconds in all (see :func:`_run_isolated`).
       on_done: called with each experiment's name and section (its ``variant`` set) as soon as
         it has finished, failed ones included.
-      jobs: experiments run at the same time (isolated only): on a machine whose experiments
-        leave cores idle (each uses 1.5-1.9 of 2 cores here) two at a time finish sooner. An
-        experiment starts once the experiments it requires (``REQUIRES``) have finished; those
-        in ``alone`` (they time themselves: :func:`runs_alone`) run after the others, one at a
-        time with nothing beside them. Each child's output lines are prefixed with its name.
     """
     from core.checkpoint import RunDirectoryInUseError
 
-    if jobs < 1 or (jobs > 1 and not isolate):
-        raise ValueError(f"run_all: jobs={jobs}: expected 1, or more with isolate=True")
     sections, failed = [], []
-    order = {n: i for i, n in enumerate(names)}
-    stopwatches: dict[str, timing.Stopwatch] = {}
-
-    def start(name: str) -> None:
-        print(f"[{order[name] + 1}/{len(names)}] {name} ({variant}) ...", file=sys.stderr,
-              flush=True)
-        stopwatches[name] = timing.Stopwatch().start()
-
-    def finish(name: str, section: report.Section) -> None:
-        if (section.headline or {}).get("reproduces") == "failed":
-            failed.append(name)
-        seconds = stopwatches[name].seconds
-        section.body += f"\n\n_{name} took {seconds:.0f} s._\n"
-        print(f"[{order[name] + 1}/{len(names)}] {name} done in {seconds:.0f} s"
-              f"{' (FAILED)' if name in failed else ''}", file=sys.stderr, flush=True)
-        section.variant = section.variant or variant
-        sections.append(section)
-        if on_done is not None:
-            on_done(name, section)
-
-    if jobs > 1:
-        _run_parallel(names, variant, workdir, stall_s, timeout_s, jobs, alone, start, finish)
-        return sections, failed
-    for name in names:
-        start(name)
+    for i, name in enumerate(names):
+        print(f"[{i + 1}/{len(names)}] {name} ({variant}) ...", file=sys.stderr, flush=True)
+        stopwatch = timing.Stopwatch().start()
         if isolate:
             section = _run_isolated(name, variant, workdir, stall_s, timeout_s)
         else:
@@ -230,48 +191,17 @@ def run_all(names, variant: str, workdir: str, isolate: bool = False,
                 tb = traceback.format_exc()
                 print(tb, file=sys.stderr)
                 section = _failed_section(name, f"{type(e).__name__}: {e}", tb)
-        finish(name, section)
+        if (section.headline or {}).get("reproduces") == "failed":
+            failed.append(name)
+        seconds = stopwatch.seconds
+        section.body += f"\n\n_{name} took {seconds:.0f} s._\n"
+        print(f"[{i + 1}/{len(names)}] {name} done in {seconds:.0f} s"
+              f"{' (FAILED)' if name in failed else ''}", file=sys.stderr, flush=True)
+        section.variant = section.variant or variant
+        sections.append(section)
+        if on_done is not None:
+            on_done(name, section)
     return sections, failed
-
-
-def _run_parallel(names, variant, workdir, stall_s, timeout_s, jobs, alone, start, finish):
-    """:func:`run_all` with ``jobs`` isolated experiments at a time (see there). ``start`` and
-    ``finish`` run on this thread; each child is watched on a thread of its own, and Ctrl-C or a
-    folder taken by another process stops every running child (SIGINT) before it is raised."""
-    import concurrent.futures as cf
-    import threading
-
-    requires = {n: [r for r in with_requirements([n])[1:] if r in names] for n in names}
-    # the experiments that time themselves go last, each with nothing beside it
-    pending = [n for n in names if n not in alone] + [n for n in names if n in alone]
-    done: set[str] = set()
-    stop = threading.Event()
-    running: dict[cf.Future, str] = {}
-    with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
-        try:
-            while pending or running:
-                for name in list(pending):
-                    if len(running) >= jobs or any(running[f] in alone for f in running):
-                        break
-                    if any(r not in done for r in requires[name]):
-                        continue
-                    if name in alone and running:
-                        break  # waits until the others are done
-                    pending.remove(name)
-                    start(name)
-                    running[pool.submit(_run_isolated, name, variant, workdir, stall_s,
-                                        timeout_s, stop, f"[{name}] ")] = name
-                if not running:
-                    raise ValueError(f"main: cannot start {', '.join(pending)}: their "
-                                     "requirements are not in this run")
-                finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
-                for future in sorted(finished, key=lambda f: names.index(running[f])):
-                    name = running.pop(future)
-                    finish(name, future.result())  # a taken folder raises here
-                    done.add(name)
-        except BaseException:
-            stop.set()  # every child gets SIGINT; the pool waits for their watchers
-            raise
 
 
 def claim_line(name: str, section: report.Section) -> str:
@@ -376,15 +306,6 @@ def _variants_help(argv) -> str:
     return "\n".join(lines)
 
 
-def runs_alone(name: str, variant: str) -> bool:
-    """Whether experiment ``name`` at ``variant`` times itself (wall-clock speed it reports), so
-    that a main job with ``--jobs`` > 1 runs it with nothing beside it: its config module's
-    ``runs_alone(config)``, False when it has none."""
-    module = _config_module(name)
-    check = getattr(module, "runs_alone", None)
-    return bool(check(module.get_config(variant))) if check is not None else False
-
-
 def _config_module(name: str):
     """The config module of experiment ``name`` (without importing the experiment and JAX)."""
     return importlib.import_module(f"experiments.configs.{name}")
@@ -436,13 +357,11 @@ def main(argv):
     try:
         with workdir_lib.lock_workdir(workdir):
             check_folders_free(workdir, names)
-            isolate = _ISOLATE.value and len(names) > 1
             _, failed = run_all(
-                names, _VARIANT.value, workdir, isolate=isolate,
+                names, _VARIANT.value, workdir, isolate=_ISOLATE.value and len(names) > 1,
                 stall_s=_STALL.value * 60,
                 timeout_s=None if _TIMEOUT.value is None else _TIMEOUT.value * 60,
-                on_done=on_done, jobs=_JOBS.value if isolate else 1,
-                alone=frozenset(n for n in names if runs_alone(n, _VARIANT.value)))
+                on_done=on_done)
             path = rebuild_main_report(workdir, _VARIANT.value, names, stopwatch.seconds)
     except RunDirectoryInUseError as e:
         cli.usage_error("main", str(e))

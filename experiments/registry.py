@@ -4,8 +4,7 @@ An experiment ``x`` is a config module ``experiments/configs/x.py`` (``get_confi
 with a module ``experiments/x.py`` (``run(config, workdir) -> core.report.Section``); nothing else
 lists it. A config module that reads another experiment's outputs names it in ``REQUIRES`` (e.g.
 ``sparse_decode`` decodes with the model ``lm`` trains); the main job runs requirements first and
-otherwise goes in alphabetical order. A config module whose experiment times itself defines
-``runs_alone(config) -> bool`` (a main job running several experiments at once runs it alone).
+otherwise goes in alphabetical order.
 """
 
 from __future__ import annotations

@@ -201,11 +201,5 @@ FIELD_HELP = {
 }
 
 
-def runs_alone(config: ml_collections.ConfigDict) -> bool:
-    """It times its BTL fit against choix (the speed-up check): a main job with ``--jobs`` > 1 runs
-    it with nothing beside it (``experiments.main.runs_alone``)."""
-    return True
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)

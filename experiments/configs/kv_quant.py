@@ -222,11 +222,5 @@ FIELD_HELP = {
 }
 
 
-def runs_alone(config: ml_collections.ConfigDict) -> bool:
-    """With ``decode_timing`` it times each cache's decode: a main job with ``--jobs`` > 1 then runs
-    it with nothing beside it (``experiments.main.runs_alone``)."""
-    return bool(config.decode_timing)
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)

@@ -212,11 +212,5 @@ FIELD_HELP = {
 }
 
 
-def runs_alone(config: ml_collections.ConfigDict) -> bool:
-    """Its speed table times FFD against dense on this machine: a main job with ``--jobs`` > 1
-    runs it with nothing beside it (``experiments.main.runs_alone``)."""
-    return True
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return cfg_lib.build(arg, base, VARIANTS)

@@ -266,34 +266,3 @@ def test_files_state_changes_with_each_file_created_grown_or_removed(tmp_path):
     assert [s[1] for s in states] == [1, 2, 3, 3, 2]  # entries, the folder itself included
     assert states[3][2] - states[2][2] == 2  # the two bytes appended
     assert all(a != b for a, b in zip(states, states[1:]))
-
-
-def test_a_stop_from_another_thread_sends_sigint_and_lines_carry_the_prefix(tmp_path, monkeypatch):
-    import threading
-
-    out, _ = _forwarded(monkeypatch)
-    got = tmp_path / "got"
-    cmd = _script(f"""
-        import os, signal, sys, time
-        def on_sigint(signum, frame):
-            with open({str(got)!r}, "w") as f:
-                f.write("SIGINT")
-            os._exit(0)
-        signal.signal(signal.SIGINT, on_sigint)
-        print("ready", flush=True)
-        time.sleep(600)
-    """)
-    stop = threading.Event()
-
-    def sleep(_poll_s):
-        deadline = time.monotonic() + GUARD_S
-        while not out.lines:
-            assert time.monotonic() < deadline, "the child did not start"
-            time.sleep(0.002)
-        stop.set()  # as the main job does when another child's watch ends the job
-
-    with pytest.raises(KeyboardInterrupt):
-        process_watch.watch(cmd, str(tmp_path), stall_s=1.0, clock=lambda: 0.0, sleep=sleep,
-                            stop=stop, prefix="[lm] ")
-    assert got.read_text() == "SIGINT"
-    assert out.lines == ["[lm] ready\n"]
