@@ -73,7 +73,7 @@ def base() -> ml_collections.ConfigDict:
     c.ns = (2, 4, 8, 16)
     c.problems_per_batch = (4, 8)
     c.num_seeds = 3
-    c.num_streams = 3
+    c.num_streams = 2
     c.pass_k = 8  # k of pass@k / coverage on the hard split
     c.cosine_problems = 8  # problems in the per-problem gradient-cosine probe (0 = skip)
     c.sampled_eval = 16  # samples per held-out problem for the unbiased pass@k check (0 = skip)
