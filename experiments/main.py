@@ -1,6 +1,6 @@
 """The main job: runs registered experiments and writes ``<workdir>/report.md``.
 
-    python -m experiments.main --variant=tiny --workdir=workdir            # every experiment
+    python -m experiments.main --variant=tiny --workdir=workdir            # the main job
     python -m experiments.main --experiments=lm,judge_btl --workdir=DIR   # a subset
 
 As each experiment finishes, its claim row (paper's claim, ours, verdict) is printed, its section
@@ -43,7 +43,8 @@ from core import workdir as workdir_lib
 from experiments import common, registry
 
 _EXPERIMENTS = flags.DEFINE_string(
-    "experiments", "all", f"comma-separated subset of: {', '.join(registry.EXPERIMENTS)}")
+    "experiments", "all", f"comma-separated subset of: {', '.join(registry.EXPERIMENTS)}; 'all' = "
+    f"the main job, every one but {', '.join(n for n in registry.EXPERIMENTS if not registry.in_main_job(n))}")
 _VARIANT = flags.DEFINE_string(
     "variant", "tiny", "config variant for every experiment, optionally with field overrides "
     "common to them (`tiny,seed=1`)")

@@ -4,7 +4,8 @@ An experiment ``x`` is a config module ``experiments/configs/x.py`` (``get_confi
 with a module ``experiments/x.py`` (``run(config, workdir) -> core.report.Section``); nothing else
 lists it. A config module that reads another experiment's outputs names it in ``REQUIRES`` (e.g.
 ``sparse_decode`` decodes with the model ``lm`` trains); the main job runs requirements first and
-otherwise goes in alphabetical order.
+otherwise goes in alphabetical order. The main job (``all``) runs every experiment whose config
+module does not set ``MAIN_JOB = False``; those run when named.
 """
 
 from __future__ import annotations
@@ -48,8 +49,15 @@ def available() -> tuple[str, ...]:
     return tuple(n for n in EXPERIMENTS if importlib.util.find_spec(f"experiments.{n}") is not None)
 
 
+def in_main_job(name: str) -> bool:
+    """Whether ``all`` includes experiment ``name`` (its config module's ``MAIN_JOB``, default
+    True)."""
+    return bool(getattr(importlib.import_module(f"experiments.configs.{name}"), "MAIN_JOB", True))
+
+
 def resolve(names: str | None) -> tuple[str, ...]:
-    """Parses a comma-separated list (``None``/empty/``all`` = every available experiment).
+    """Parses a comma-separated list (``None``/empty/``all`` = every available experiment of the
+    main job, :func:`in_main_job`; any available experiment can be named).
 
     Returns:
       The names, in the order given.
@@ -59,7 +67,7 @@ def resolve(names: str | None) -> tuple[str, ...]:
     """
     avail = available()
     if not names or names == "all":
-        return avail
+        return tuple(n for n in avail if in_main_job(n))
     out = tuple(n.strip() for n in names.split(",") if n.strip())
     for n in out:
         if n not in avail:

@@ -34,7 +34,7 @@ def base() -> ml_collections.ConfigDict:
     c.seq_len = 64
     c.batch_size = 16
     # Model sizes of the IsoFLOP grid: (d_model, num_layers, num_heads).
-    c.sizes = ((16, 2, 1), (24, 2, 2), (32, 2, 2))
+    c.sizes = ((16, 2, 1), (24, 2, 2), (32, 2, 2), (48, 2, 3))
     c.reference_size = 2  # index into sizes: the size of the per-family comparison and sampling
     # Backbone kernels (TransformerConfig fields): compute dtype (parameters and optimizer state
     # stay float32), full-sequence attention implementation, per-block rematerialisation.
@@ -76,8 +76,8 @@ def base() -> ml_collections.ConfigDict:
         model=ml_collections.ConfigDict(dict(
             d_model=96, num_layers=3, num_heads=4, num_kv_heads=2, max_len=64, mlp_dim=0,
             dtype="float32", attention="reference", attention_block=512, remat="none")),
-        seq_len=64, batch_size=32, steps=250, learning_rate=3e-3, warmup_steps=40,
-        weight_decay=0.1, grad_clip=1.0, log_every=50, checkpoint_every=125))
+        seq_len=64, batch_size=32, steps=400, learning_rate=3e-3, warmup_steps=40,
+        weight_decay=0.1, grad_clip=1.0, log_every=50, checkpoint_every=200))
     c.log_every = 25
     c.bootstrap_samples = 500
     c.claim = report.claim_config(

@@ -20,6 +20,11 @@ from core.data.text import ByteTokenizer
 from models.attention import IMPLEMENTATIONS
 from models.transformer import COMPUTE_DTYPES, REMAT_POLICIES
 
+# Not part of the main job (`make run`): the experiments measure a pretrained model by default, and
+# kv_quant / sparse_decode train this byte-level lm themselves when asked to measure it
+# (checkpoint=""); `make run EXPERIMENTS=lm` runs it (registry.resolve).
+MAIN_JOB = False
+
 
 def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -37,13 +42,13 @@ def base() -> ml_collections.ConfigDict:
         scan_layers=False))
     c.seq_len = 256  # = model.max_len: RoPE is only trained on positions below seq_len
     c.batch_size = 16
-    c.steps = 150
+    c.steps = 400
     c.learning_rate = 3e-3
     c.warmup_steps = 50
     c.weight_decay = 0.1
     c.grad_clip = 1.0
     c.log_every = 25
-    c.checkpoint_every = 75
+    c.checkpoint_every = 200
     c.eval_windows = 256  # held-out windows of seq_len for val_bpb
     c.sample_len = 200
     c.model_parallelism = 1  # size of the mesh's model axis (tensor parallelism)

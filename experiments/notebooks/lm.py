@@ -22,7 +22,7 @@
 # minute on a free Colab CPU, then runs the full `lm` experiment.
 #
 # **Time.** The tutorial takes about a minute on a free Colab CPU runtime (2 cores). The last cell,
-# *Optional: the full experiment*, runs the `tiny` variant and adds 2 to 4 minutes on a 2-core CPU
+# *Optional: the full experiment*, runs the `tiny` variant and adds 4 to 9 minutes on a 2-core CPU
 # (idle to busy); skip it for the tutorial alone.
 
 # %%
@@ -117,8 +117,8 @@ ids, _ = generate(lm.graphdef, lm.params, jnp.asarray(prompt), jax.random.key(0)
 print(tokenizer.decode(np.concatenate([prompt[0], np.asarray(ids[0])])))
 
 # %% [markdown]
-# ## Optional: the full experiment (`tiny`, 2 to 4 minutes on a 2-core CPU)
-# The same steps at the experiment's size (`tiny`: 150 steps on a CPU; set `paper` on a TPU or GPU
+# ## Optional: the full experiment (`tiny`, 4 to 9 minutes on a 2-core CPU)
+# The same steps at the experiment's size (`tiny`: 400 steps on a CPU; set `paper` on a TPU or GPU
 # runtime), writing `workdir/lm/metrics.json`, the loss plot and a report section. From a shell:
 # `python -m experiments.lm --config=experiments/configs/lm.py:tiny --workdir=workdir`.
 

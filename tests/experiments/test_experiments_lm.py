@@ -18,7 +18,7 @@ def test_registry_is_every_config_module_with_requirements_first():
 
     from experiments import configs
 
-    order = registry.resolve("all")
+    order = registry.EXPERIMENTS
     assert set(order) == {m.name for m in pkgutil.iter_modules(configs.__path__)
                           if not m.name.startswith("_")}
     for name in order:
@@ -26,6 +26,10 @@ def test_registry_is_every_config_module_with_requirements_first():
         for req in getattr(config_module, "REQUIRES", ()):
             assert order.index(req) < order.index(name), (req, name)
     assert order.index("lm") < order.index("sparse_decode")
+    # the main job: every experiment but the byte lm, which runs when named (and first)
+    assert registry.resolve("all") == tuple(n for n in order if n != "lm")
+    assert registry.resolve("") == registry.resolve(None) == registry.resolve("all")
+    assert registry.resolve("sparse_decode,lm") == ("sparse_decode", "lm")
 
 
 def test_main_exit_code_on_unknown_experiment(tmp_path):
