@@ -108,7 +108,7 @@ VARIANTS = {
         "sampled_eval": 2, "cosine_problems": 2, "num_boot": 10, "fit_boot": 4,
     },
     "full": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
-             "num_seeds": 4},
+             "num_seeds": 4, "num_streams": 3},
     "paper": {
         "model.d_model": 512, "model.num_layers": 8, "model.num_heads": 8, "model.mlp_dim": 1536,
         "model.dtype": "bfloat16", "model.remat": "full",
