@@ -82,6 +82,9 @@ VARIANTS = {
               "entrokv_pool": 3, "synth_tokens": 512, "synth_centroids": 8,
               "synth_clusters": 4, "synth_queries": 4, "lm_config": "smoke", "checkpoint": "",
               "decode_timing": True},
+    # the real model at 4,096 tokens per window (3,072 prefilled, 1,024 decoded through each
+    # cache): the long-context half of the measurements, with tiny's quantizers
+    "small": {"context": 4096},
     "paper": {"windows": 16, "context": 8192, "prompt_len": 4096, "chunk": 256,
               "num_centroids": 16, "kmeans_iters": 20, "synth_tokens": 65536, "synth_heads": 8,
               "lm_config": "paper", "decode_timing": True},
