@@ -1,14 +1,22 @@
-"""Run configurations: ml_collections ``ConfigDict`` with named variants.
+"""Run configurations: ml_collections ``ConfigDict`` with named variants, checked against a schema.
 
-Every experiment config module defines ``get_config(arg: str | None = None)`` in the style of
-big_vision: ``arg`` names a variant (``tiny`` for a CPU in minutes, ``paper`` for an accelerator)
-optionally followed by ``,key=value`` overrides, e.g. ``tiny,steps=50``. Command-line overrides
-``--config.<field>=...`` are applied by absl's ``config_flags`` on top of that.
+Every experiment config module defines ``Config``, a frozen dataclass that is the config's one
+schema: each field's default, type and bounds (nested dataclasses for groups of fields), and in
+``__post_init__`` the checks of fields that must fit together (often by building the library's own
+settings, e.g. ``models.transformer.TransformerConfig``, whose checks then apply). Its module also
+defines ``get_config(arg: str | None = None)`` in the style of big_vision: ``arg`` names a variant
+(``tiny`` for a CPU in minutes, ``paper`` for an accelerator) optionally followed by
+``,key=value`` overrides, e.g. ``tiny,steps=50``. Command-line overrides ``--config.<field>=...``
+are applied by absl's ``config_flags`` on top of that.
 
-Each config module also declares ``RULES`` (dotted field path -> :class:`Rule`: what the field
-accepts, e.g. ``integer(lo=1)``) and optionally ``CROSS_CHECKS`` (functions raising ``ValueError``
-when valid fields do not fit together). The entry points call :func:`validate_module_config` once,
-after every override and before any work, so bad input is one line naming the field.
+The entry points call :func:`validate_module_config` once, after every override and before any
+work: every field is checked against its type (:func:`refusal`), then ``Config`` is built from the
+fields, so bad input is one line naming the field.
+
+The types a field may have: ``int``, ``float`` (finite; an ``int`` value passes), ``bool``, ``str``,
+``Literal[...]`` (choices), ``tuple[X, ...]`` (at least one item), ``tuple[X, Y]``, ``X | Y``, and
+``Annotated[X, ...]`` with :class:`Range` (bounds of a number), :class:`Items` (length of a tuple)
+or :class:`Rule` (any other test, stated in words).
 """
 
 from __future__ import annotations
@@ -20,8 +28,10 @@ import math
 import numbers
 import os
 import re
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import ml_collections
 
@@ -78,14 +88,16 @@ def _split_top_level(text: str) -> list[str]:
 
 def build(
     arg: str | None,
-    base: Callable[[], ml_collections.ConfigDict],
+    schema: type | Callable[[], ml_collections.ConfigDict],
     variants: Mapping[str, Mapping[str, Any]],
 ) -> ml_collections.ConfigDict:
-    """Builds a config: ``base()``, then the named variant's fields, then ``key=value`` overrides.
+    """Builds a config: the defaults of ``schema``, then the named variant's fields, then
+    ``key=value`` overrides.
 
     Args:
       arg: ``"variant[,key=value...]"``; ``None`` means ``tiny``.
-      base: returns the defaults shared by all variants.
+      schema: the experiment's ``Config`` dataclass, whose field defaults are those shared by all
+        variants (:func:`defaults`); or a function returning them as a ``ConfigDict``.
       variants: variant name -> field updates (dotted keys reach nested dicts).
 
     Returns:
@@ -101,7 +113,7 @@ def build(
     if name not in variants:
         raise ValueError(f"unknown config variant {name!r}{_did_you_mean(name, variants)}; "
                          f"expected one of {sorted(variants)}")
-    config = base()
+    config = (ml_collections.ConfigDict(defaults(schema)) if is_schema(schema) else schema())
     config.variant = name
     for key, value in {**variants[name], **overrides}.items():
         _set_dotted(config, key, value)
@@ -174,37 +186,133 @@ def to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Field rules: what each config field accepts, declared beside the fields (``RULES`` in every
-# experiment config module) and checked once, after every override, before any work.
+# Schemas: what each field accepts, read from the type hints of the experiment's ``Config``
+# dataclass, and the checks of its ``__post_init__``, applied once after every override.
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Bounds of a number field: ``Annotated[int, Range(1)]`` is an integer >= 1; ``lo_open`` /
+    ``hi_open`` exclude the bound itself."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def holds(self, value: Any) -> bool:
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return not (self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi))
+
+    def __str__(self) -> str:
+        lo, hi = self.lo, self.hi
+        if lo is not None and hi is not None:
+            return (f" in {'(' if self.lo_open else '['}{lo:g}, {hi:g}"
+                    f"{')' if self.hi_open else ']'}")
+        if lo is not None:
+            return f" {'>' if self.lo_open else '>='} {lo:g}"
+        return "" if hi is None else f" {'<' if self.hi_open else '<='} {hi:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Items:
+    """The number of items of a ``tuple[X, ...]`` field (without it: at least one)."""
+
+    lo: int = 1
+    hi: int | None = None
+
+    def __str__(self) -> str:
+        plural = "s" if self.lo != 1 else ""
+        if self.hi == self.lo:
+            return f"{self.lo} item{plural}"
+        return f">= {self.lo} item{plural}" if self.hi is None else f"{self.lo} to {self.hi} items"
 
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """What one config field accepts.
+    """A test that a field's type cannot state: ``Annotated[int, Rule(lambda v: v % 2,
+    "a positive odd integer")]``.
 
     Attributes:
-      test: ``value -> bool``; an exception inside it counts as a refusal.
-      expected: the accepted values in words (``"an integer >= 1"``), used in error messages.
+      test: ``value -> bool``, run on values of the annotated type; a ``ValueError`` it raises is
+        a refusal whose message's first line says why; any other exception is a refusal.
+      expected: the accepted values in words, used in error messages instead of the type's.
     """
 
     test: Callable[[Any], bool]
     expected: str
 
+    def passes(self, value: Any) -> bool:
+        try:
+            return bool(self.test(value))
+        except ValueError as e:
+            raise _Refused((str(e).strip().splitlines() or [""])[0]) from None
+        except Exception:  # noqa: BLE001 - any other failure of the test is a refusal
+            return False
+
     def accepts(self, value: Any) -> bool:
-        """Whether ``value`` passes ``test`` (an exception raised by the test is a refusal)."""
-        return self.refusal(value) is None
+        """Whether ``value`` passes ``test``."""
+        try:
+            return self.passes(value)
+        except _Refused:
+            return False
 
     def refusal(self, value: Any) -> str | None:
-        """``None`` if ``value`` passes, else what was expected (with the first line of a
-        ``ValueError`` raised by the test, which says why, e.g. for :func:`variant_of`)."""
+        """``None`` if ``value`` passes, else what was expected (with the reason it gave)."""
         try:
-            ok = bool(self.test(value))
-        except ValueError as e:
-            reason = (str(e).strip().splitlines() or [""])[0]
-            return f"{self.expected} ({reason})" if reason else self.expected
-        except Exception:  # noqa: BLE001 - any other failure of the test means "not accepted"
-            ok = False
-        return None if ok else self.expected
+            return None if self.passes(value) else self.expected
+        except _Refused as e:
+            return f"{self.expected} ({e})" if str(e) else self.expected
+
+
+class _Refused(Exception):
+    """A :class:`Rule`'s test refused a value with a reason."""
+
+
+Count = Annotated[int, Range(1)]
+NonNegInt = Annotated[int, Range(0)]
+Positive = Annotated[float, Range(0, lo_open=True)]
+NonNegative = Annotated[float, Range(0)]
+Fraction = Annotated[float, Range(0, 1)]
+OpenFraction = Annotated[float, Range(0, 1, lo_open=True, hi_open=True)]
+NonEmpty = Annotated[str, Rule(lambda v: bool(v.strip()), "a non-empty string")]
+# A file path, or "" for the experiment's default data; existence is checked when it is read.
+Path = Annotated[str, Rule(lambda v: v == v.strip() and "\n" not in v,
+                           "a file path (a string without surrounding blanks) or '' for the "
+                           "default")]
+Paths = Annotated[str, Rule(lambda v: v == v.strip() and "\n" not in v,
+                            "comma-separated file paths (a string without surrounding blanks) or "
+                            "'' for the default")]
+
+
+def datasets(*names: str, several: bool = False) -> Any:
+    """The type of a field naming ``""`` (none) or one of the downloadable data sets ``names``
+    (keys of :data:`core.data.download.DATASETS`, any case); with ``several``, comma-separated."""
+    allowed = {n.lower() for n in names}
+
+    def test(value: str) -> bool:
+        parts = [p.strip().lower() for p in value.split(",")] if value.strip() else []
+        return (several or len(parts) <= 1) and all(p in allowed for p in parts)
+
+    what = "comma-separated names" if several else "a name"
+    return Annotated[str, Rule(test, f"{what} of {', '.join(names)} or '' for none")]
+
+
+def config_variant(module: Any) -> Any:
+    """The type of a field naming the config of another experiment whose output this one reads:
+    ``""`` (its default variant) or an argument of ``module.get_config`` (``"smoke"``,
+    ``"tiny,steps=10"``) whose config ``module.Config`` accepts."""
+    name = module.__name__.rsplit(".", 1)[-1]
+    variants = ", ".join(repr(v) for v in getattr(module, "VARIANTS", VARIANTS))
+
+    def test(value: str) -> bool:
+        if value:
+            validate_module_config(module.get_config(value), module)
+        return True
+
+    return Annotated[str, Rule(test, f"'' or a valid variant of the {name} config ({variants}, "
+                                     "optionally followed by ,field=value overrides)")]
 
 
 def _is_int(value: Any) -> bool:
@@ -214,6 +322,309 @@ def _is_int(value: Any) -> bool:
 def _is_real(value: Any) -> bool:
     return (isinstance(value, numbers.Real) and not isinstance(value, bool)
             and math.isfinite(value))
+
+
+def _accepts(tp: Any, value: Any, min_items: int = 1) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        items = [m for m in args[1:] if isinstance(m, Items)]
+        if not _accepts(args[0], value, min_items=0 if items else 1):
+            return False
+        for mark in args[1:]:
+            if isinstance(mark, Range) and not mark.holds(value):
+                return False
+            if isinstance(mark, Items) and not Range(mark.lo, mark.hi).holds(len(value)):
+                return False
+            if isinstance(mark, Rule) and not mark.passes(value):
+                return False
+        return True
+    if origin is Literal:
+        return any(type(value) is type(c) and value == c for c in args)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(a, value) for a in args)
+    if origin is tuple:
+        if not isinstance(value, tuple | list):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return len(value) >= min_items and all(_accepts(args[0], v) for v in value)
+        return len(value) == len(args) and all(_accepts(a, v) for a, v in zip(args, value))
+    if tp is Any:
+        return True
+    return {int: _is_int, float: _is_real}.get(tp, lambda v: isinstance(v, tp))(value)
+
+
+_WORDS = {int: "an integer", float: "a finite number", bool: "True or False", str: "a string"}
+
+
+def expected(tp: Any) -> str:
+    """What a field of type ``tp`` accepts, in words (``"an integer >= 1"``)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        rules = [m for m in args[1:] if isinstance(m, Rule)]
+        if rules:
+            return rules[0].expected
+        items = [m for m in args[1:] if isinstance(m, Items)]
+        if items:
+            return f"a tuple of {items[0]}, each {expected(typing.get_args(args[0])[0])}"
+        return expected(args[0]) + "".join(str(m) for m in args[1:] if isinstance(m, Range))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(expected(a) for a in args)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a tuple of {Items()}, each {expected(args[0])}"
+        if len(set(args)) == 1:
+            return f"a tuple of {Items(len(args), len(args))}, each {expected(args[0])}"
+        return f"a tuple ({', '.join(expected(a) for a in args)})"
+    return _WORDS.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def refusal(tp: Any, value: Any) -> str | None:
+    """``None`` if ``value`` is of type ``tp``, else what was expected (:func:`expected`, with
+    the reason a :class:`Rule` gave, e.g. for :func:`variant_of`)."""
+    try:
+        return None if _accepts(tp, value) else expected(tp)
+    except _Refused as e:
+        return f"{expected(tp)} ({e})" if str(e) else expected(tp)
+
+
+class FieldError(ValueError):
+    """Settings that do not fit together (or a value its type cannot refuse), raised by a
+    schema's ``__post_init__``: ``FieldError("expected omega_min <= omega_max", omega_min=2.0,
+    omega_max=1.0)``; :func:`validate` names the fields by their paths in the config.
+
+    Args:
+      reason: what was expected, in words.
+      **fields: the refused fields (names relative to the dataclass that raises; dotted paths,
+        e.g. ``**{"model.max_len": 64}``, for fields of its groups) and their values.
+    """
+
+    def __init__(self, reason: str, **fields: Any):
+        self.reason, self.fields = reason, fields
+        super().__init__(self.text())
+
+    def text(self, prefix: str = "") -> str:
+        named = [(prefix + k, v) for k, v in self.fields.items()]
+        if len(named) == 1:
+            return f"config field {named[0][0]!r} = {_shown(named[0][1])}: {self.reason}"
+        shown = [f"{k}={_shown(v)}" for k, v in named]
+        return f"config fields {', '.join(shown[:-1])} and {shown[-1]}: {self.reason}"
+
+
+def is_schema(tp: Any) -> bool:
+    """Whether a field of type ``tp`` is a group of fields (a dataclass)."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def defaults(schema: type) -> dict[str, Any]:
+    """The default of every field of the dataclass ``schema``, groups as nested dicts (the
+    ``ConfigDict`` that :func:`build` starts from)."""
+    out = {}
+    for f in dataclasses.fields(schema):
+        value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def field_problems(schema: type, config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+    """What is wrong with each field of ``config`` alone (its type in the dataclass ``schema``,
+    fields it lacks or does not know), one message each; ``[]`` when every field is of its type.
+    ``prefix``: where ``config`` sits in the whole config (``"model."``)."""
+    hints = typing.get_type_hints(schema, include_extras=True)
+    names = [f.name for f in dataclasses.fields(schema) if f.init]
+    problems = []
+    for key, value in config.items():
+        path = prefix + key
+        if path == "variant":  # set by build()
+            tp = NonEmpty
+        elif key not in names:
+            problems.append(f"config field {path!r} is not a field of this experiment's config")
+            continue
+        else:
+            tp = hints[key]
+        if is_schema(tp) and isinstance(value, ml_collections.ConfigDict):
+            problems += field_problems(tp, value, path + ".")
+        elif is_schema(tp) or isinstance(value, ml_collections.ConfigDict):
+            what = f"a group of the fields {', '.join(defaults(tp))}" if is_schema(tp) else \
+                expected(tp)
+            problems.append(f"config field {path!r} = {_shown(value)}: expected {what}")
+        elif (why := refusal(tp, value)) is not None:
+            problems.append(f"config field {path!r} = {_shown(value)}: expected {why}")
+    missing = [prefix + n for n in names if n not in config]
+    if missing:
+        problems.append(f"config lacks the field(s) {', '.join(map(repr, missing))} that this "
+                        "experiment needs")
+    return problems
+
+
+def _plain(value: Any) -> Any:
+    return tuple(_plain(v) for v in value) if isinstance(value, tuple | list) else value
+
+
+def _construct(schema: type, config: ml_collections.ConfigDict, prefix: str) -> Any:
+    hints = typing.get_type_hints(schema, include_extras=True)
+    values = {f.name: (_construct(hints[f.name], config[f.name], f"{prefix}{f.name}.")
+                       if is_schema(hints[f.name]) else _plain(config[f.name]))
+              for f in dataclasses.fields(schema) if f.init}
+    try:
+        return schema(**values)
+    except FieldError as e:
+        raise ValueError(e.text(prefix)) from None
+    except ValueError as e:
+        if not prefix:
+            raise
+        fields = {n: (prefix + n, v) for n, v in values.items()}
+        raise _reworded(e, fields, schema.__name__) from None
+
+
+def validate(config: ml_collections.ConfigDict, schema: type) -> Any:
+    """Checks every field of ``config`` against its type in the dataclass ``schema``, then builds
+    ``schema`` from the fields (groups first), so that its ``__post_init__`` checks apply.
+
+    Args:
+      config: a built config (after every override).
+      schema: the experiment's ``Config``: one field for each of the config's fields (groups of
+        fields are dataclasses; ``variant``, set by :func:`build`, must be a non-empty string).
+
+    Returns:
+      The ``schema`` instance.
+
+    Raises:
+      ValueError: one line naming every refused field, its value and what was expected
+        (``config field 'steps' = 0: expected an integer >= 1``); a field the schema lacks or a
+        schema field the config lacks (the config is not the one the schema was written for); a
+        warm-up longer than its training (:func:`check_warmup`); or the first check of a
+        ``__post_init__`` that fails (a :class:`FieldError` names the fields by their paths).
+    """
+    problems = field_problems(schema, config, "")
+    if problems:
+        raise ValueError("; ".join(problems))
+    check_warmup(config)
+    return _construct(schema, config, "")
+
+
+def check_built(build: Callable[[], Any], fields: Mapping[str, tuple[str, Any]], what: str,
+                derived: Mapping[str, Sequence[str]] | None = None) -> Any:
+    """Builds a library's settings (e.g. ``models.transformer.TransformerConfig``) from config
+    fields, so that the library's own checks (its ``__post_init__``) are the ones applied, and
+    rewords a refusal with the config's field paths.
+
+    Args:
+      build: ``() -> object``; raises ``ValueError`` for settings the library refuses.
+      fields: the library's name of each setting taken from the config -> (the config's field
+        path, its value), e.g. ``{"num_heads": ("model.num_heads", 4)}``.
+      what: the library's name for what is built, for the message (``"TransformerConfig"``).
+      derived: quantities the library names that are no config field -> the library names of
+        the fields they come from (``{"head_dim": ("d_model", "num_heads")}``).
+
+    Returns:
+      What ``build`` returned.
+
+    Raises:
+      ValueError: one line naming the config fields that the library's message names as
+        ``name=...`` (all of ``fields`` when it names none), their values, and the library's
+        reason (its message's first line).
+    """
+    try:
+        return build()
+    except ValueError as e:
+        raise _reworded(e, fields, what, derived) from None
+
+
+def _reworded(error: ValueError, fields: Mapping[str, tuple[str, Any]], what: str,
+              derived: Mapping[str, Sequence[str]] | None = None) -> ValueError:
+    reason = (str(error).strip().splitlines() or [""])[0]
+    named = [n for n in fields if re.search(rf"\b{re.escape(n)}\s*=", reason)]
+    for quantity, sources in (derived or {}).items():
+        if re.search(rf"\b{re.escape(quantity)}\s*=", reason):
+            named += [n for n in sources if n in fields and n not in named]
+    shown = list(dict.fromkeys(f"{fields[n][0]}={_shown(fields[n][1])}"
+                               for n in named or fields))  # several names, one field
+    return ValueError(f"config field{'s' if len(shown) > 1 else ''} {' and '.join(shown)}: "
+                      f"expected values that {what} accepts ({reason})")
+
+
+def get_field(config: ml_collections.ConfigDict, path: str) -> Any:
+    """The value at the dotted field path ``path`` of ``config``."""
+    node = config
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# Fields that bound a training run's steps, beside which a ``warmup_steps`` field is checked.
+STEP_FIELDS = ("steps", "max_steps")
+
+
+def check_warmup(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+    """A learning-rate warm-up must fit in the training it warms up: in every group of fields
+    (the config itself and each nested group) that has ``warmup_steps`` and a step bound
+    (:data:`STEP_FIELDS`), ``warmup_steps`` may not exceed it (a longer warm-up never reaches the
+    configured learning rate, and its decay never starts). Applied by :func:`validate` to every
+    experiment's config.
+
+    Raises:
+      ValueError: naming both fields and their values.
+    """
+    for key, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            check_warmup(value, f"{prefix}{key}.")
+    if "warmup_steps" not in config:
+        return
+    warmup = config["warmup_steps"]
+    for bound in STEP_FIELDS:
+        steps = config.get(bound)
+        if _is_int(warmup) and _is_int(steps) and warmup > steps:
+            raise ValueError(f"config fields {prefix}warmup_steps={warmup} and {prefix}{bound}="
+                             f"{steps}: expected warmup_steps <= {bound} (the warm-up would "
+                             "outlast training)")
+
+
+def validate_module_config(config: ml_collections.ConfigDict, module: Any,
+                           source: str | None = None, experiment: str | None = None) -> Any:
+    """:func:`validate` with the ``Config`` schema of an experiment's config module.
+
+    Args:
+      config: the config to run, after every override.
+      module: the experiment's config module (``experiments/configs/<name>.py``).
+      source: the config file the config was loaded from (``path.py`` or ``path.py:arg``), if
+        known. A file that is another experiment's config module (a different ``<other>.py``
+        beside ``module``'s file) is refused with one line naming both experiments.
+      experiment: a name to start the error message with (``"lm: config field ..."``).
+
+    Returns:
+      The ``Config`` instance.
+
+    Raises:
+      ValueError: see :func:`validate`; or ``source`` is another experiment's config.
+    """
+    own = os.path.splitext(os.path.basename(module.__file__))[0]
+    lead = f"{experiment}: " if experiment else ""
+    if source:
+        source = source.split(":", 1)[0]  # "path.py:variant" -> "path.py"
+        stem = os.path.splitext(os.path.basename(source))[0]
+        folder = os.path.dirname(os.path.abspath(module.__file__))
+        if stem != own and os.path.isfile(os.path.join(folder, stem + ".py")):
+            raise ValueError(f"{lead}config file {source!r} is the config of experiment {stem!r}, "
+                             f"not of {own!r}; expected "
+                             f"{os.path.join(os.path.dirname(source), own + '.py')!r}")
+    try:
+        if not hasattr(module, "Config"):
+            return _legacy_validate(config, module.RULES, getattr(module, "CROSS_CHECKS", ()))
+        return validate(config, module.Config)
+    except ValueError as e:
+        raise ValueError(f"{lead}{e}") from None
+
+
+# ---- legacy rule tables (removed once every config has a schema) ----
+
+# experiment config module) and checked once, after every override, before any work.
 
 
 def _range_text(lo, hi, lo_open: bool, hi_open: bool) -> str:
@@ -353,56 +764,7 @@ def training_rules(prefix: str = "") -> dict[str, Rule]:
             f"{prefix}log_every": integer(lo=1), f"{prefix}checkpoint_every": integer(lo=1)}
 
 
-def check_built(build: Callable[[], Any], fields: Mapping[str, tuple[str, Any]], what: str,
-                derived: Mapping[str, Sequence[str]] | None = None) -> Any:
-    """Builds a library's settings (e.g. ``models.transformer.TransformerConfig``) from config
-    fields, so that the library's own checks (its ``__post_init__``) are the ones applied, and
-    rewords a refusal with the config's field paths.
-
-    Args:
-      build: ``() -> object``; raises ``ValueError`` for settings the library refuses.
-      fields: the library's name of each setting taken from the config -> (the config's field
-        path, its value), e.g. ``{"num_heads": ("model.num_heads", 4)}``.
-      what: the library's name for what is built, for the message (``"TransformerConfig"``).
-      derived: quantities the library names that are no config field -> the library names of
-        the fields they come from (``{"head_dim": ("d_model", "num_heads")}``).
-
-    Returns:
-      What ``build`` returned.
-
-    Raises:
-      ValueError: one line naming the config fields that the library's message names as
-        ``name=...`` (all of ``fields`` when it names none), their values, and the library's
-        reason (its message's first line).
-    """
-    try:
-        return build()
-    except ValueError as e:
-        reason = (str(e).strip().splitlines() or [""])[0]
-        named = [n for n in fields if re.search(rf"\b{re.escape(n)}\s*=", reason)]
-        for quantity, sources in (derived or {}).items():
-            if re.search(rf"\b{re.escape(quantity)}\s*=", reason):
-                named += [n for n in sources if n in fields and n not in named]
-        shown = list(dict.fromkeys(f"{fields[n][0]}={_shown(fields[n][1])}"
-                                   for n in named or fields))  # several names, one field
-        raise ValueError(f"config field{'s' if len(shown) > 1 else ''} {' and '.join(shown)}: "
-                         f"expected values that {what} accepts ({reason})") from None
-
-
-def get_field(config: ml_collections.ConfigDict, path: str) -> Any:
-    """The value at the dotted field path ``path`` of ``config``."""
-    node = config
-    for part in path.split("."):
-        node = node[part]
-    return node
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
+def _legacy_validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
              cross_checks: Sequence[Callable[[ml_collections.ConfigDict], None]] = ()) -> None:
     """Checks every field of ``config`` against its rule, then the cross-field checks.
 
@@ -449,67 +811,6 @@ def validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
         check(config)
 
 
-# Fields that bound a training run's steps, beside which a ``warmup_steps`` field is checked.
-STEP_FIELDS = ("steps", "max_steps")
-
-
-def check_warmup(config: ml_collections.ConfigDict, prefix: str = "") -> None:
-    """A learning-rate warm-up must fit in the training it warms up: in every group of fields
-    (the config itself and each nested group) that has ``warmup_steps`` and a step bound
-    (:data:`STEP_FIELDS`), ``warmup_steps`` may not exceed it (a longer warm-up never reaches the
-    configured learning rate, and its decay never starts). Applied by :func:`validate` to every
-    experiment's config.
-
-    Raises:
-      ValueError: naming both fields and their values.
-    """
-    for key, value in config.items():
-        if isinstance(value, ml_collections.ConfigDict):
-            check_warmup(value, f"{prefix}{key}.")
-    if "warmup_steps" not in config:
-        return
-    warmup = config["warmup_steps"]
-    for bound in STEP_FIELDS:
-        steps = config.get(bound)
-        if _is_int(warmup) and _is_int(steps) and warmup > steps:
-            raise ValueError(f"config fields {prefix}warmup_steps={warmup} and {prefix}{bound}="
-                             f"{steps}: expected warmup_steps <= {bound} (the warm-up would "
-                             "outlast training)")
-
-
-def validate_module_config(config: ml_collections.ConfigDict, module: Any,
-                           source: str | None = None, experiment: str | None = None) -> None:
-    """:func:`validate` with the ``RULES`` and ``CROSS_CHECKS`` of an experiment's config module.
-
-    Args:
-      config: the config to run, after every override.
-      module: the experiment's config module (``experiments/configs/<name>.py``), which defines
-        ``RULES`` and optionally ``CROSS_CHECKS``.
-      source: the config file the config was loaded from (``path.py`` or ``path.py:arg``), if
-        known. A file that is another
-        experiment's config module (a different ``<other>.py`` beside ``module``'s file) is
-        refused with one line naming both experiments.
-      experiment: a name to start the error message with (``"lm: config field ..."``).
-
-    Raises:
-      ValueError: see :func:`validate`; or ``source`` is another experiment's config.
-    """
-    own = os.path.splitext(os.path.basename(module.__file__))[0]
-    lead = f"{experiment}: " if experiment else ""
-    if source:
-        source = source.split(":", 1)[0]  # "path.py:variant" -> "path.py"
-        stem = os.path.splitext(os.path.basename(source))[0]
-        folder = os.path.dirname(os.path.abspath(module.__file__))
-        if stem != own and os.path.isfile(os.path.join(folder, stem + ".py")):
-            raise ValueError(f"{lead}config file {source!r} is the config of experiment {stem!r}, "
-                             f"not of {own!r}; expected "
-                             f"{os.path.join(os.path.dirname(source), own + '.py')!r}")
-    try:
-        validate(config, module.RULES, getattr(module, "CROSS_CHECKS", ()))
-    except ValueError as e:
-        raise ValueError(f"{lead}{e}") from None
-
-
 def variant_of(module: Any) -> Rule:
     """``""`` (the default variant) or an argument of ``module.get_config`` (``"smoke"``,
     ``"tiny,steps=10"``) whose config passes ``module``'s ``RULES`` and ``CROSS_CHECKS``: for a
@@ -521,7 +822,7 @@ def variant_of(module: Any) -> Rule:
         if not isinstance(value, str):
             return False
         if value:
-            validate(module.get_config(value), module.RULES, getattr(module, "CROSS_CHECKS", ()))
+            validate_module_config(module.get_config(value), module)
         return True
 
     return Rule(test, f"'' or a valid variant of the {name} config ({variants}, optionally "

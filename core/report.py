@@ -17,7 +17,7 @@ import posixpath
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import matplotlib
 
@@ -25,6 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from core import config as cfg_lib  # noqa: E402
 from core import files  # noqa: E402
 
 
@@ -352,7 +353,7 @@ def _shown_outcome(outcome: bool | None) -> bool | str:
 class Claim:
     """A paper's headline claim and the checks that decide whether our metrics reproduce it.
 
-    Experiments keep it in their config (``config.claim``, built with :func:`claim_config`), so
+    Experiments keep it in their config (``config.claim``: this class is the group's schema), so
     that the thresholds sit beside the statement and can be overridden from the command line
     (``--config.claim.checks='("val_bpb < bigram_bpb - 0.2",)'``).
 
@@ -377,17 +378,22 @@ class Claim:
         threshold; empty when any measurement decides.
     """
 
-    method: str
-    statement: str
+    method: cfg_lib.NonEmpty
+    statement: cfg_lib.NonEmpty
     checks: tuple[str, ...]
-    ours: str
-    resolved: tuple[str, ...] = ()
+    ours: cfg_lib.NonEmpty
+    resolved: Annotated[tuple[str, ...], cfg_lib.Items(0)] = ()
 
     def __post_init__(self):
         if not self.checks:
-            raise ValueError(f"claim {self.method!r}: needs at least one check")
-        for c in (*self.checks, *self.resolved):
-            parse_check(c)
+            raise cfg_lib.FieldError(f"claim {self.method!r} needs at least one check",
+                                     checks=self.checks)
+        for name in ("checks", "resolved"):
+            for c in getattr(self, name):
+                try:
+                    parse_check(c)
+                except ValueError as e:
+                    raise cfg_lib.FieldError(str(e), **{name: getattr(self, name)}) from None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Claim:

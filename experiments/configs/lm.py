@@ -11,6 +11,9 @@ is split into its first ``1 - val_fraction`` for training and the rest, from the
 held out (:func:`core.data.text.load_corpus`).
 """
 
+import dataclasses
+from typing import Annotated, Literal
+
 import ml_collections
 
 from algorithms.lm import training
@@ -25,40 +28,88 @@ from models.transformer import COMPUTE_DTYPES, REMAT_POLICIES
 # (checkpoint=""); `make run EXPERIMENTS=lm` runs it (registry.resolve).
 MAIN_JOB = False
 
+# The choices the library lists for a model's kernels.
+Dtype = Literal[COMPUTE_DTYPES]
+Attention = Literal[IMPLEMENTATIONS]
+Remat = Literal[tuple(REMAT_POLICIES)]
 
-def base() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.seed = 0
+
+@dataclasses.dataclass(frozen=True)
+class TransformerFields:
+    """``models.transformer.TransformerConfig`` fields as a config holds them: ``dtype`` by name is
+    the compute dtype (parameters and optimizer state stay float32), ``attention`` / ``remat``
+    select the training-length kernels. Bounds and how the fields fit together are the library's
+    own checks, applied by :func:`check_model` (which builds the ``TransformerConfig``)."""
+
+    d_model: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: cfg_lib.Count = 2  # the library reads 0 as "= num_heads"
+    max_len: int = 256
+    mlp_dim: cfg_lib.NonNegInt = 0  # 0 = the default width
+    dtype: Dtype = "float32"
+    attention: Attention = "reference"
+    attention_block: int = 512
+    remat: Remat = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Model(TransformerFields):
+    scan_layers: bool = False  # apply the blocks with one scan (one compiled block)
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """AdamW with a linear warm-up and global-norm clipping (``algorithms.lm.training.optimizer``;
+    ``algorithms.diffusion_lm.grid`` too)."""
+
+    learning_rate: cfg_lib.Positive = 3e-3
+    warmup_steps: cfg_lib.NonNegInt = 50
+    weight_decay: cfg_lib.NonNegative = 0.1
+    grad_clip: cfg_lib.Positive = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Training(Optimizer):
+    """A language model's training run (``algorithms.lm.training.train``)."""
+
+    model: TransformerFields = TransformerFields()
+    # >= 2: a next-token loss needs two positions; = model.max_len: RoPE is only trained on
+    # positions below seq_len
+    seq_len: Annotated[int, cfg_lib.Range(2)] = 256
+    batch_size: cfg_lib.Count = 16
+    steps: cfg_lib.Count = 400
+    log_every: cfg_lib.Count = 25
+    checkpoint_every: cfg_lib.Count = 200
+
+    def __post_init__(self):
+        if self.seq_len > self.model.max_len:
+            raise cfg_lib.FieldError("expected seq_len <= model.max_len", seq_len=self.seq_len,
+                                     **{"model.max_len": self.model.max_len})
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(Training):
+    model: Model = Model()
+    seed: cfg_lib.NonNegInt = 0
     # The text to train and evaluate on: a text file, or comma-separated files / folders of them;
     # empty = the bundled Shakespeare plays (see the module docstring for the held-out split).
-    c.data_path = ""
-    c.val_fraction = 0.1
-    # TransformerConfig fields (models/transformer.py); dtype is the compute dtype (parameters and
-    # optimizer state stay float32), attention / remat select the training-length kernels,
-    # scan_layers applies the blocks with one scan (one compiled block).
-    c.model = ml_collections.ConfigDict(dict(
-        d_model=128, num_layers=4, num_heads=4, num_kv_heads=2, max_len=256, mlp_dim=0,
-        dtype="float32", attention="reference", attention_block=512, remat="none",
-        scan_layers=False))
-    c.seq_len = 256  # = model.max_len: RoPE is only trained on positions below seq_len
-    c.batch_size = 16
-    c.steps = 400
-    c.learning_rate = 3e-3
-    c.warmup_steps = 50
-    c.weight_decay = 0.1
-    c.grad_clip = 1.0
-    c.log_every = 25
-    c.checkpoint_every = 200
-    c.eval_windows = 256  # held-out windows of seq_len for val_bpb
-    c.sample_len = 200
-    c.model_parallelism = 1  # size of the mesh's model axis (tensor parallelism)
-    c.param_sharding = "fsdp"  # "fsdp": FSDP over data + TP over model; "replicated": data parallel
-    c.claim = report.claim_config(
+    data_path: cfg_lib.Paths = ""
+    val_fraction: cfg_lib.OpenFraction = 0.1
+    eval_windows: cfg_lib.Count = 256  # held-out windows of seq_len for val_bpb
+    sample_len: cfg_lib.Count = 200
+    model_parallelism: cfg_lib.Count = 1  # size of the mesh's model axis (tensor parallelism)
+    # "fsdp": FSDP over data + TP over model; "replicated": data parallel
+    param_sharding: Literal["fsdp", "replicated"] = "fsdp"
+    claim: report.Claim = report.Claim(
         method="Transformer LM (foundation)",
         statement="held-out bpb well under the bigram baseline",
         checks=("val_bpb < bigram_bpb - 0.3",),
         ours="{val_bpb:.3f} vs bigram {bigram_bpb:.3f} bpb")
-    return c
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_model(self.model, self.model_parallelism)
 
 
 VARIANTS = {
@@ -80,39 +131,6 @@ VARIANTS = {
 }
 
 
-def model_rules(prefix: str = "model.", names: tuple[str, ...] | None = None
-                ) -> dict[str, cfg_lib.Rule]:
-    """Rules of the ``TransformerConfig`` fields of an LM config's ``model`` group under
-    ``prefix`` (``names``: the group's fields, default all): the kind of each value, and the
-    choices the library lists. Bounds and how the fields fit together are the library's own
-    checks, applied by :func:`check_model` (which builds the ``TransformerConfig``)."""
-    rules = {
-        "d_model": cfg_lib.integer(), "num_layers": cfg_lib.integer(),
-        "num_heads": cfg_lib.integer(),
-        "num_kv_heads": cfg_lib.integer(lo=1),  # the library reads 0 as "= num_heads"
-        "max_len": cfg_lib.integer(),
-        "mlp_dim": cfg_lib.integer(lo=0),  # 0 = the default width
-        "dtype": cfg_lib.one_of(*COMPUTE_DTYPES), "attention": cfg_lib.one_of(*IMPLEMENTATIONS),
-        "attention_block": cfg_lib.integer(), "remat": cfg_lib.one_of(*REMAT_POLICIES),
-        "scan_layers": cfg_lib.boolean(),
-    }
-    return {prefix + n: r for n, r in rules.items() if names is None or n in names}
-
-
-# What each field accepts (checked once every override is in, before any work).
-RULES = {
-    "seed": cfg_lib.integer(lo=0),
-    "data_path": cfg_lib.path_or_empty(several=True),
-    "val_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
-    **model_rules(),
-    **cfg_lib.training_rules(),
-    "eval_windows": cfg_lib.integer(lo=1),
-    "sample_len": cfg_lib.integer(lo=1),
-    "model_parallelism": cfg_lib.integer(lo=1),
-    "param_sharding": cfg_lib.one_of("fsdp", "replicated"),
-}
-
-
 # One line for each field that --helpshort describes beside its default.
 FIELD_HELP = {
     "data_path": "the text to train on: a text file, or comma-separated files / folders of *.txt; "
@@ -120,46 +138,33 @@ FIELD_HELP = {
 }
 
 
-def check_model(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+def check_model(model: TransformerFields, model_parallelism: int, prefix: str = "") -> None:
     """Builds the run's ``TransformerConfig`` (:func:`algorithms.lm.training.model_config`), so
     that the model's own checks apply (e.g. num_kv_heads divides num_heads, an even head
     dimension d_model / num_heads for RoPE), and checks that ``model_parallelism`` divides
     what tensor parallelism splits.
 
     Args:
-      config: an LM config (this module's, or ``algorithms.diffusion_lm.evaluator``'s
-        ``evaluator_config``).
-      prefix: where ``config`` sits in the config being validated (``"evaluator."``), for
-        the field paths of the message.
+      model: the config's model group.
+      model_parallelism: the size of the mesh's model axis.
+      prefix: where the model group's parent sits in the config (``"evaluator."``), for the
+        field paths of the message.
 
     Raises:
       ValueError: one line naming the refused fields' paths (:func:`core.config.check_built`).
     """
-    fields = {n: (f"{prefix}model.{n}", v) for n, v in config.model.items()}
-    fields["model_parallelism"] = ("model_parallelism", config.model_parallelism)
+    fields = {n: (f"{prefix}model.{n}", v) for n, v in dataclasses.asdict(model).items()}
+    fields["model_parallelism"] = ("model_parallelism", model_parallelism)
 
     def build():
-        mcfg = training.model_config(config, ByteTokenizer().vocab_size)
-        mcfg.check_model_parallelism(config.model_parallelism)
+        group = ml_collections.ConfigDict({"model": dataclasses.asdict(model)})
+        mcfg = training.model_config(group, ByteTokenizer().vocab_size)
+        mcfg.check_model_parallelism(model_parallelism)
         return mcfg
 
     cfg_lib.check_built(build, fields, "TransformerConfig",
                         derived={"head_dim": ("d_model", "num_heads")})
 
 
-def check_seq_len(config: ml_collections.ConfigDict) -> None:
-    """RoPE is trained only on positions below ``seq_len``, and the model holds ``model.max_len``.
-
-    Raises:
-      ValueError: ``seq_len > model.max_len``.
-    """
-    if config.seq_len > config.model.max_len:
-        raise ValueError(f"config fields seq_len={config.seq_len} and model.max_len="
-                         f"{config.model.max_len}: expected seq_len <= model.max_len")
-
-
-CROSS_CHECKS = (check_model, check_seq_len)
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    return cfg_lib.build(arg, base, VARIANTS)
+    return cfg_lib.build(arg, Config, VARIANTS)

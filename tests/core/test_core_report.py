@@ -100,24 +100,32 @@ def test_claim_check_grammar_refuses_malformed_text(text):
         Claim("m", "s", (text,), "x")
 
 
-def test_claim_config_fields_are_validated_with_the_config(tmp_path):
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    steps: int = 1
+    claim: report.Claim = report.Claim("LM", "under bigram", ("bpb < bigram",), "{bpb:.1f}")
+
+
+def test_claim_fields_are_validated_with_the_config(tmp_path):
     import ml_collections
 
     from core import config as cfg_lib
-    from core.report import claim_config, finish
+    from core.report import finish
 
-    config = ml_collections.ConfigDict({"steps": 1, "claim": claim_config(
-        "LM", "under bigram", ("bpb < bigram",), "{bpb:.1f}")})
-    rules = {"steps": cfg_lib.integer(1)}
-    cfg_lib.validate(config, rules)
+    config = ml_collections.ConfigDict(cfg_lib.defaults(_Config))
+    cfg_lib.validate(config, _Config)
     config.claim.checks = ("bpb <",)
-    with pytest.raises(ValueError, match="config field 'claim.checks'"):
-        cfg_lib.validate(config, rules)
+    with pytest.raises(ValueError, match="config field 'claim.checks' = .*: claim check 'bpb <'"):
+        cfg_lib.validate(config, _Config)
     config.claim.checks = ("bpb < bigram",)
     config.claim.resolved = ("ci_width <",)
     with pytest.raises(ValueError, match="config field 'claim.resolved'"):
-        cfg_lib.validate(config, rules)
+        cfg_lib.validate(config, _Config)
     config.claim.resolved = ()
+    config.claim.method = " "
+    with pytest.raises(ValueError, match="config field 'claim.method' = ' ': expected a non-empty"):
+        cfg_lib.validate(config, _Config)
+    config.claim.method = "LM"
     section = finish(str(tmp_path), title="T", metrics={"bpb": 1.0, "bigram": 2.0}, body="b",
                      claim=config.claim)
     assert section.headline["reproduces"] == "yes" and section.headline["ours"] == "1.0"
@@ -163,14 +171,14 @@ _SLOPE_CLAIM = dict(method="m", statement="n* grows", checks=("slope > 0", "easy
 ])
 def test_claim_gives_each_verdict_by_its_rule(tmp_path, metrics, verdict, checks, resolved,
                                                 reason):
-    from core.report import VERDICTS, Claim, claim_config, finish
+    from core.report import VERDICTS, Claim, finish
 
     assert verdict in VERDICTS
     claim = Claim(**_SLOPE_CLAIM)
     assert claim.verdict(metrics) == verdict
     assert claim.reason(metrics) == reason
     section = finish(str(tmp_path), title="T", metrics=metrics, body="b",
-                     claim=claim_config(**_SLOPE_CLAIM))
+                     claim=dataclasses.asdict(claim))
     assert section.headline["reproduces"] == verdict
     assert f"**Verdict — {reason}.**" in section.body
     assert "'not resolved at this size' unless `slope_ci.width <= 0.5`" in section.body
