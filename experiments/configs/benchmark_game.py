@@ -10,49 +10,60 @@ tune-before-test threshold (Chen, Zhang & Hardt, "Leaderboard Incentives", ICML 
 No data files: the games are specified by the fields below.
 """
 
+import dataclasses
+from typing import Annotated, Literal
+
 import ml_collections
 
 from core import config as cfg_lib
 from core import report
 
+# a grid's number of points: linspace(0, max, n) needs n >= 2
+Grid = Annotated[int, cfg_lib.Range(2)]
+Rewards = Literal["winner_take_all", "linear"]
+# a contest needs two providers
+Qualities = Annotated[tuple[float, ...], cfg_lib.Items(2)]
 
-def base() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
+
+@dataclasses.dataclass(frozen=True)
+class Config:
     # Observed score families: theta + amplitude (1 - exp(-rate t)) and sigmoid(theta + slope log(1 + t)).
-    c.amplitude = 1.0
-    c.rate = 1.0
-    c.logit_slope = 0.5
+    amplitude: cfg_lib.Positive = 1.0
+    rate: cfg_lib.Positive = 1.0
+    logit_slope: cfg_lib.Positive = 0.5
     # Cost c(e) = cost_scale * e ** cost_power (1 = linear, 2 = quadratic).
-    c.cost_scale = 0.25
-    c.cost_power = 1.0
-    c.max_effort = 5.0  # effort grids are linspace(0, max_effort, levels)
+    cost_scale: cfg_lib.Positive = 0.25
+    cost_power: cfg_lib.Positive = 1.0
+    max_effort: cfg_lib.Positive = 5.0  # effort grids are linspace(0, max_effort, levels)
     # Main game: N = 3 providers on 101 effort levels, winner takes all.
-    c.theta = (1.0, 0.8, 0.6)
-    c.levels = 101
-    c.rewards = "winner_take_all"  # or "linear"
-    c.max_delta = 3.0  # Delta grid of the additive family: linspace(0, max_delta, num_deltas)
-    c.num_deltas = 31
-    c.logit_max_delta = 15.0  # the logit family's Delta grid: linspace(0, logit_max_delta, num_deltas)
+    theta: Qualities = (1.0, 0.8, 0.6)
+    levels: Grid = 101
+    rewards: Rewards = "winner_take_all"  # or "linear"
+    # Delta grid of the additive family: linspace(0, max_delta, num_deltas)
+    max_delta: cfg_lib.Positive = 3.0
+    num_deltas: Grid = 31
+    # the logit family's Delta grid: linspace(0, logit_max_delta, num_deltas)
+    logit_max_delta: cfg_lib.Positive = 15.0
     # Five providers on 21 levels with linear rewards.
-    c.theta5 = (1.0, 0.9, 0.8, 0.7, 0.6)
-    c.levels5 = 21
-    c.rewards5 = "linear"
-    c.max_delta5 = 3.6
-    c.num_deltas5 = 13
+    theta5: Qualities = (1.0, 0.9, 0.8, 0.7, 0.6)
+    levels5: Grid = 21
+    rewards5: Rewards = "linear"
+    max_delta5: cfg_lib.Positive = 3.6
+    num_deltas5: Grid = 13
     # Delta* against the quality gap, two providers.
-    c.gaps = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
-    c.logit_gaps = (0.2, 0.3, 0.4, 0.6, 0.8, 1.0)
-    c.gap_levels = 101
-    c.gap_deltas = 41
-    c.bisection_steps = 20
+    gaps: tuple[cfg_lib.Positive, ...] = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
+    logit_gaps: tuple[cfg_lib.Positive, ...] = (0.2, 0.3, 0.4, 0.6, 0.8, 1.0)
+    gap_levels: Grid = 101
+    gap_deltas: Grid = 41
+    bisection_steps: cfg_lib.NonNegInt = 20
     # Designer: J(Delta) = Kendall tau - cost_per_delta * Delta.
-    c.cost_per_delta = 0.05
+    cost_per_delta: cfg_lib.NonNegative = 0.05
     # Two providers' mixed equilibrium at Delta = 0 on a coarse grid (support enumeration).
-    c.mixed_levels = 7
-    c.timing_repeats = 5
-    c.max_rounds = 64
+    mixed_levels: Grid = 7
+    timing_repeats: cfg_lib.Count = 5
+    max_rounds: cfg_lib.Count = 64
     # No 'resolved' checks: equilibria and thresholds are computed exactly, not estimated.
-    c.claim = report.claim_config(
+    claim: report.Claim = report.Claim(
         method="Benchmarks as a Stackelberg game (tune-before-test)",
         statement="no equilibrium without tune-before-test; a unique equilibrium ranking models by "
                   "latent quality with enough of it",
@@ -65,7 +76,6 @@ def base() -> ml_collections.ConfigDict:
              "{game_labels[five]}: {five_providers[n_pure_ne_at_zero]} pure NE at 0, Delta* "
              "{five_providers[delta_star_refined]:.3f}; logit family: "
              "{logit_family[n_pure_ne_at_zero]} at 0, Delta* {logit_family[delta_star_refined]:.3f}")
-    return c
 
 
 VARIANTS = {
@@ -82,41 +92,5 @@ VARIANTS = {
 }
 
 
-_POSITIVE = cfg_lib.number(lo=0, lo_open=True)
-_GRID = cfg_lib.integer(lo=2)  # a grid's number of points: linspace(0, max, n) needs n >= 2
-_REWARDS = cfg_lib.one_of("winner_take_all", "linear")
-_QUALITIES = cfg_lib.tuple_of(cfg_lib.number(), min_len=2)  # a contest needs two providers
-
-# What each field accepts (checked once every override is in, before any work).
-RULES = {
-    "amplitude": _POSITIVE,
-    "rate": _POSITIVE,
-    "logit_slope": _POSITIVE,
-    "cost_scale": _POSITIVE,
-    "cost_power": _POSITIVE,
-    "max_effort": _POSITIVE,
-    "theta": _QUALITIES,
-    "levels": _GRID,
-    "rewards": _REWARDS,
-    "max_delta": _POSITIVE,
-    "num_deltas": _GRID,
-    "logit_max_delta": _POSITIVE,
-    "theta5": _QUALITIES,
-    "levels5": _GRID,
-    "rewards5": _REWARDS,
-    "max_delta5": _POSITIVE,
-    "num_deltas5": _GRID,
-    "gaps": cfg_lib.tuple_of(_POSITIVE),
-    "logit_gaps": cfg_lib.tuple_of(_POSITIVE),
-    "gap_levels": _GRID,
-    "gap_deltas": _GRID,
-    "bisection_steps": cfg_lib.integer(lo=0),
-    "cost_per_delta": cfg_lib.number(lo=0),
-    "mixed_levels": _GRID,
-    "timing_repeats": cfg_lib.integer(lo=1),
-    "max_rounds": cfg_lib.integer(lo=1),
-}
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    return cfg_lib.build(arg, base, VARIANTS)
+    return cfg_lib.build(arg, Config, VARIANTS)
