@@ -28,52 +28,116 @@ any other work; rows whose outcome is none of the configured values stop the run
 ``--config.drop_unknown_outcomes`` (then they are dropped and counted).
 """
 
+import dataclasses
+from typing import Annotated, Literal
+
 import ml_collections
 
 from core import config as cfg_lib
 from core import report
 
+Models = Annotated[int, cfg_lib.Range(2)]  # a ranking needs two models
 
-def base() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.level = 0.95
-    c.rank_draws = 4000
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    data: cfg_lib.datasets("llmfao") = ""
+    timeout: cfg_lib.Positive = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    left: cfg_lib.NonEmpty = "left"
+    right: cfg_lib.NonEmpty = "right"
+    judge: cfg_lib.NonEmpty = "worker"
+    outcome: cfg_lib.NonEmpty = "winner"
+    left_value: cfg_lib.NonEmpty = "left"
+    right_value: cfg_lib.NonEmpty = "right"
+    tie_value: cfg_lib.NonEmpty = "tie"
+
+    def __post_init__(self):
+        if len({self.left_value, self.right_value, self.tie_value}) < 3:  # else a row is ambiguous
+            raise cfg_lib.FieldError("expected three different values", left_value=self.left_value,
+                                     right_value=self.right_value, tie_value=self.tie_value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sim:
+    num_models: Models = 20
+    num_reliable: cfg_lib.NonNegInt = 4
+    num_noisy: cfg_lib.NonNegInt = 5
+    reliable_gamma: cfg_lib.Positive = 2.5
+    noisy_gamma: cfg_lib.Positive = 0.25
+    adversarial_gamma: float = 0.05  # any sign: an adversarial judge may invert
+    score_spread: cfg_lib.Positive = 1.5
+    num_comparisons: cfg_lib.Count = 20_000
+    # data sets of the replicate recovery study (this panel and equal judges)
+    num_replicates: cfg_lib.Count = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+    num_datasets: cfg_lib.Count = 200
+    num_models: Models = 8
+    num_judges: cfg_lib.Count = 5
+    per_cell: cfg_lib.Count = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Choix:
+    num_models: Models = 30
+    num_comparisons: cfg_lib.Count = 20_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    num_models: Models = 100
+    num_judges: cfg_lib.Count = 20
+    num_comparisons: cfg_lib.Count = 1_000_000
+    choix_estimators: Annotated[tuple[Literal["ilsr", "mm", "opt"], ...], cfg_lib.Items(0)] = (
+        "ilsr",)
+    repeats: cfg_lib.Count = 2  # best of, fit and choix alternating
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    seed: cfg_lib.NonNegInt = 0
+    level: cfg_lib.OpenFraction = 0.95
+    rank_draws: cfg_lib.Count = 4000
     # Real data: a CSV, JSON-lines or JSON-array file of pairwise judgements.
-    c.data_path = ""            # "" = no real data (simulation only); a set path must exist
-    c.data = ""                 # or a public data set by name: "llmfao" (core.data.download)
-    c.data_dir = ""             # cache of downloaded data sets; "" = $XDG_CACHE_HOME/icml26-jax
+    data_path: cfg_lib.Path = ""  # "" = no real data (simulation only); a set path must exist
+    # or a public data set by name: "llmfao" (core.data.download)
+    data: cfg_lib.datasets("llmfao") = ""
+    data_dir: str = ""  # cache of downloaded data sets; "" = $XDG_CACHE_HOME/icml26-jax
     # With neither data_path nor data: the data set `benchmark.data` is fitted beside the studies
     # when cached or downloadable within `benchmark.timeout` s, else "not measured here".
-    c.benchmark = ml_collections.ConfigDict(dict(data="", timeout=10.0))
-    c.data_name = ""            # label in reports and metrics; "" = the file name without extension
-    c.drop_unknown_outcomes = False  # drop (and count) rows whose outcome is none of the *_value
+    benchmark: Benchmark = Benchmark()
+    data_name: str = ""  # label in reports and metrics; "" = the file name without extension
+    # drop (and count) rows whose outcome is none of the *_value
+    drop_unknown_outcomes: bool = False
     # With a data_path: fit the user's comparisons only (True) or also run the simulation,
     # coverage, choix and timing studies (False). Without a data_path the studies always run.
-    c.data_only = True
-    c.columns = ml_collections.ConfigDict(dict(
-        left="left", right="right", judge="worker", outcome="winner",
-        left_value="left", right_value="right", tie_value="tie"))
-    c.heldout_fraction = 0.2
-    c.num_splits = 1            # random train/held-out splits of the real data
-    c.cv_folds = 3              # folds of the ridge cross-validation inside each training split
-    c.ridge_grid = (1.0, 3.0, 10.0)   # weights of the Gaussian prior on log-discriminations
-    c.bootstrap_samples = 0     # multinomial bootstrap replicates for the real-data leaderboard
+    data_only: bool = True
+    columns: Columns = Columns()
+    # both parts must hold comparisons: a fraction strictly inside (0, 1)
+    heldout_fraction: cfg_lib.OpenFraction = 0.2
+    num_splits: cfg_lib.Count = 1  # random train/held-out splits of the real data
+    # folds of the ridge cross-validation inside each training split (each is held out once, the
+    # rest fit)
+    cv_folds: Annotated[int, cfg_lib.Range(2)] = 3
+    # weights of the Gaussian prior on log-discriminations (0 = no prior: MLE)
+    ridge_grid: tuple[cfg_lib.NonNegative, ...] = (1.0, 3.0, 10.0)
+    # multinomial bootstrap replicates for the real-data leaderboard (0 = no bootstrap)
+    bootstrap_samples: cfg_lib.NonNegInt = 0
     # Simulation with known truth.
-    c.sim = ml_collections.ConfigDict(dict(
-        num_models=20, num_reliable=4, num_noisy=5, reliable_gamma=2.5, noisy_gamma=0.25,
-        adversarial_gamma=0.05, score_spread=1.5, num_comparisons=20_000,
-        num_replicates=20))  # data sets of the replicate recovery study (this panel and equal judges)
+    sim: Sim = Sim()
     # Coverage of the 95% intervals over many simulated data sets of one fixed design.
-    c.coverage = ml_collections.ConfigDict(dict(num_datasets=200, num_models=8, num_judges=5,
-                                                per_cell=6))
+    coverage: Coverage = Coverage()
     # Agreement with choix (plain BTL, judge-free data).
-    c.choix = ml_collections.ConfigDict(dict(num_models=30, num_comparisons=20_000))
+    choix: Choix = Choix()
     # Speed at the issue's scale; choix estimators timed on the same comparisons.
-    c.timing = ml_collections.ConfigDict(dict(num_models=100, num_judges=20,
-                                              num_comparisons=1_000_000, choix_estimators=("ilsr",),
-                                              repeats=2))  # best of, fit and choix alternating
-    c.claim = report.claim_config(
+    timing: Timing = Timing()
+    claim: report.Claim = report.Claim(
         method="Judge-aware BTL ranking",
         statement="judge discriminations improve on plain BTL; MLE asymptotically normal, "
                   "calibrated score/rank intervals",
@@ -87,7 +151,11 @@ def base() -> ml_collections.ConfigDict:
         # Sized to decide: the coverage's Monte Carlo standard error is at most half the
         # distance from 0.95 to either end of the [0.93, 0.97] band (left out in a data-only run).
         resolved=("coverage.scores_mc_se <= 0.01",))
-    return c
+
+    def __post_init__(self):
+        if self.data_path and self.data:
+            raise cfg_lib.FieldError("expected one comparisons file, by path or by name",
+                                     data_path=self.data_path, data=self.data)
 
 
 VARIANTS = {
@@ -109,87 +177,6 @@ VARIANTS = {
 }
 
 
-_COUNT = cfg_lib.integer(lo=1)
-_MODELS = cfg_lib.integer(lo=2)  # a ranking needs two models
-_NAME = cfg_lib.string(nonempty=True)
-
-# What each field accepts (checked once every override is in, before any work).
-RULES = {
-    "seed": cfg_lib.integer(lo=0),
-    "level": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
-    "rank_draws": _COUNT,
-    "data_path": cfg_lib.path_or_empty(),
-    "data": cfg_lib.dataset_names("llmfao"),
-    "data_dir": cfg_lib.string(),
-    "benchmark.data": cfg_lib.dataset_names("llmfao"),
-    "benchmark.timeout": cfg_lib.number(lo=0, lo_open=True),
-    "data_name": cfg_lib.string(),
-    "drop_unknown_outcomes": cfg_lib.boolean(),
-    "data_only": cfg_lib.boolean(),
-    "columns.left": _NAME,
-    "columns.right": _NAME,
-    "columns.judge": _NAME,
-    "columns.outcome": _NAME,
-    "columns.left_value": _NAME,
-    "columns.right_value": _NAME,
-    "columns.tie_value": _NAME,
-    # both parts must hold comparisons: a fraction strictly inside (0, 1)
-    "heldout_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True, hi_open=True),
-    "num_splits": _COUNT,
-    "cv_folds": cfg_lib.integer(lo=2),  # each fold is held out once, the rest fit
-    "ridge_grid": cfg_lib.tuple_of(cfg_lib.number(lo=0)),  # 0 = no prior (MLE)
-    "bootstrap_samples": cfg_lib.integer(lo=0),  # 0 = no bootstrap
-    "sim.num_models": _MODELS,
-    "sim.num_reliable": cfg_lib.integer(lo=0),
-    "sim.num_noisy": cfg_lib.integer(lo=0),
-    "sim.reliable_gamma": cfg_lib.number(lo=0, lo_open=True),
-    "sim.noisy_gamma": cfg_lib.number(lo=0, lo_open=True),
-    "sim.adversarial_gamma": cfg_lib.number(),  # any sign: an adversarial judge may invert
-    "sim.score_spread": cfg_lib.number(lo=0, lo_open=True),
-    "sim.num_comparisons": _COUNT,
-    "sim.num_replicates": _COUNT,
-    "coverage.num_datasets": _COUNT,
-    "coverage.num_models": _MODELS,
-    "coverage.num_judges": _COUNT,
-    "coverage.per_cell": _COUNT,
-    "choix.num_models": _MODELS,
-    "choix.num_comparisons": _COUNT,
-    "timing.num_models": _MODELS,
-    "timing.num_judges": _COUNT,
-    "timing.num_comparisons": _COUNT,
-    "timing.choix_estimators": cfg_lib.tuple_of(cfg_lib.one_of("ilsr", "mm", "opt"), min_len=0),
-    "timing.repeats": _COUNT,
-}
-
-
-def check_outcome_values(config: ml_collections.ConfigDict) -> None:
-    """The three outcome values of the comparisons file must differ, or a row would be ambiguous.
-
-    Raises:
-      ValueError: two of columns.left_value, right_value and tie_value are equal.
-    """
-    c = config.columns
-    values = (c.left_value, c.right_value, c.tie_value)
-    if len(set(values)) < 3:
-        raise ValueError(f"config fields columns.left_value={c.left_value!r}, right_value="
-                         f"{c.right_value!r} and tie_value={c.tie_value!r}: expected three "
-                         "different values")
-
-
-def check_one_source(config: ml_collections.ConfigDict) -> None:
-    """One comparisons file: by path or by name, not both.
-
-    Raises:
-      ValueError: data_path and data both set.
-    """
-    if config.data_path and config.data:
-        raise ValueError(f"config fields data_path={config.data_path!r} and data={config.data!r}: "
-                         "expected one comparisons file, by path or by name")
-
-
-CROSS_CHECKS = (check_outcome_values, check_one_source)
-
-
 FIELD_HELP = {
     "data": "a public comparisons data set by name: llmfao (downloaded once into data_dir)",
     "data_dir": "folder of downloaded data sets; '' = $XDG_CACHE_HOME/icml26-jax or "
@@ -202,4 +189,4 @@ FIELD_HELP = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    return cfg_lib.build(arg, base, VARIANTS)
+    return cfg_lib.build(arg, Config, VARIANTS)
