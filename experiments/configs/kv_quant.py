@@ -12,6 +12,9 @@ model in ``<workdir>/lm`` (trained first if absent; ``smoke`` does so):
         --config.checkpoint=DIR
 """
 
+import dataclasses
+from typing import Annotated, Literal
+
 import ml_collections
 
 from core import config as cfg_lib
@@ -23,42 +26,51 @@ from experiments.configs import lm as lm_config
 REQUIRES = ("lm",)
 
 
-def base() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.windows = 2  # held-out windows of `context` tokens (decoded side by side, one batch)
-    c.context = 1024  # tokens per window, capped at the model's max_len (the byte lm's: 256)
+Centroids = Annotated[int, cfg_lib.Range(1, 256)]
+LMVariant = cfg_lib.config_variant(lm_config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    seed: cfg_lib.NonNegInt = 0
+    # held-out windows of `context` tokens (decoded side by side, one batch)
+    windows: cfg_lib.Count = 2
+    # tokens per window, capped at the model's max_len (the byte lm's: 256)
+    context: Annotated[int, cfg_lib.Range(2)] = 1024
     # prefill; the rest of each window is decoded teacher-forced; 0 = three quarters of the window
-    c.prompt_len = 0
-    c.decode_timing = False  # time each cache's whole teacher-forced decode once more
-    c.bits = 2
-    c.chunk = 64  # tokens per k-means chunk (QVG) = KIVI's full-precision residual
-    c.num_centroids = 2  # 2 bf16 centroids of D=32 over 64 tokens: 0.5 bit/element
-    c.kmeans_iters = 8
-    c.qvg_block = 64  # paper: 64 (clamped to the head dim when larger)
-    c.qvg_pro_block = 16
-    c.qvg_pro_stages = 4
-    c.kivi_group = 32
-    c.kivi_block = 32
-    c.budget_fraction = 0.3
-    c.entrokv_window = 32
-    c.entrokv_alpha = 0.5
-    c.entrokv_prior = 0.3
-    c.entrokv_pool = 7
+    prompt_len: cfg_lib.NonNegInt = 0
+    decode_timing: bool = False  # time each cache's whole teacher-forced decode once more
+    bits: Literal[2, 4, 8] = 2
+    chunk: cfg_lib.Count = 64  # tokens per k-means chunk (QVG) = KIVI's full-precision residual
+    num_centroids: Centroids = 2  # 2 bf16 centroids of D=32 over 64 tokens: 0.5 bit/element
+    kmeans_iters: cfg_lib.NonNegInt = 8
+    qvg_block: cfg_lib.Count = 64  # paper: 64 (clamped to the head dim when larger)
+    qvg_pro_block: cfg_lib.Count = 16
+    qvg_pro_stages: cfg_lib.NonNegInt = 4
+    kivi_group: cfg_lib.Count = 32
+    kivi_block: cfg_lib.Count = 32
+    budget_fraction: Annotated[float, cfg_lib.Range(0, 1, lo_open=True)] = 0.3
+    entrokv_window: cfg_lib.Count = 32
+    entrokv_alpha: cfg_lib.Fraction = 0.5
+    entrokv_prior: cfg_lib.Fraction = 0.3
+    entrokv_pool: Annotated[int, cfg_lib.Rule(lambda v: v >= 1 and v % 2 == 1,
+                                              "a positive odd integer")] = 7
     # Synthetic keys with outlier channels (long context, the paper's centroid count).
-    c.synth_tokens = 16384
-    c.synth_head_dim = 64
-    c.synth_heads = 2
-    c.synth_centroids = 256
-    c.synth_clusters = 64
-    c.synth_outlier_channels = 4
-    c.synth_queries = 64
-    c.lm_config = ""  # the lm experiment's variant measured when checkpoint = ""; "" = tiny
+    synth_tokens: cfg_lib.Count = 16384
+    synth_head_dim: cfg_lib.Count = 64
+    synth_heads: cfg_lib.Count = 2
+    synth_centroids: Centroids = 256
+    synth_clusters: cfg_lib.Count = 64
+    synth_outlier_channels: cfg_lib.NonNegInt = 4
+    synth_queries: cfg_lib.Count = 64
+    # the lm experiment's variant measured when checkpoint = ""; "" = tiny
+    lm_config: LMVariant = ""
     # the measured model: SmolLM2-135M-Instruct, packaged (see experiments.measured_model); a
     # GGUF file or a Hugging Face model directory; "" = the byte-level lm of lm_config
-    c.checkpoint = "smollm2-135m"
-    c.data_path = ""  # UTF-8 text file of held-out windows; "" = core.data.text.UNSEEN_PROSE
-    c.claim = report.claim_config(
+    checkpoint: cfg_lib.Path = "smollm2-135m"
+    # UTF-8 text file of held-out windows; "" = core.data.text.UNSEEN_PROSE
+    data_path: cfg_lib.Path = ""
+    claim: report.Claim = report.Claim(
         method="QVG / KIVI / EntroKV",
         statement="QVG INT2 >= 6x true compression with lower attention error than KIVI; EntroKV "
                   ">= 98% of full-cache quality at a 30% budget, better than uniform budgets",
@@ -70,7 +82,29 @@ def base() -> ml_collections.ConfigDict:
              "LM "
              "QVG {qvg_compression:.1f}x err {qvg_rel_err:.2f} vs KIVI {kivi_rel_err:.2f}; EntroKV "
              "{entrokv_quality:.2%} vs uniform {uniform_quality:.2%}")
-    return c
+
+    def __post_init__(self):
+        # With checkpoint set the lm is not used; the experiment runs check_model_shapes on the
+        # checkpoint once it has read its config.json.
+        if not self.checkpoint:
+            lm = lm_config.get_config(self.lm_config or "tiny").model
+            check_model_shapes(self, lm.d_model // lm.num_heads, lm.max_len,
+                               f"the lm (lm_config={self.lm_config!r})")
+        # the synthetic keys: the paper's blocks (QVG 64 clamped, QVG-Pro 16, KIVI 32) divide
+        # synth_head_dim; one chunk of synth_tokens holds the centroids and whole KIVI groups of
+        # 32; the outlier channels are channels
+        d, n = self.synth_head_dim, self.synth_tokens
+        if d % 32 or d % (8 // self.bits):
+            raise cfg_lib.FieldError("expected a multiple of 32 (KIVI's and QVG-Pro's blocks of 32 "
+                                     "and 16 channels)", synth_head_dim=d)
+        if n % 32 or self.synth_centroids > n:
+            raise cfg_lib.FieldError("expected synth_tokens to be a multiple of 32 (KIVI groups) "
+                                     "and >= synth_centroids", synth_tokens=n,
+                                     synth_centroids=self.synth_centroids)
+        if self.synth_outlier_channels > d:
+            raise cfg_lib.FieldError("expected synth_outlier_channels <= synth_head_dim",
+                                     synth_outlier_channels=self.synth_outlier_channels,
+                                     synth_head_dim=d)
 
 
 VARIANTS = {
@@ -88,43 +122,6 @@ VARIANTS = {
     "paper": {"windows": 16, "context": 8192, "prompt_len": 4096, "chunk": 256,
               "num_centroids": 16, "kmeans_iters": 20, "synth_tokens": 65536, "synth_heads": 8,
               "lm_config": "paper", "decode_timing": True},
-}
-
-
-_ODD = cfg_lib.Rule(lambda v: cfg_lib.integer(lo=1).accepts(v) and v % 2 == 1,
-                    "a positive odd integer")
-
-# What each field accepts (checked once every override is in, before any work).
-RULES = {
-    "seed": cfg_lib.integer(lo=0),
-    "windows": cfg_lib.integer(lo=1),
-    "context": cfg_lib.integer(lo=2),
-    "prompt_len": cfg_lib.integer(lo=0),
-    "decode_timing": cfg_lib.one_of(True, False),
-    "bits": cfg_lib.one_of(2, 4, 8),
-    "chunk": cfg_lib.integer(lo=1),
-    "num_centroids": cfg_lib.integer(lo=1, hi=256),
-    "kmeans_iters": cfg_lib.integer(lo=0),
-    "qvg_block": cfg_lib.integer(lo=1),
-    "qvg_pro_block": cfg_lib.integer(lo=1),
-    "qvg_pro_stages": cfg_lib.integer(lo=0),
-    "kivi_group": cfg_lib.integer(lo=1),
-    "kivi_block": cfg_lib.integer(lo=1),
-    "budget_fraction": cfg_lib.number(lo=0, hi=1, lo_open=True),
-    "entrokv_window": cfg_lib.integer(lo=1),
-    "entrokv_alpha": cfg_lib.number(lo=0, hi=1),
-    "entrokv_prior": cfg_lib.number(lo=0, hi=1),
-    "entrokv_pool": _ODD,
-    "synth_tokens": cfg_lib.integer(lo=1),
-    "synth_head_dim": cfg_lib.integer(lo=1),
-    "synth_heads": cfg_lib.integer(lo=1),
-    "synth_centroids": cfg_lib.integer(lo=1, hi=256),
-    "synth_clusters": cfg_lib.integer(lo=1),
-    "synth_outlier_channels": cfg_lib.integer(lo=0),
-    "synth_queries": cfg_lib.integer(lo=1),
-    "lm_config": cfg_lib.variant_of(lm_config),
-    "checkpoint": cfg_lib.path_or_empty(),
-    "data_path": cfg_lib.path_or_empty(),
 }
 
 
@@ -176,45 +173,6 @@ def check_model_shapes(config: ml_collections.ConfigDict, head_dim: int, max_len
                          f"max_len={max_len} of {where})")
 
 
-def check_lm_shapes(config: ml_collections.ConfigDict) -> None:
-    """:func:`check_model_shapes` on the lm of ``lm_config`` (its ``model.max_len`` and head
-    dimension). With ``checkpoint`` set the lm is not used; the experiment runs the same check on
-    the checkpoint once it has read its config.json.
-
-    Raises:
-      ValueError: naming the fields.
-    """
-    if config.checkpoint:
-        return
-    lm = lm_config.get_config(config.lm_config or "tiny").model
-    check_model_shapes(config, lm.d_model // lm.num_heads, lm.max_len,
-                       f"the lm (lm_config={config.lm_config!r})")
-
-
-def check_synthetic(config: ml_collections.ConfigDict) -> None:
-    """The synthetic keys: the paper's blocks (QVG 64 clamped, QVG-Pro 16, KIVI 32) divide
-    ``synth_head_dim``; one chunk of ``synth_tokens`` holds the centroids and whole KIVI groups of
-    32; the outlier channels are channels.
-
-    Raises:
-      ValueError: naming the fields.
-    """
-    d, n = config.synth_head_dim, config.synth_tokens
-    if d % 32 or d % (8 // config.bits):
-        raise ValueError(f"config field synth_head_dim = {d}: expected a multiple of 32 (KIVI's "
-                         "and QVG-Pro's blocks of 32 and 16 channels)")
-    if n % 32 or config.synth_centroids > n:
-        raise ValueError(f"config fields synth_tokens={n} and synth_centroids="
-                         f"{config.synth_centroids}: expected synth_tokens to be a multiple of 32 "
-                         "(KIVI groups) and >= synth_centroids")
-    if config.synth_outlier_channels > d:
-        raise ValueError(f"config fields synth_outlier_channels={config.synth_outlier_channels} "
-                         f"and synth_head_dim={d}: expected synth_outlier_channels <= synth_head_dim")
-
-
-CROSS_CHECKS = (check_lm_shapes, check_synthetic)
-
-
 FIELD_HELP = {
     "data_path": ("the held-out text to measure on: a UTF-8 text file; '' = for a checkpoint, English "
                   "prose written after its release (core.data.text.UNSEEN_PROSE); for the byte lm, "
@@ -226,4 +184,4 @@ FIELD_HELP = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    return cfg_lib.build(arg, base, VARIANTS)
+    return cfg_lib.build(arg, Config, VARIANTS)
