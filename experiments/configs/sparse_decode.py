@@ -11,7 +11,9 @@ The quality measurements (kept fraction, mass, error, passkey, greedy match) use
 does so).
 """
 
+import dataclasses
 import math
+from typing import Annotated
 
 import ml_collections
 
@@ -24,53 +26,64 @@ from experiments.configs import lm as lm_config
 REQUIRES = ("lm",)
 
 
-def base() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.seed = 0
+Counts = tuple[cfg_lib.Count, ...]
+LMVariant = cfg_lib.config_variant(lm_config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    seed: cfg_lib.NonNegInt = 0
     # speed workload (the paper's geometry): 32 query / 8 kv heads, D = 128, pages of 128
-    c.contexts = (4096, 16384, 65536)
-    c.batch_sizes = (1,)
-    c.num_heads = 32
-    c.num_kv_heads = 8
-    c.head_dim = 128
-    c.page_size = 128
-    c.delta = 6.0  # nats; 6 / ln 2 = 8.66 in the base-2 unit of the authors' kernel
+    contexts: Counts = (4096, 16384, 65536)
+    batch_sizes: Counts = (1,)
+    num_heads: cfg_lib.Count = 32
+    num_kv_heads: cfg_lib.Count = 8
+    # a multiple of 16 (2-bit codes packed in int32 words)
+    head_dim: Annotated[int, cfg_lib.Range(16)] = 128
+    page_size: cfg_lib.Count = 128
+    # nats; 6 / ln 2 = 8.66 in the base-2 unit of the authors' kernel
+    delta: cfg_lib.NonNegative = 6.0
     # the authors' kernel defaults, in its base-2 logits (5 aggressive, 7 conservative; 3.47 and
     # 4.85 nats): the quality table also reports FFD at these
-    c.author_deltas_log2 = (5.0, 7.0)
-    c.max_density = 0.08  # page budget of FFD's top-k variant and of Quest, a fraction of the pages
-    c.timing_reps = 5  # interleaved rounds; times and ratios are medians and ranges over them
-    c.speedup_target = 2.0  # the claim's speed-up threshold at the largest context
-    c.bandwidth_mb = 256  # array summed to measure the read bandwidth
+    author_deltas_log2: tuple[cfg_lib.NonNegative, ...] = (5.0, 7.0)
+    # page budget of FFD's top-k variant and of Quest, a fraction of the pages
+    max_density: Annotated[float, cfg_lib.Range(0, 1, lo_open=True)] = 0.08
+    # interleaved rounds; times and ratios are medians and ranges over them
+    timing_reps: cfg_lib.Count = 5
+    speedup_target: cfg_lib.Positive = 2.0  # the claim's speed-up threshold at the largest context
+    bandwidth_mb: cfg_lib.Count = 256  # array summed to measure the read bandwidth
     # quality on keys/values/queries captured from the measured model on held-out text: one
     # capture of real_context tokens (capped at the model's max_len), measured at each of
     # fit_contexts (its first c tokens) and fitted against context up to fit_target
-    c.real_context = 2048
-    c.real_page_size = 128  # the paper's page
-    c.real_queries = 8  # decode positions evaluated per layer and context, in [c/2, c)
-    c.fit_contexts = (1024, 1536, 2048)
-    c.fit_target = 131072  # the compile reports' Llama-3-8B context
+    real_context: cfg_lib.Count = 2048
+    real_page_size: cfg_lib.Count = 128  # the paper's page
+    real_queries: cfg_lib.Count = 8  # decode positions evaluated per layer and context, in [c/2, c)
+    fit_contexts: Counts = (1024, 1536, 2048)
+    fit_target: cfg_lib.Count = 131072  # the compile reports' Llama-3-8B context
     # passkey retrieval on the measured model: prompts of passkey_context tokens (with the answer)
-    c.passkey_context = 1024
-    c.passkey_depths = (0.2, 0.5, 0.8)  # where the key sits in the text, fractions of the prompt
-    c.passkey_new = 8  # greedy tokens of the answer
+    passkey_context: cfg_lib.Count = 1024
+    # where the key sits in the text, fractions of the prompt
+    passkey_depths: tuple[cfg_lib.Fraction, ...] = (0.2, 0.5, 0.8)
+    passkey_new: cfg_lib.Count = 8  # greedy tokens of the answer
     # needle test
-    c.needle_context = 16384
-    c.needles = 4
-    c.needle_trials = 2
+    needle_context: cfg_lib.Count = 16384
+    needles: cfg_lib.Count = 4
+    needle_trials: cfg_lib.Count = 2
     # greedy decoding of the trained lm with FFD at a large delta
-    c.greedy_prompt = 96
-    c.greedy_new = 64
-    c.greedy_page_size = 16
-    c.lm_config = ""  # variant of the lm experiment measured when checkpoint = ""; "" = tiny
+    greedy_prompt: cfg_lib.Count = 96
+    greedy_new: cfg_lib.Count = 64
+    greedy_page_size: cfg_lib.Count = 16
+    # variant of the lm experiment measured when checkpoint = ""; "" = tiny
+    lm_config: LMVariant = ""
     # the measured model: SmolLM2-135M-Instruct, packaged (see experiments.measured_model); a
     # GGUF file or a Hugging Face model directory; "" = the byte-level lm of lm_config
-    c.checkpoint = "smollm2-135m"
-    c.data_path = ""  # UTF-8 text file to capture on; "" = core.data.text.UNSEEN_PROSE
-    c.claim = report.claim_config(
+    checkpoint: cfg_lib.Path = "smollm2-135m"
+    data_path: cfg_lib.Path = ""  # UTF-8 text file to capture on; "" = core.data.text.UNSEEN_PROSE
+    claim: report.Claim = report.Claim(
         method="Faster Flash Decoding (FFD)",
         statement="up to 11.6x kernel speedup at 256k context (GPU), accuracy kept",
-        checks=(f"speedup_vs_dense >= {c.speedup_target:g}", "kept_fraction <= 0.2",
+        # the first threshold is speedup_target's default
+        checks=("speedup_vs_dense >= 2", "kept_fraction <= 0.2",
                 "timed_kept_mass >= 0.99", "kept_mass >= 0.99", "rel_err <= 0.01",
                 "needle_recall >= 1"),
         ours="{speedup_vs_dense:.2f}x (rounds {speedup_min:.2f}-{speedup_max:.2f}x) at "
@@ -79,7 +92,54 @@ def base() -> ml_collections.ConfigDict:
              "{rel_err:.1e}",
         # sized to decide: every timed round on the same side of the speed-up threshold
         resolved=("speedup_decided == 1",))
-    return c
+
+    def __post_init__(self):
+        # grouped heads, 16 | head_dim, and whole pages (at least two) in every synthetic context
+        if self.num_heads % self.num_kv_heads:
+            raise cfg_lib.FieldError("expected num_kv_heads to divide num_heads",
+                                     num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
+        if self.head_dim % 16:
+            raise cfg_lib.FieldError("expected a multiple of 16 (2-bit key codes are packed 16 to "
+                                     "a 32-bit word)", head_dim=self.head_dim)
+        for field in ("contexts", "needle_context"):
+            for s in getattr(self, field) if field == "contexts" else (self.needle_context,):
+                if s % self.page_size or s < 2 * self.page_size:
+                    raise cfg_lib.FieldError(
+                        f"expected each context ({s}) to be a multiple of page_size, of at least "
+                        "two pages", **{field: getattr(self, field)}, page_size=self.page_size)
+        # The budget variant attends ceil(max_density * pages) pages, and at least 2; the report
+        # states max_density as a whole percentage. Both must describe what runs: the page count
+        # may not be raised to 2 behind the report's back, nor the percentage read 0%.
+        if f"{self.max_density:.0%}" == "0%":  # the report's own formatting
+            raise cfg_lib.FieldError("expected a density that the report, which states it as a "
+                                     "whole percentage, does not show as 0% (e.g. 0.01)",
+                                     max_density=self.max_density)
+        for s in self.contexts:
+            pages = s // self.page_size
+            budget = math.ceil(self.max_density * pages)
+            if budget < 2:
+                raise cfg_lib.FieldError(
+                    f"{self.max_density!r} of {pages} pages (context {s}) is {budget} page(s), "
+                    "fewer than the 2 that the budget variant attends; expected max_density >= "
+                    f"{2 / pages:.3g} or a longer context", max_density=self.max_density,
+                    contexts=self.contexts, page_size=self.page_size)
+        # The captured and decoded model is the lm of lm_config: its model.max_len holds the
+        # greedy prompt and continuation, is a whole number of greedy pages and real-data pages,
+        # and fits at least once in real_context. With checkpoint set the lm is not used; the
+        # experiment checks the checkpoint's own limits when it has read its config.json.
+        if self.checkpoint:
+            return
+        w = lm_config.get_config(self.lm_config or "tiny").model.max_len
+        where = f"the lm's model.max_len={w} (lm_config={self.lm_config!r})"
+        if self.greedy_prompt + self.greedy_new > w:
+            raise cfg_lib.FieldError(f"expected a sum <= {where}", greedy_prompt=self.greedy_prompt,
+                                     greedy_new=self.greedy_new)
+        for field in ("greedy_page_size", "real_page_size"):
+            if w % getattr(self, field):
+                raise cfg_lib.FieldError(f"expected a divisor of {where}",
+                                         **{field: getattr(self, field)})
+        if self.real_context < w:
+            raise cfg_lib.FieldError(f"expected >= {where}", real_context=self.real_context)
 
 
 VARIANTS = {
@@ -102,110 +162,6 @@ VARIANTS = {
 }
 
 
-# What each field accepts (checked once every override is in, before any work).
-RULES = {
-    "seed": cfg_lib.integer(lo=0),
-    "contexts": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
-    "batch_sizes": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
-    "num_heads": cfg_lib.integer(lo=1),
-    "num_kv_heads": cfg_lib.integer(lo=1),
-    "head_dim": cfg_lib.integer(lo=16),  # a multiple of 16 (2-bit codes packed in int32 words)
-    "page_size": cfg_lib.integer(lo=1),
-    "delta": cfg_lib.number(lo=0),
-    "author_deltas_log2": cfg_lib.tuple_of(cfg_lib.number(lo=0)),
-    "speedup_target": cfg_lib.number(lo=0, lo_open=True),
-    "max_density": cfg_lib.number(lo=0, hi=1, lo_open=True),
-    "timing_reps": cfg_lib.integer(lo=1),
-    "bandwidth_mb": cfg_lib.integer(lo=1),
-    "real_context": cfg_lib.integer(lo=1),
-    "real_page_size": cfg_lib.integer(lo=1),
-    "real_queries": cfg_lib.integer(lo=1),
-    "fit_contexts": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
-    "fit_target": cfg_lib.integer(lo=1),
-    "passkey_context": cfg_lib.integer(lo=1),
-    "passkey_depths": cfg_lib.tuple_of(cfg_lib.number(lo=0, hi=1)),
-    "passkey_new": cfg_lib.integer(lo=1),
-    "needle_context": cfg_lib.integer(lo=1),
-    "needles": cfg_lib.integer(lo=1),
-    "needle_trials": cfg_lib.integer(lo=1),
-    "greedy_prompt": cfg_lib.integer(lo=1),
-    "greedy_new": cfg_lib.integer(lo=1),
-    "greedy_page_size": cfg_lib.integer(lo=1),
-    "lm_config": cfg_lib.variant_of(lm_config),
-    "checkpoint": cfg_lib.path_or_empty(),
-    "data_path": cfg_lib.path_or_empty(),
-}
-
-
-def check_layout(config: ml_collections.ConfigDict) -> None:
-    """Grouped heads, 16 | head_dim, and whole pages (at least two) in every synthetic context.
-
-    Raises:
-      ValueError: naming the fields.
-    """
-    if config.num_heads % config.num_kv_heads:
-        raise ValueError(f"config fields num_heads={config.num_heads} and num_kv_heads="
-                         f"{config.num_kv_heads}: expected num_kv_heads to divide num_heads")
-    if config.head_dim % 16:
-        raise ValueError(f"config field head_dim = {config.head_dim}: expected a multiple of 16 "
-                         "(2-bit key codes are packed 16 to a 32-bit word)")
-    for field, values in (("contexts", config.contexts), ("needle_context", (config.needle_context,))):
-        for s in values:
-            if s % config.page_size or s < 2 * config.page_size:
-                raise ValueError(f"config fields {field} ({s}) and page_size={config.page_size}: "
-                                 "expected each context to be a multiple of page_size, of at "
-                                 "least two pages")
-
-
-def check_max_density(config: ml_collections.ConfigDict) -> None:
-    """The budget variant attends ``ceil(max_density * pages)`` pages, and at least 2; the report states
-    ``max_density`` as a whole percentage. Both must describe what runs: the page count may not be
-    raised to 2 behind the report's back, nor the percentage read 0%.
-
-    Raises:
-      ValueError: naming max_density, the context and its page count.
-    """
-    if f"{config.max_density:.0%}" == "0%":  # the report's own formatting
-        raise ValueError(f"config field max_density = {config.max_density!r}: expected a "
-                         "density that the report, which states it as a whole percentage, does "
-                         "not show as 0% (e.g. 0.01)")
-    for s in config.contexts:
-        pages = s // config.page_size
-        budget = math.ceil(config.max_density * pages)
-        if budget < 2:
-            raise ValueError(
-                f"config fields max_density={config.max_density!r}, contexts ({s}) and page_size="
-                f"{config.page_size}: {config.max_density!r} of {pages} pages is {budget} page(s), "
-                f"fewer than the 2 that the budget variant attends; expected max_density >= "
-                f"{2 / pages:.3g} or a longer context")
-
-
-def check_lm(config: ml_collections.ConfigDict) -> None:
-    """The captured and decoded model is the lm of ``lm_config``: its ``model.max_len`` holds the
-    greedy prompt and continuation, is a whole number of greedy pages and real-data pages, and fits
-    at least once in ``real_context``. With ``checkpoint`` set the lm is not used; the experiment
-    checks the checkpoint's own limits when it has read its config.json.
-
-    Raises:
-      ValueError: naming the fields and the lm's max_len.
-    """
-    if config.checkpoint:
-        return
-    w = lm_config.get_config(config.lm_config or "tiny").model.max_len
-    where = f"the lm's model.max_len={w} (lm_config={config.lm_config!r})"
-    if config.greedy_prompt + config.greedy_new > w:
-        raise ValueError(f"config fields greedy_prompt={config.greedy_prompt} and greedy_new="
-                         f"{config.greedy_new}: expected a sum <= {where}")
-    for field in ("greedy_page_size", "real_page_size"):
-        if w % config[field]:
-            raise ValueError(f"config field {field} = {config[field]}: expected a divisor of {where}")
-    if config.real_context < w:
-        raise ValueError(f"config field real_context = {config.real_context}: expected >= {where}")
-
-
-CROSS_CHECKS = (check_layout, check_max_density, check_lm)
-
-
 FIELD_HELP = {
     "data_path": "the text to capture keys, values and queries on: a UTF-8 text file; '' = for a "
                  "checkpoint, English prose written after its release (core.data.text.UNSEEN_PROSE); "
@@ -217,4 +173,4 @@ FIELD_HELP = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    return cfg_lib.build(arg, base, VARIANTS)
+    return cfg_lib.build(arg, Config, VARIANTS)
