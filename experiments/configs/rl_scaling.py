@@ -20,66 +20,117 @@ gradient is that of KL(pi || pi_ref) (DeepSeek-V3.2, arXiv:2512.02556, Eq. 7), u
 divergence": expected gradient that of KL(pi_ref || pi)); see ``algorithms/rl_scaling/grpo.py``.
 """
 
+import dataclasses
+from typing import Annotated, Literal
+
 import ml_collections
 
 from core import config as cfg_lib
 from core import report
-from models.transformer import COMPUTE_DTYPES, REMAT_POLICIES
+from experiments.configs import lm
+
+Target = Annotated[float, cfg_lib.Range(0, 1, lo_open=True)]
 
 
-def base() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-    # Tasks: sums of `terms` numbers of `digits` digits (answer reversed, exact-match reward).
-    c.easy = ml_collections.ConfigDict(dict(terms=2, digits=2))
-    c.hard = ml_collections.ConfigDict(dict(terms=3, digits=2))
-    c.num_train = 4000  # training problems per split
-    c.num_heldout = 256  # held-out problems per split
-    # The policy; dtype is the compute dtype (parameters and optimizer state stay float32), remat
-    # the per-block rematerialisation of the GRPO backward pass (models.transformer.REMAT_POLICIES).
-    c.model = ml_collections.ConfigDict(dict(d_model=128, num_layers=3, num_heads=4, mlp_dim=256,
-                                             dtype="float32", remat="none"))
-    # Supervised warm start in two stages that end on exact pass@1 of `probe_problems` training
-    # problems, checked every `check_every` steps: easy sums alone until easy >= `easy_target`
-    # (a small model leaves its loss plateau much sooner on them, after a number of steps that
-    # depends on the batch order), then a mixture with `hard_fraction` hard sums until
-    # hard >= `hard_target`. Caps: `max_easy_steps` for the first stage, `max_steps` in all.
-    c.warmup = ml_collections.ConfigDict(dict(
-        batch_size=64, learning_rate=3e-3, warmup_steps=30, hard_fraction=0.35,
-        easy_target=0.5, hard_target=0.02, check_every=50, probe_problems=256,
-        max_easy_steps=2500, max_steps=4500))
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Sums of `terms` numbers of `digits` digits (answer reversed, exact-match reward)."""
+
+    terms: Annotated[int, cfg_lib.Range(2)] = 2
+    digits: cfg_lib.Count = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """The policy; dtype is the compute dtype (parameters and optimizer state stay float32),
+    remat the per-block rematerialisation of the GRPO backward pass
+    (models.transformer.REMAT_POLICIES)."""
+
+    d_model: cfg_lib.Count = 128
+    num_layers: cfg_lib.Count = 3
+    num_heads: cfg_lib.Count = 4
+    mlp_dim: cfg_lib.Count = 256
+    dtype: lm.Dtype = "float32"
+    remat: lm.Remat = "none"
+
+    def __post_init__(self):
+        if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:  # RoPE pairs
+            raise cfg_lib.FieldError("expected d_model / num_heads to be an even integer",
+                                     d_model=self.d_model, num_heads=self.num_heads)
+
+
+@dataclasses.dataclass(frozen=True)
+class Warmup:
+    """Supervised warm start in two stages that end on exact pass@1 of `probe_problems` training
+    problems, checked every `check_every` steps: easy sums alone until easy >= `easy_target` (a
+    small model leaves its loss plateau much sooner on them, after a number of steps that depends
+    on the batch order), then a mixture with `hard_fraction` hard sums until hard >=
+    `hard_target`. Caps: `max_easy_steps` for the first stage, `max_steps` in all."""
+
+    batch_size: cfg_lib.Count = 64
+    learning_rate: cfg_lib.Positive = 3e-3
+    warmup_steps: cfg_lib.NonNegInt = 30
+    hard_fraction: cfg_lib.Fraction = 0.35
+    easy_target: Target = 0.5
+    hard_target: Target = 0.02
+    check_every: cfg_lib.Count = 50
+    probe_problems: cfg_lib.Count = 256
+    max_easy_steps: cfg_lib.Count = 2500
+    max_steps: Annotated[int, cfg_lib.Range(2)] = 4500
+
+    def __post_init__(self):
+        if self.max_easy_steps >= self.max_steps:  # the first stage ends before the cap on both
+            raise cfg_lib.FieldError("expected max_easy_steps < max_steps",
+                                     max_easy_steps=self.max_easy_steps, max_steps=self.max_steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    seed: cfg_lib.NonNegInt = 0
+    easy: Task = Task(terms=2, digits=2)
+    hard: Task = Task(terms=3, digits=2)
+    num_train: cfg_lib.Count = 4000  # training problems per split
+    num_heldout: cfg_lib.Count = 256  # held-out problems per split
+    model: Model = Model()
+    warmup: Warmup = Warmup()
     # GRPO.
-    c.advantage = "grpo"  # or "drgrpo"
-    c.aggregation = "seq_mean"  # "token_mean", "constant"
-    c.clip_eps = 0.2
-    c.clip_eps_high = 0.28
-    c.kl_beta = 0.0  # no KL penalty in any variant
+    advantage: Literal["grpo", "drgrpo"] = "grpo"
+    aggregation: Literal["seq_mean", "token_mean", "constant"] = "seq_mean"
+    clip_eps: cfg_lib.Positive = 0.2
+    clip_eps_high: cfg_lib.Positive = 0.28
+    kl_beta: cfg_lib.NonNegative = 0.0  # no KL penalty in any variant
     # Estimator of the KL penalty when kl_beta > 0: "k3_ratio" (rho * k3, gradient of
     # KL(pi || pi_ref) on- and off-policy), "k2" (that gradient on-policy only) or "k3" (gradient
     # of KL(pi_ref || pi)); algorithms.rl_scaling.grpo.KL_ESTIMATORS.
-    c.kl_estimator = "k3_ratio"
-    c.inner_steps = 2
-    c.learning_rate = 3e-4  # constant: a run at budget C is the prefix of the run at 2C
-    c.grad_clip = 1.0
-    c.temperature = 1.0  # rollout sampling temperature; every log-prob of the loss is taken at it
-    c.hard_fraction_rl = 0.5  # share of hard problems in the RL training pool
+    kl_estimator: Literal["k3_ratio", "k2", "k3"] = "k3_ratio"
+    inner_steps: cfg_lib.Count = 2
+    # constant: a run at budget C is the prefix of the run at 2C
+    learning_rate: cfg_lib.Positive = 3e-4
+    grad_clip: cfg_lib.Positive = 1.0
+    # rollout sampling temperature; every log-prob of the loss is taken at it
+    temperature: cfg_lib.Positive = 1.0
+    hard_fraction_rl: cfg_lib.Fraction = 0.5  # share of hard problems in the RL training pool
     # Sweep: budgets C (rollouts) on a log2 grid, n and B_p grids, and the replicate runs of each
     # (n, B_p): seeds (orders of the training problems) x rollout streams (the rollouts'
     # randomness within a seed; what another CPU's rounding amounts to, docs/rl_scaling.md). The
     # intervals bootstrap over both. `paper` keeps one stream per seed: the lanes of its compiled
     # step (and its memory in AOT.md) are those of 4 seeds.
-    c.smallest_budget = 64
-    c.num_budgets = 4
-    c.ns = (2, 4, 8, 16)
-    c.problems_per_batch = (4, 8)
-    c.num_seeds = 3
-    c.num_streams = 2
-    c.pass_k = 8  # k of pass@k / coverage on the hard split
-    c.cosine_problems = 8  # problems in the per-problem gradient-cosine probe (0 = skip)
-    c.sampled_eval = 16  # samples per held-out problem for the unbiased pass@k check (0 = skip)
-    c.num_boot = 200  # bootstrap replicates of n* per budget
-    c.fit_boot = 100  # bootstrap replicates of the power-law vs sigmoid comparison (0 = skip)
-    c.claim = report.claim_config(
+    smallest_budget: cfg_lib.Count = 64
+    num_budgets: Annotated[int, cfg_lib.Range(3)] = 4  # the n*(C) fit needs >= 3 budgets
+    # the parabola for n* needs 3
+    ns: Annotated[tuple[cfg_lib.Count, ...], cfg_lib.Items(3)] = (2, 4, 8, 16)
+    problems_per_batch: tuple[cfg_lib.Count, ...] = (4, 8)
+    num_seeds: Annotated[int, cfg_lib.Range(2)] = 3  # intervals need >= 2
+    num_streams: cfg_lib.Count = 2
+    pass_k: cfg_lib.Count = 8  # k of pass@k / coverage on the hard split
+    # problems in the per-problem gradient-cosine probe (0 = skip)
+    cosine_problems: cfg_lib.NonNegInt = 8
+    # samples per held-out problem for the unbiased pass@k check (0 = skip)
+    sampled_eval: cfg_lib.NonNegInt = 16
+    num_boot: cfg_lib.Count = 200  # bootstrap replicates of n* per budget
+    # bootstrap replicates of the power-law vs sigmoid comparison (0 = skip)
+    fit_boot: cfg_lib.NonNegInt = 100
+    claim: report.Claim = report.Claim(
         method="IsoCompute Playbook (GRPO allocation)",
         statement="compute-optimal rollouts per problem n* grows with budget C, then saturates "
                   "(easy and hard)",
@@ -91,7 +142,24 @@ def base() -> ml_collections.ConfigDict:
              "{fit_winner[easy]}/{fit_winner[hard]}",
         # Sized to decide: each split's slope interval lies wholly on one side of 0.
         resolved=("n_star_slope.easy.excludes_zero == 1", "n_star_slope.hard.excludes_zero == 1"))
-    return c
+
+    def __post_init__(self):
+        if self.warmup.probe_problems > self.num_train:  # the probe draws training problems
+            raise cfg_lib.FieldError("expected probe_problems <= num_train", **{
+                "warmup.probe_problems": self.warmup.probe_problems}, num_train=self.num_train)
+        # GRPO's group normalisation needs n >= 2; a batch of n x B_p rollouts draws distinct
+        # training problems; the unbiased pass@k needs k <= the samples per problem
+        if self.advantage == "grpo" and min(self.ns) < 2:
+            raise cfg_lib.FieldError("expected every n >= 2 (group-normalised advantages)",
+                                     ns=self.ns, advantage=self.advantage)
+        worst = max(self.ns) * max(self.problems_per_batch)
+        if worst > self.num_train:
+            raise cfg_lib.FieldError(f"expected n * B_p <= num_train, got up to {worst}",
+                                     ns=self.ns, problems_per_batch=self.problems_per_batch,
+                                     num_train=self.num_train)
+        if self.sampled_eval and self.pass_k > self.sampled_eval:
+            raise cfg_lib.FieldError("expected pass_k <= sampled_eval (k <= n)",
+                                     pass_k=self.pass_k, sampled_eval=self.sampled_eval)
 
 
 VARIANTS = {
@@ -123,109 +191,5 @@ VARIANTS = {
 }
 
 
-_POSITIVE = cfg_lib.number(lo=0, lo_open=True)
-_FRACTION = cfg_lib.number(lo=0, hi=1)
-_TARGET = cfg_lib.number(lo=0, hi=1, lo_open=True)
-
-# What each field accepts (checked once every override is in, before any work).
-RULES = {
-    "seed": cfg_lib.integer(lo=0),
-    "easy.terms": cfg_lib.integer(lo=2),
-    "easy.digits": cfg_lib.integer(lo=1),
-    "hard.terms": cfg_lib.integer(lo=2),
-    "hard.digits": cfg_lib.integer(lo=1),
-    "num_train": cfg_lib.integer(lo=1),
-    "num_heldout": cfg_lib.integer(lo=1),
-    "model.d_model": cfg_lib.integer(lo=1),
-    "model.num_layers": cfg_lib.integer(lo=1),
-    "model.num_heads": cfg_lib.integer(lo=1),
-    "model.mlp_dim": cfg_lib.integer(lo=1),
-    "model.dtype": cfg_lib.one_of(*COMPUTE_DTYPES),
-    "model.remat": cfg_lib.one_of(*REMAT_POLICIES),
-    "warmup.batch_size": cfg_lib.integer(lo=1),
-    "warmup.learning_rate": _POSITIVE,
-    "warmup.warmup_steps": cfg_lib.integer(lo=0),
-    "warmup.hard_fraction": _FRACTION,
-    "warmup.easy_target": _TARGET,
-    "warmup.hard_target": _TARGET,
-    "warmup.check_every": cfg_lib.integer(lo=1),
-    "warmup.probe_problems": cfg_lib.integer(lo=1),
-    "warmup.max_easy_steps": cfg_lib.integer(lo=1),
-    "warmup.max_steps": cfg_lib.integer(lo=2),
-    "advantage": cfg_lib.one_of("grpo", "drgrpo"),
-    "aggregation": cfg_lib.one_of("seq_mean", "token_mean", "constant"),
-    "clip_eps": _POSITIVE,
-    "clip_eps_high": _POSITIVE,
-    "kl_beta": cfg_lib.number(lo=0),
-    "kl_estimator": cfg_lib.one_of("k3_ratio", "k2", "k3"),
-    "inner_steps": cfg_lib.integer(lo=1),
-    "learning_rate": _POSITIVE,
-    "grad_clip": _POSITIVE,
-    "temperature": _POSITIVE,
-    "hard_fraction_rl": _FRACTION,
-    "smallest_budget": cfg_lib.integer(lo=1),
-    "num_budgets": cfg_lib.integer(lo=3),  # the n*(C) fit needs >= 3 budgets
-    "ns": cfg_lib.tuple_of(cfg_lib.integer(lo=1), min_len=3),  # the parabola for n* needs 3
-    "problems_per_batch": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
-    "num_seeds": cfg_lib.integer(lo=2),  # intervals need >= 2
-    "num_streams": cfg_lib.integer(lo=1),
-    "pass_k": cfg_lib.integer(lo=1),
-    "cosine_problems": cfg_lib.integer(lo=0),  # 0 = skip
-    "sampled_eval": cfg_lib.integer(lo=0),  # 0 = skip
-    "num_boot": cfg_lib.integer(lo=1),
-    "fit_boot": cfg_lib.integer(lo=0),  # 0 = skip
-}
-
-
-def check_model(config: ml_collections.ConfigDict) -> None:
-    """The policy's head dimension d_model / num_heads is an even integer (RoPE rotates pairs).
-
-    Raises:
-      ValueError: naming the fields.
-    """
-    m = config.model
-    if m.d_model % m.num_heads or (m.d_model // m.num_heads) % 2:
-        raise ValueError(f"config fields model.d_model={m.d_model} and model.num_heads="
-                         f"{m.num_heads}: expected d_model / num_heads to be an even integer")
-
-
-def check_warm_start(config: ml_collections.ConfigDict) -> None:
-    """The first warm-start stage ends before the cap on both, and the probe draws training
-    problems.
-
-    Raises:
-      ValueError: naming the fields.
-    """
-    w = config.warmup
-    if w.max_easy_steps >= w.max_steps:
-        raise ValueError(f"config fields warmup.max_easy_steps={w.max_easy_steps} and "
-                         f"warmup.max_steps={w.max_steps}: expected max_easy_steps < max_steps")
-    if w.probe_problems > config.num_train:
-        raise ValueError(f"config fields warmup.probe_problems={w.probe_problems} and num_train="
-                         f"{config.num_train}: expected probe_problems <= num_train")
-
-
-def check_sweep(config: ml_collections.ConfigDict) -> None:
-    """GRPO's group normalisation needs n >= 2; a batch of n x B_p rollouts draws distinct
-    training problems; the unbiased pass@k needs k <= the samples per problem.
-
-    Raises:
-      ValueError: naming the fields.
-    """
-    if config.advantage == "grpo" and min(config.ns) < 2:
-        raise ValueError(f"config fields ns={config.ns} and advantage='grpo': expected every n "
-                         ">= 2 (group-normalised advantages)")
-    worst = max(config.ns) * max(config.problems_per_batch)
-    if worst > config.num_train:
-        raise ValueError(f"config fields ns, problems_per_batch and num_train={config.num_train}: "
-                         f"expected n * B_p <= num_train, got up to {worst}")
-    if config.sampled_eval and config.pass_k > config.sampled_eval:
-        raise ValueError(f"config fields pass_k={config.pass_k} and sampled_eval="
-                         f"{config.sampled_eval}: expected pass_k <= sampled_eval (k <= n)")
-
-
-CROSS_CHECKS = (check_model, check_warm_start, check_sweep)
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    return cfg_lib.build(arg, base, VARIANTS)
+    return cfg_lib.build(arg, Config, VARIANTS)
