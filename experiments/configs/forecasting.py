@@ -19,64 +19,84 @@ With neither, the embedded default. ``benchmark.data`` (set in ``tiny``) adds th
 not measured and how to get the file.
 """
 
+import dataclasses
+from typing import Annotated, Literal
+
 import ml_collections
 
 from core import config as cfg_lib
 from core import report
 
+SERIES = ("etth1", "etth2", "exchange_rate")  # downloadable series (core.data.download)
 
-def base() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.seed = 2021
-    c.data = ""                 # comma-separated public data sets by name (core.data.download)
-    c.data_path = ""            # comma-separated files; with data "" too: statsmodels' mstl_elec_vic.csv
-    c.data_dir = ""             # cache of downloaded data sets; "" = $XDG_CACHE_HOME/icml26-jax
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    data: cfg_lib.datasets(*SERIES) = ""
+    horizons: tuple[cfg_lib.Count, ...] = (192,)
+    num_seeds: cfg_lib.NonNegInt = 0  # 0 = num_seeds
+    max_steps_per_epoch: cfg_lib.NonNegInt = 0  # 0 = max_steps_per_epoch
+    timeout: cfg_lib.Positive = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    seed: cfg_lib.NonNegInt = 2021
+    # comma-separated public data sets by name (core.data.download)
+    data: cfg_lib.datasets(*SERIES, several=True) = ""
+    # comma-separated files; with data "" too: statsmodels' mstl_elec_vic.csv
+    data_path: cfg_lib.Paths = ""
+    data_dir: str = ""  # cache of downloaded data sets; "" = $XDG_CACHE_HOME/icml26-jax
     # The paper's case beside the others: the data set `benchmark.data` at `benchmark.horizons`,
     # measured when its file is cached or the download starts within `benchmark.timeout` seconds
     # (else "not measured here", with how to get it); num_seeds and max_steps_per_epoch, when
     # positive, replace the run's for this case.
-    c.benchmark = ml_collections.ConfigDict(dict(data="", horizons=(192,), num_seeds=0,
-                                                 max_steps_per_epoch=0, timeout=10.0))
-    c.columns = ""              # comma-separated channel names to keep ("" = all)
-    c.split = "auto"            # auto | ett_hour | ett_minute | ratio (70/10/20)
+    benchmark: Benchmark = Benchmark()
+    columns: str = ""  # comma-separated channel names to keep ("" = all)
+    split: Literal["auto", "ett_hour", "ett_minute", "ratio"] = "auto"  # ratio: 70/10/20
     # Timestamps must be at one step. "none": a missing step or value is an error naming the file
     # and line; "linear": missing rows and values are interpolated, and the report counts them.
-    c.fill_gaps = "none"
-    c.qice_out_of_range = "ppm"  # QICE: targets outside the samples' range in no bin (PPM code) | "card"
-    c.input_len = 96
-    c.horizons = (96,)
+    fill_gaps: Literal["none", "linear"] = "none"
+    # QICE: targets outside the samples' range in no bin (PPM code) | "card"
+    qice_out_of_range: Literal["ppm", "card"] = "ppm"
+    input_len: cfg_lib.Count = 96
+    horizons: tuple[cfg_lib.Count, ...] = (96,)
     # PPM (the authors' ETTh1 script: d_model 256, d_ff 512, K 100, tau 0.1, bandwidth 0.3).
-    c.d_model = 256
-    c.d_ff = 512
-    c.train_samples = 100       # K prior draws per window in the hybrid loss
-    c.eval_samples = 100        # samples per window for the metrics
-    c.tau = 0.1
-    c.bandwidth = 0.3
+    d_model: cfg_lib.Count = 256
+    d_ff: cfg_lib.Count = 512
+    train_samples: cfg_lib.Count = 100  # K prior draws per window in the hybrid loss
+    eval_samples: Annotated[int, cfg_lib.Range(2)] = 100  # samples per window for the metrics
+    tau: cfg_lib.Positive = 0.1
+    bandwidth: cfg_lib.Positive = 0.3
     # Optimisation: Adam, rate halved every epoch after the second, early stopping on val loss.
-    c.batch_size = 64
-    c.eval_batch_size = 64
-    c.learning_rate = 1e-4
-    c.max_epochs = 30
-    c.patience = 5
-    c.max_steps_per_epoch = 0   # 0 = one pass over the training windows
-    c.val_stride = 1            # every k-th validation window scores early stopping
-    c.test_stride = 1           # every k-th test window is scored (all methods share them)
+    batch_size: cfg_lib.Count = 64
+    eval_batch_size: cfg_lib.Count = 64
+    learning_rate: cfg_lib.Positive = 1e-4
+    max_epochs: cfg_lib.Count = 30
+    patience: cfg_lib.Count = 5
+    max_steps_per_epoch: cfg_lib.NonNegInt = 0  # 0 = one pass over the training windows
+    val_stride: cfg_lib.Count = 1  # every k-th validation window scores early stopping
+    test_stride: cfg_lib.Count = 1  # every k-th test window is scored (all methods share them)
     # Baselines.
-    c.baselines = ("gaussian_prior", "linear", "seasonal_naive", "arima")
-    c.gaussian_learning_rate = 1e-3
-    c.linear_ridge = 1e-3
-    c.seasonal_period = 0       # 0 = from the timestamps (data.seasonal_period_guess)
-    c.arima_order = (2, 0, 1)
-    c.arima_seasonal_order = (1, 0, 0, 24)
-    c.arima_fit_steps = 1000    # the last this-many training steps fit the ARIMA parameters
-    c.fan_windows = 3
+    baselines: tuple[Literal["gaussian_prior", "linear", "seasonal_naive", "arima"], ...] = (
+        "gaussian_prior", "linear", "seasonal_naive", "arima")
+    gaussian_learning_rate: cfg_lib.Positive = 1e-3
+    linear_ridge: cfg_lib.NonNegative = 1e-3
+    seasonal_period: cfg_lib.NonNegInt = 0  # 0 = from the timestamps (data.seasonal_period_guess)
+    # (p, d, q)
+    arima_order: tuple[cfg_lib.NonNegInt, cfg_lib.NonNegInt, cfg_lib.NonNegInt] = (2, 0, 1)
+    arima_seasonal_order: tuple[cfg_lib.NonNegInt, cfg_lib.NonNegInt, cfg_lib.NonNegInt,
+                                cfg_lib.NonNegInt] = (1, 0, 0, 24)  # (P, D, Q, s)
+    # the last this-many training steps fit the ARIMA parameters
+    arima_fit_steps: cfg_lib.Count = 1000
+    fan_windows: cfg_lib.NonNegInt = 3
     # Seeds (network initialisation, window shuffling and draws: seed, seed + 1, ...). PPM and the
     # Gaussian prior are refitted per seed; the claim counts a case as a PPM win when it wins in
     # most seeds, and as undecided when the 90% interval of its CRPS gap over seeds contains 0.
-    c.num_seeds = 5
+    num_seeds: cfg_lib.Count = 5
     # The authors' committed ETTh1 96->192 result is checked when ETTh1 is in the run
     # (etth1_192_vs_paper: the larger of our CRPS and MSE over theirs; missing otherwise).
-    c.claim = report.claim_config(
+    claim: report.Claim = report.Claim(
         method="PPM forecasting",
         statement="ETTh1 96->192: CRPS 0.3369, MSE 0.4474, QICE 1.475% (authors' committed "
                   "result); better accuracy and calibration than baselines",
@@ -85,7 +105,12 @@ def base() -> ml_collections.ConfigDict:
         ours="{summary}",
         # Sized to decide: in every case the seeds agree on the sign of PPM's CRPS gap.
         resolved=("crps_undecided == 0",))
-    return c
+
+    def __post_init__(self):
+        *pdq, season = self.arima_seasonal_order  # a seasonal term needs a season of >= 2 steps
+        if any(pdq) and season < 2:
+            raise cfg_lib.FieldError("expected a season s >= 2 when P, D or Q is positive",
+                                     arima_seasonal_order=self.arima_seasonal_order)
 
 
 VARIANTS = {
@@ -118,68 +143,6 @@ VARIANTS = {
 }
 
 
-_POSITIVE = cfg_lib.number(lo=0, lo_open=True)
-_SERIES = ("etth1", "etth2", "exchange_rate")  # downloadable series (core.data.download)
-
-# What each field accepts (checked once every override is in, before any work).
-RULES = {
-    "seed": cfg_lib.integer(lo=0),
-    "data": cfg_lib.dataset_names(*_SERIES, several=True),
-    "data_path": cfg_lib.path_or_empty(several=True),
-    "data_dir": cfg_lib.string(),
-    "benchmark.data": cfg_lib.dataset_names(*_SERIES),
-    "benchmark.horizons": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
-    "benchmark.num_seeds": cfg_lib.integer(lo=0),  # 0 = num_seeds
-    "benchmark.max_steps_per_epoch": cfg_lib.integer(lo=0),  # 0 = max_steps_per_epoch
-    "benchmark.timeout": cfg_lib.number(lo=0, lo_open=True),
-    "columns": cfg_lib.string(),
-    "split": cfg_lib.one_of("auto", "ett_hour", "ett_minute", "ratio"),
-    "fill_gaps": cfg_lib.one_of("none", "linear"),
-    "qice_out_of_range": cfg_lib.one_of("ppm", "card"),
-    "input_len": cfg_lib.integer(lo=1),
-    "horizons": cfg_lib.tuple_of(cfg_lib.integer(lo=1)),
-    "d_model": cfg_lib.integer(lo=1),
-    "d_ff": cfg_lib.integer(lo=1),
-    "train_samples": cfg_lib.integer(lo=1),
-    "eval_samples": cfg_lib.integer(lo=2),
-    "tau": _POSITIVE,
-    "bandwidth": _POSITIVE,
-    "batch_size": cfg_lib.integer(lo=1),
-    "eval_batch_size": cfg_lib.integer(lo=1),
-    "learning_rate": _POSITIVE,
-    "max_epochs": cfg_lib.integer(lo=1),
-    "patience": cfg_lib.integer(lo=1),
-    "max_steps_per_epoch": cfg_lib.integer(lo=0),  # 0 = one pass
-    "val_stride": cfg_lib.integer(lo=1),
-    "test_stride": cfg_lib.integer(lo=1),
-    "baselines": cfg_lib.tuple_of(
-        cfg_lib.one_of("gaussian_prior", "linear", "seasonal_naive", "arima")),
-    "gaussian_learning_rate": _POSITIVE,
-    "linear_ridge": cfg_lib.number(lo=0),
-    "seasonal_period": cfg_lib.integer(lo=0),  # 0 = from the timestamps
-    "arima_order": cfg_lib.tuple_of(cfg_lib.integer(lo=0), 3, 3),  # (p, d, q)
-    "arima_seasonal_order": cfg_lib.tuple_of(cfg_lib.integer(lo=0), 4, 4),  # (P, D, Q, s)
-    "arima_fit_steps": cfg_lib.integer(lo=1),
-    "fan_windows": cfg_lib.integer(lo=0),
-    "num_seeds": cfg_lib.integer(lo=1),
-}
-
-
-def check_seasonal_order(config: ml_collections.ConfigDict) -> None:
-    """A seasonal ARIMA term needs a season of at least two steps.
-
-    Raises:
-      ValueError: P, D or Q > 0 with s < 2.
-    """
-    *pdq, season = config.arima_seasonal_order
-    if any(pdq) and season < 2:
-        raise ValueError(f"config field arima_seasonal_order = {config.arima_seasonal_order}: "
-                         "expected a season s >= 2 when P, D or Q is positive")
-
-
-CROSS_CHECKS = (check_seasonal_order,)
-
-
 FIELD_HELP = {
     "data": "public data sets by name, comma-separated: etth1, etth2, exchange_rate (downloaded "
             "once into data_dir)",
@@ -193,4 +156,4 @@ FIELD_HELP = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    return cfg_lib.build(arg, base, VARIANTS)
+    return cfg_lib.build(arg, Config, VARIANTS)
