@@ -86,18 +86,15 @@ def _split_top_level(text: str) -> list[str]:
     return parts
 
 
-def build(
-    arg: str | None,
-    schema: type | Callable[[], ml_collections.ConfigDict],
-    variants: Mapping[str, Mapping[str, Any]],
-) -> ml_collections.ConfigDict:
+def build(arg: str | None, schema: type,
+          variants: Mapping[str, Mapping[str, Any]]) -> ml_collections.ConfigDict:
     """Builds a config: the defaults of ``schema``, then the named variant's fields, then
     ``key=value`` overrides.
 
     Args:
       arg: ``"variant[,key=value...]"``; ``None`` means ``tiny``.
       schema: the experiment's ``Config`` dataclass, whose field defaults are those shared by all
-        variants (:func:`defaults`); or a function returning them as a ``ConfigDict``.
+        variants (:func:`defaults`).
       variants: variant name -> field updates (dotted keys reach nested dicts).
 
     Returns:
@@ -113,7 +110,7 @@ def build(
     if name not in variants:
         raise ValueError(f"unknown config variant {name!r}{_did_you_mean(name, variants)}; "
                          f"expected one of {sorted(variants)}")
-    config = (ml_collections.ConfigDict(defaults(schema)) if is_schema(schema) else schema())
+    config = ml_collections.ConfigDict(defaults(schema))
     config.variant = name
     for key, value in {**variants[name], **overrides}.items():
         _set_dotted(config, key, value)
@@ -180,11 +177,6 @@ _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "Tru
                tuple: "a tuple"}
 
 
-def to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """A JSON-serialisable plain dict of ``config`` (tuples become lists)."""
-    return config.to_dict()
-
-
 # ---------------------------------------------------------------------------------------------
 # Schemas: what each field accepts, read from the type hints of the experiment's ``Config``
 # dataclass, and the checks of its ``__post_init__``, applied once after every override.
@@ -246,28 +238,10 @@ class Rule:
     def passes(self, value: Any) -> bool:
         try:
             return bool(self.test(value))
-        except ValueError as e:
-            raise _Refused((str(e).strip().splitlines() or [""])[0]) from None
+        except ValueError:
+            raise
         except Exception:  # noqa: BLE001 - any other failure of the test is a refusal
             return False
-
-    def accepts(self, value: Any) -> bool:
-        """Whether ``value`` passes ``test``."""
-        try:
-            return self.passes(value)
-        except _Refused:
-            return False
-
-    def refusal(self, value: Any) -> str | None:
-        """``None`` if ``value`` passes, else what was expected (with the reason it gave)."""
-        try:
-            return None if self.passes(value) else self.expected
-        except _Refused as e:
-            return f"{self.expected} ({e})" if str(e) else self.expected
-
-
-class _Refused(Exception):
-    """A :class:`Rule`'s test refused a value with a reason."""
 
 
 Count = Annotated[int, Range(1)]
@@ -277,13 +251,11 @@ NonNegative = Annotated[float, Range(0)]
 Fraction = Annotated[float, Range(0, 1)]
 OpenFraction = Annotated[float, Range(0, 1, lo_open=True, hi_open=True)]
 NonEmpty = Annotated[str, Rule(lambda v: bool(v.strip()), "a non-empty string")]
-# A file path, or "" for the experiment's default data; existence is checked when it is read.
-Path = Annotated[str, Rule(lambda v: v == v.strip() and "\n" not in v,
-                           "a file path (a string without surrounding blanks) or '' for the "
-                           "default")]
-Paths = Annotated[str, Rule(lambda v: v == v.strip() and "\n" not in v,
-                            "comma-separated file paths (a string without surrounding blanks) or "
-                            "'' for the default")]
+# A file path (or comma-separated paths), or "" for the experiment's default data; existence is
+# checked when it is read.
+_PATH = " (a string without surrounding blanks) or '' for the default"
+Path = Annotated[str, Rule(lambda v: v == v.strip() and "\n" not in v, "a file path" + _PATH)]
+Paths = Annotated[str, Rule(Path.__metadata__[0].test, "comma-separated file paths" + _PATH)]
 
 
 def datasets(*names: str, several: bool = False) -> Any:
@@ -382,11 +354,12 @@ def expected(tp: Any) -> str:
 
 def refusal(tp: Any, value: Any) -> str | None:
     """``None`` if ``value`` is of type ``tp``, else what was expected (:func:`expected`, with
-    the reason a :class:`Rule` gave, e.g. for :func:`variant_of`)."""
+    the reason a :class:`Rule` gave, e.g. for :func:`config_variant`)."""
     try:
         return None if _accepts(tp, value) else expected(tp)
-    except _Refused as e:
-        return f"{expected(tp)} ({e})" if str(e) else expected(tp)
+    except ValueError as e:
+        reason = (str(e).strip().splitlines() or [""])[0]
+        return f"{expected(tp)} ({reason})" if reason else expected(tp)
 
 
 class FieldError(ValueError):
@@ -471,11 +444,6 @@ def _construct(schema: type, config: ml_collections.ConfigDict, prefix: str) -> 
         return schema(**values)
     except FieldError as e:
         raise ValueError(e.text(prefix)) from None
-    except ValueError as e:
-        if not prefix:
-            raise
-        fields = {n: (prefix + n, v) for n, v in values.items()}
-        raise _reworded(e, fields, schema.__name__) from None
 
 
 def validate(config: ml_collections.ConfigDict, schema: type) -> Any:
@@ -493,14 +461,13 @@ def validate(config: ml_collections.ConfigDict, schema: type) -> Any:
     Raises:
       ValueError: one line naming every refused field, its value and what was expected
         (``config field 'steps' = 0: expected an integer >= 1``); a field the schema lacks or a
-        schema field the config lacks (the config is not the one the schema was written for); a
-        warm-up longer than its training (:func:`check_warmup`); or the first check of a
-        ``__post_init__`` that fails (a :class:`FieldError` names the fields by their paths).
+        schema field the config lacks (the config is not the one the schema was written for); or
+        the first check of a ``__post_init__`` that fails (a :class:`FieldError` names the fields
+        by their paths).
     """
     problems = field_problems(schema, config, "")
     if problems:
         raise ValueError("; ".join(problems))
-    check_warmup(config)
     return _construct(schema, config, "")
 
 
@@ -529,20 +496,15 @@ def check_built(build: Callable[[], Any], fields: Mapping[str, tuple[str, Any]],
     try:
         return build()
     except ValueError as e:
-        raise _reworded(e, fields, what, derived) from None
-
-
-def _reworded(error: ValueError, fields: Mapping[str, tuple[str, Any]], what: str,
-              derived: Mapping[str, Sequence[str]] | None = None) -> ValueError:
-    reason = (str(error).strip().splitlines() or [""])[0]
-    named = [n for n in fields if re.search(rf"\b{re.escape(n)}\s*=", reason)]
-    for quantity, sources in (derived or {}).items():
-        if re.search(rf"\b{re.escape(quantity)}\s*=", reason):
-            named += [n for n in sources if n in fields and n not in named]
-    shown = list(dict.fromkeys(f"{fields[n][0]}={_shown(fields[n][1])}"
-                               for n in named or fields))  # several names, one field
-    return ValueError(f"config field{'s' if len(shown) > 1 else ''} {' and '.join(shown)}: "
-                      f"expected values that {what} accepts ({reason})")
+        reason = (str(e).strip().splitlines() or [""])[0]
+        named = [n for n in fields if re.search(rf"\b{re.escape(n)}\s*=", reason)]
+        for quantity, sources in (derived or {}).items():
+            if re.search(rf"\b{re.escape(quantity)}\s*=", reason):
+                named += [n for n in sources if n in fields and n not in named]
+        shown = list(dict.fromkeys(f"{fields[n][0]}={_shown(fields[n][1])}"
+                                   for n in named or fields))  # several names, one field
+        raise ValueError(f"config field{'s' if len(shown) > 1 else ''} {' and '.join(shown)}: "
+                         f"expected values that {what} accepts ({reason})") from None
 
 
 def get_field(config: ml_collections.ConfigDict, path: str) -> Any:
@@ -556,34 +518,6 @@ def get_field(config: ml_collections.ConfigDict, path: str) -> Any:
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-# Fields that bound a training run's steps, beside which a ``warmup_steps`` field is checked.
-STEP_FIELDS = ("steps", "max_steps")
-
-
-def check_warmup(config: ml_collections.ConfigDict, prefix: str = "") -> None:
-    """A learning-rate warm-up must fit in the training it warms up: in every group of fields
-    (the config itself and each nested group) that has ``warmup_steps`` and a step bound
-    (:data:`STEP_FIELDS`), ``warmup_steps`` may not exceed it (a longer warm-up never reaches the
-    configured learning rate, and its decay never starts). Applied by :func:`validate` to every
-    experiment's config.
-
-    Raises:
-      ValueError: naming both fields and their values.
-    """
-    for key, value in config.items():
-        if isinstance(value, ml_collections.ConfigDict):
-            check_warmup(value, f"{prefix}{key}.")
-    if "warmup_steps" not in config:
-        return
-    warmup = config["warmup_steps"]
-    for bound in STEP_FIELDS:
-        steps = config.get(bound)
-        if _is_int(warmup) and _is_int(steps) and warmup > steps:
-            raise ValueError(f"config fields {prefix}warmup_steps={warmup} and {prefix}{bound}="
-                             f"{steps}: expected warmup_steps <= {bound} (the warm-up would "
-                             "outlast training)")
 
 
 def validate_module_config(config: ml_collections.ConfigDict, module: Any,
@@ -615,215 +549,6 @@ def validate_module_config(config: ml_collections.ConfigDict, module: Any,
                              f"not of {own!r}; expected "
                              f"{os.path.join(os.path.dirname(source), own + '.py')!r}")
     try:
-        if not hasattr(module, "Config"):
-            return _legacy_validate(config, module.RULES, getattr(module, "CROSS_CHECKS", ()))
         return validate(config, module.Config)
     except ValueError as e:
         raise ValueError(f"{lead}{e}") from None
-
-
-# ---- legacy rule tables (removed once every config has a schema) ----
-
-# experiment config module) and checked once, after every override, before any work.
-
-
-def _range_text(lo, hi, lo_open: bool, hi_open: bool) -> str:
-    if lo is not None and hi is not None:
-        return f" in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-    if lo is not None:
-        return f" {'>' if lo_open else '>='} {lo:g}"
-    if hi is not None:
-        return f" {'<' if hi_open else '<='} {hi:g}"
-    return ""
-
-
-def _in_range(value, lo, hi, lo_open: bool, hi_open: bool) -> bool:
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        return False
-    return not (hi is not None and (value >= hi if hi_open else value > hi))
-
-
-def integer(lo: int | None = None, hi: int | None = None) -> Rule:
-    """An ``int`` (not ``bool``) in ``[lo, hi]`` (either bound optional)."""
-    return Rule(lambda v: _is_int(v) and _in_range(v, lo, hi, False, False),
-                "an integer" + _range_text(lo, hi, False, False))
-
-
-def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-           hi_open: bool = False) -> Rule:
-    """A finite real (``int`` or ``float``, not ``bool``, not nan or inf) between ``lo`` and
-    ``hi``; ``lo_open`` / ``hi_open`` exclude the bound itself."""
-    return Rule(lambda v: _is_real(v) and _in_range(v, lo, hi, lo_open, hi_open),
-                "a finite number" + _range_text(lo, hi, lo_open, hi_open))
-
-
-def one_of(*choices: Any) -> Rule:
-    """One of ``choices`` (compared by type and value: ``1`` does not match ``True`` or ``1.0``)."""
-    if not choices:
-        raise ValueError("one_of: expected at least one choice, got none")
-    return Rule(lambda v: any(type(v) is type(c) and v == c for c in choices),
-                "one of " + ", ".join(repr(c) for c in choices))
-
-
-def boolean() -> Rule:
-    """``True`` or ``False`` (not 0 / 1)."""
-    return Rule(lambda v: isinstance(v, bool), "True or False")
-
-
-def string(nonempty: bool = False) -> Rule:
-    """A ``str``; with ``nonempty``, not empty or blank."""
-    if nonempty:
-        return Rule(lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
-    return Rule(lambda v: isinstance(v, str), "a string")
-
-
-def path_or_empty(several: bool = False) -> Rule:
-    """A file path, or ``""`` for the experiment's default data; with ``several``, a
-    comma-separated list of paths. Existence is checked by the experiment when it reads."""
-    what = "comma-separated file paths" if several else "a file path"
-    return Rule(lambda v: isinstance(v, str) and v == v.strip() and "\n" not in v,
-                f"{what} (a string without surrounding blanks) or '' for the default")
-
-
-def dataset_names(*names: str, several: bool = False) -> Rule:
-    """``""`` (none) or one of the downloadable data sets ``names`` (keys of
-    :data:`core.data.download.DATASETS`, any case); with ``several``, comma-separated names."""
-    allowed = {n.lower() for n in names}
-
-    def test(value: Any) -> bool:
-        if not isinstance(value, str):
-            return False
-        parts = [p.strip().lower() for p in value.split(",")] if value.strip() else []
-        return (several or len(parts) <= 1) and all(p in allowed for p in parts)
-
-    what = "comma-separated names" if several else "a name"
-    return Rule(test, f"{what} of {', '.join(names)} or '' for none")
-
-
-def tuple_of(rule: Rule, min_len: int = 1, max_len: int | None = None) -> Rule:
-    """A tuple (or list) of ``min_len`` to ``max_len`` items, each accepted by ``rule``."""
-    if max_len == min_len:
-        size = f"{min_len} item{'s' if min_len != 1 else ''}"
-    elif max_len is None:
-        size = f">= {min_len} item{'s' if min_len != 1 else ''}"
-    else:
-        size = f"{min_len} to {max_len} items"
-    return Rule(lambda v: isinstance(v, tuple | list) and len(v) >= min_len
-                and (max_len is None or len(v) <= max_len) and all(rule.accepts(x) for x in v),
-                f"a tuple of {size}, each {rule.expected}")
-
-
-def any_of(*rules: Rule) -> Rule:
-    """A value that at least one of ``rules`` accepts."""
-    return Rule(lambda v: any(r.accepts(v) for r in rules),
-                " or ".join(r.expected for r in rules))
-
-
-def claim_check() -> Rule:
-    """A claim check string (grammar: :func:`core.report.parse_check`)."""
-
-    def test(value: Any) -> bool:
-        from core.report import parse_check
-
-        parse_check(value)
-        return True
-
-    return Rule(lambda v: isinstance(v, str) and test(v),
-                "a check '<metric> <op> <number>' or '<metric> <op> [<number> *] <metric> "
-                "[+|- <number>]'")
-
-
-# Rules of the ``claim`` group every experiment's config carries (``core.report.claim_config``);
-# applied by :func:`validate` to any config that has the group.
-CLAIM_RULES: dict[str, Rule] = {
-    "claim.method": string(nonempty=True),
-    "claim.statement": string(nonempty=True),
-    "claim.checks": tuple_of(claim_check()),
-    "claim.ours": string(nonempty=True),
-    "claim.resolved": tuple_of(claim_check(), min_len=0),  # optional: older configs lack it
-}
-
-
-def optimizer_rules(prefix: str = "") -> dict[str, Rule]:
-    """Rules of the optimizer fields shared by the training configs (``algorithms.lm.training``,
-    ``algorithms.diffusion_lm.grid``): ``learning_rate`` > 0, ``warmup_steps`` >= 0,
-    ``weight_decay`` >= 0, ``grad_clip`` > 0, each under ``prefix`` (e.g. ``"optim."``)."""
-    return {f"{prefix}learning_rate": number(lo=0, lo_open=True),
-            f"{prefix}warmup_steps": integer(lo=0),
-            f"{prefix}weight_decay": number(lo=0),
-            f"{prefix}grad_clip": number(lo=0, lo_open=True)}
-
-
-def training_rules(prefix: str = "") -> dict[str, Rule]:
-    """Rules of a language-model training run's fields (``algorithms.lm.training.train``): the
-    :func:`optimizer_rules`, ``seq_len`` >= 2 (a next-token loss needs two positions),
-    ``batch_size``, ``steps``, ``log_every`` and ``checkpoint_every`` >= 1, each under
-    ``prefix`` (e.g. ``"evaluator."``)."""
-    return {f"{prefix}seq_len": integer(lo=2), f"{prefix}batch_size": integer(lo=1),
-            f"{prefix}steps": integer(lo=1), **optimizer_rules(prefix),
-            f"{prefix}log_every": integer(lo=1), f"{prefix}checkpoint_every": integer(lo=1)}
-
-
-def _legacy_validate(config: ml_collections.ConfigDict, rules: Mapping[str, Rule],
-             cross_checks: Sequence[Callable[[ml_collections.ConfigDict], None]] = ()) -> None:
-    """Checks every field of ``config`` against its rule, then the cross-field checks.
-
-    Args:
-      config: a built config (after every override).
-      rules: dotted field path -> :class:`Rule`, one for every leaf field (groups of fields such
-        as ``model`` need none; ``variant``, set by :func:`build`, must be a string; the
-        ``claim`` group gets :data:`CLAIM_RULES`).
-      cross_checks: functions ``config -> None`` that raise ``ValueError`` (naming the fields)
-        when fields that are each valid do not fit together; run only when every field passed.
-
-    Raises:
-      ValueError: one line naming every refused field, its value and what was expected
-        (``config field 'steps' = 0: expected an integer >= 1``); a leaf field with no rule or a
-        rule for a field the config does not have (the config is not the one the rules were
-        written for); a warm-up longer than its training (:func:`check_warmup`); or the first
-        failing cross-field check.
-    """
-    paths = field_paths(config)
-    if "claim" in paths:
-        rules = {**{k: r for k, r in CLAIM_RULES.items() if k != "claim.resolved"
-                    or k in paths}, **rules}
-    problems = []
-    for path in paths:
-        value = get_field(config, path)
-        if isinstance(value, ml_collections.ConfigDict):
-            continue
-        rule = rules.get(path)
-        if rule is None and path == "variant":
-            rule = string(nonempty=True)
-        if rule is None:
-            problems.append(f"config field {path!r} is not a field of this experiment's config "
-                            "(no rule for it)")
-        elif (expected := rule.refusal(value)) is not None:
-            problems.append(f"config field {path!r} = {_shown(value)}: expected {expected}")
-    missing = [p for p in rules if p not in paths]
-    if missing:
-        problems.append(f"config lacks the field(s) {', '.join(map(repr, missing))} that this "
-                        "experiment needs")
-    if problems:
-        raise ValueError("; ".join(problems))
-    check_warmup(config)
-    for check in cross_checks:
-        check(config)
-
-
-def variant_of(module: Any) -> Rule:
-    """``""`` (the default variant) or an argument of ``module.get_config`` (``"smoke"``,
-    ``"tiny,steps=10"``) whose config passes ``module``'s ``RULES`` and ``CROSS_CHECKS``: for a
-    field naming the config of another experiment whose output this one reads."""
-    name = module.__name__.rsplit(".", 1)[-1]
-    variants = ", ".join(repr(v) for v in getattr(module, "VARIANTS", VARIANTS))
-
-    def test(value: Any) -> bool:
-        if not isinstance(value, str):
-            return False
-        if value:
-            validate_module_config(module.get_config(value), module)
-        return True
-
-    return Rule(test, f"'' or a valid variant of the {name} config ({variants}, optionally "
-                      "followed by ,field=value overrides)")

@@ -472,17 +472,6 @@ class Claim:
                 "ours": self.ours.format(**metrics), "reproduces": self.verdict(metrics)}
 
 
-def claim_config(method: str, statement: str, checks: Sequence[str], ours: str,
-                 resolved: Sequence[str] = ()):
-    """A ``ConfigDict`` for an experiment's ``config.claim`` (validated as a :class:`Claim`)."""
-    import ml_collections
-
-    Claim(method, statement, tuple(checks), ours, tuple(resolved))
-    return ml_collections.ConfigDict(
-        {"method": method, "statement": statement, "checks": tuple(checks), "ours": ours,
-         "resolved": tuple(resolved)})
-
-
 def finish(out_dir: str, *, title: str, metrics: Mapping[str, Any], body: str,
            claim: Claim | Mapping[str, Any] | None = None,
            figures: Mapping[str, plt.Figure] | None = None) -> Section:

@@ -1,6 +1,6 @@
 """The experiments, discovered from ``experiments/configs/``, in the order the main job runs them.
 
-An experiment ``x`` is a config module ``experiments/configs/x.py`` (``get_config(arg)``, ``RULES``)
+An experiment ``x`` is a config module ``experiments/configs/x.py`` (``get_config(arg)``, ``Config``)
 with a module ``experiments/x.py`` (``run(config, workdir) -> core.report.Section``); nothing else
 lists it. A config module that reads another experiment's outputs names it in ``REQUIRES`` (e.g.
 ``sparse_decode`` decodes with the model ``lm`` trains); the main job runs requirements first and

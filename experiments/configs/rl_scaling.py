@@ -79,6 +79,10 @@ class Warmup:
     max_steps: Annotated[int, cfg_lib.Range(2)] = 4500
 
     def __post_init__(self):
+        if self.warmup_steps > self.max_steps:
+            raise cfg_lib.FieldError("expected warmup_steps <= max_steps (the warm-up would "
+                                     "outlast training)", warmup_steps=self.warmup_steps,
+                                     max_steps=self.max_steps)
         if self.max_easy_steps >= self.max_steps:  # the first stage ends before the cap on both
             raise cfg_lib.FieldError("expected max_easy_steps < max_steps",
                                      max_easy_steps=self.max_easy_steps, max_steps=self.max_steps)

@@ -24,12 +24,6 @@ from tests.hypothesis_budget import examples
 MODULES = {name: importlib.import_module(f"experiments.configs.{name}")
            for name in registry.EXPERIMENTS}
 
-
-def _module(name):
-    if not hasattr(MODULES[name], "Config"):
-        pytest.skip(f"{name}: its config has no schema yet")
-    return MODULES[name]
-
 VARIANT_CASES = [(name, v) for name, m in MODULES.items() for v in m.VARIANTS]
 
 
@@ -63,7 +57,7 @@ def _with(config, path, value):
 def _refused(name, config, path):
     """Validates; returns the message, which must name ``path``."""
     with pytest.raises(ValueError) as info:
-        cfg_lib.validate_module_config(config, _module(name))
+        cfg_lib.validate_module_config(config, MODULES[name])
     message = str(info.value)
     assert "\n" not in message
     assert path in message, message
@@ -74,7 +68,7 @@ def _refused(name, config, path):
 
 @pytest.mark.parametrize("name, variant", VARIANT_CASES)
 def test_every_variant_passes_and_builds_its_schema(name, variant):
-    module = _module(name)
+    module = MODULES[name]
     config = module.get_config(variant)
     built = cfg_lib.validate_module_config(config, module)
     assert isinstance(built, module.Config)
@@ -85,14 +79,14 @@ def test_every_variant_passes_and_builds_its_schema(name, variant):
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_every_experiment_states_its_claim_with_checks_on_its_metrics(name):
-    config = _module(name).get_config("tiny")
+    config = MODULES[name].get_config("tiny")
     assert "claim" in config, f"{name}: config.claim (a core.report.Claim group) is missing"
     claim = report.Claim.from_config(config.claim)  # parses every check
     assert claim.statement and claim.checks
     bad = config.copy_and_resolve_references()
     bad.claim.checks = ("nonsense <",)
     with pytest.raises(ValueError, match="config field 'claim.checks'"):
-        cfg_lib.validate_module_config(bad, _module(name))
+        cfg_lib.validate_module_config(bad, MODULES[name])
 
 
 # -- the bad inputs that used to fail deep in a run or with the wrong cause ----------------------
@@ -122,7 +116,7 @@ def test_every_experiment_states_its_claim_with_checks_on_its_metrics(name):
     ("rl_scaling", "warmup.easy_target", 0.0), ("rl_scaling", "aggregation", "sum"),
 ])
 def test_bad_value_is_refused_naming_the_field(name, path, value):
-    config = _module(name).get_config("smoke")
+    config = MODULES[name].get_config("smoke")
     message = _refused(name, _with(config, path, value), path)
     assert "expected" in message
 
@@ -130,7 +124,7 @@ def test_bad_value_is_refused_naming_the_field(name, path, value):
 @pytest.mark.parametrize("name", list(MODULES))
 def test_every_field_refuses_values_of_no_kind_it_takes(name):
     """A sweep over every field: None, a value of another kind, nan and bool are refused."""
-    config = _module(name).get_config("smoke")
+    config = MODULES[name].get_config("smoke")
     for path in _leaves(config):
         value = cfg_lib.get_field(config, path)
         bad = [None, object()]
@@ -149,7 +143,7 @@ def test_every_field_refuses_values_of_no_kind_it_takes(name):
 
 
 def test_all_refused_fields_are_named_in_one_line():
-    config = _with(_with(_module("lm").get_config("smoke"), "steps", 0), "batch_size", -1)
+    config = _with(_with(MODULES["lm"].get_config("smoke"), "steps", 0), "batch_size", -1)
     message = _refused("lm", config, "steps")
     assert "'batch_size' = -1" in message and "'steps' = 0" in message
 
@@ -176,28 +170,28 @@ def test_all_refused_fields_are_named_in_one_line():
     ("judge_btl", {"columns.tie_value": "left"}, ("left_value", "tie_value")),
 ])
 def test_cross_field_checks(name, overrides, names):
-    config = _module(name).get_config("smoke")
+    config = MODULES[name].get_config("smoke")
     for path, value in overrides.items():
         config = _with(config, path, value)
-        assert not cfg_lib.field_problems(_module(name).Config, config)  # every field alone is valid
+        assert not cfg_lib.field_problems(MODULES[name].Config, config)  # every field alone is valid
     with pytest.raises(ValueError) as info:
-        cfg_lib.validate_module_config(config, _module(name))
+        cfg_lib.validate_module_config(config, MODULES[name])
     assert all(n in str(info.value) for n in names), str(info.value)
 
 
 def test_sparse_decode_page_budget_is_what_the_report_states():
     """ceil(max_density * pages) must reach the XLA path's 2 pages in every context; the smallest
     accepted density for the smoke context (2048 / 128 = 16 pages) is exactly 2 / 16."""
-    config = _module("sparse_decode").get_config("smoke")
+    config = MODULES["sparse_decode"].get_config("smoke")
     pages = config.contexts[0] // config.page_size
     assert pages == 16
-    cfg_lib.validate_module_config(_with(config, "max_density", 2 / pages), _module("sparse_decode"))
+    cfg_lib.validate_module_config(_with(config, "max_density", 2 / pages), MODULES["sparse_decode"])
     below = np.nextafter(1 / pages, 0.0)  # ceil(below * 16) = 1 page: raised to 2 behind the report
     _refused("sparse_decode", _with(config, "max_density", float(below)), "max_density")
     # a density the report would print as 0%
     long = _with(_with(config, "contexts", (1 << 20,)), "max_density", 0.005)  # f"{0.005:.0%}": 0%
     assert "0%" in _refused("sparse_decode", long, "max_density")
-    cfg_lib.validate_module_config(_with(long, "max_density", 0.006), _module("sparse_decode"))
+    cfg_lib.validate_module_config(_with(long, "max_density", 0.006), MODULES["sparse_decode"])
 
 
 # -- the types a field may have ------------------------------------------------------------------
@@ -303,7 +297,7 @@ def test_validate_field_coverage_and_check_order():
 
 def test_variant_override_of_the_wrong_type_names_the_field():
     with pytest.raises(ValueError, match=r"config field 'steps' = 'abc': expected an integer$"):
-        _module("lm").get_config("smoke,steps=abc")
+        MODULES["lm"].get_config("smoke,steps=abc")
     assert cfg_lib.parse_arg("tiny,lm_config='smoke,steps=2',ns=(1, 2)") == (
         "tiny", {"lm_config": "smoke,steps=2", "ns": (1, 2)})
 
@@ -312,10 +306,10 @@ def test_another_experiments_config_file_names_both():
     spf = MODULES["spf"].get_config("tiny")
     with pytest.raises(ValueError, match=r"'experiments/configs/spf.py' is the config of experiment "
                                          r"'spf', not of 'lm'"):
-        cfg_lib.validate_module_config(spf, _module("lm"), "experiments/configs/spf.py:tiny")
+        cfg_lib.validate_module_config(spf, MODULES["lm"], "experiments/configs/spf.py:tiny")
     # a config file of another name that is no experiment's is checked field by field
     with pytest.raises(ValueError, match="'problems' is not a field"):
-        cfg_lib.validate_module_config(spf, _module("lm"), "/tmp/my_config.py")
+        cfg_lib.validate_module_config(spf, MODULES["lm"], "/tmp/my_config.py")
 
 
 def test_config_choices_match_the_library_constants():
@@ -327,14 +321,14 @@ def test_config_choices_match_the_library_constants():
     from algorithms.spf.problems import DRIFTS, KINDS
 
     def choices(name, path, probe):
-        return {c for c in probe if cfg_lib.refusal(_type(_module(name), path), c) is None}
+        return {c for c in probe if cfg_lib.refusal(_type(MODULES[name], path), c) is None}
 
     assert choices("rl_scaling", "advantage", ADVANTAGE_MODES + ("ppo",)) == set(ADVANTAGE_MODES)
     assert choices("rl_scaling", "aggregation", AGGREGATIONS + ("sum",)) == set(AGGREGATIONS)
     assert choices("forecasting", "split", SPLITS + ("x",)) == set(SPLITS)
     assert choices("forecasting", "fill_gaps", FILL_GAPS + ("x",)) == set(FILL_GAPS)
     assert choices("forecasting", "qice_out_of_range", OUT_OF_RANGE + ("x",)) == set(OUT_OF_RANGE)
-    assert set(_module("spf").PROBLEMS) == {f"{k}_{d}" for k in KINDS for d in DRIFTS}
+    assert set(MODULES["spf"].PROBLEMS) == {f"{k}_{d}" for k in KINDS for d in DRIFTS}
 
 
 # -- model fields: the library's own checks and choices ------------------------------------------
@@ -357,8 +351,8 @@ def test_config_choices_match_the_library_constants():
      ("evaluator.model.d_model=6", "evaluator.model.num_heads=2"), "head_dim=3"),
 ])
 def test_a_bad_model_field_is_refused_once_naming_its_path(name, path, value, named, reason):
-    config = _with(_module(name).get_config("smoke"), path, value)
-    assert not cfg_lib.field_problems(_module(name).Config, config)  # the field alone passes
+    config = _with(MODULES[name].get_config("smoke"), path, value)
+    assert not cfg_lib.field_problems(MODULES[name].Config, config)  # the field alone passes
     message = _refused(name, config, path.split(".")[-1])
     assert message.startswith(f"config field{'s' if len(named) > 1 else ''} {named[0]}"), message
     assert all(n in message for n in named) and reason in message, message
@@ -378,7 +372,7 @@ def test_every_choice_the_library_lists_is_accepted(name, paths):
 
     listed = {"attention": IMPLEMENTATIONS, "remat": tuple(REMAT_POLICIES),
               "dtype": COMPUTE_DTYPES}
-    config = _module(name).get_config("smoke")
+    config = MODULES[name].get_config("smoke")
     seen = 0
     for prefix in paths:
         for field, values in listed.items():
@@ -386,13 +380,13 @@ def test_every_choice_the_library_lists_is_accepted(name, paths):
                 continue
             seen += 1
             for value in values:
-                cfg_lib.validate_module_config(_with(config, prefix + field, value), _module(name))
+                cfg_lib.validate_module_config(_with(config, prefix + field, value), MODULES[name])
             _refused(name, _with(config, prefix + field, "flash"), prefix + field)
     assert seen >= 2
     if name == "diffusion_lm":
         for family in FAMILIES:  # each family alone beside the three the claim needs
             families = tuple(dict.fromkeys(("ar", "mdlm", "duo", family)))
-            cfg_lib.validate_module_config(_with(config, "families", families), _module(name))
+            cfg_lib.validate_module_config(_with(config, "families", families), MODULES[name])
         _refused(name, _with(config, "families", ("ar", "mdlm", "duo", "bert")), "families")
 
 
@@ -431,16 +425,16 @@ def test_entry_points_refuse_bad_fields_in_one_line(entry_point_runs, args, expe
     ("rl_scaling", "warmup.warmup_steps", "warmup.max_steps", 8),
 ])
 def test_a_warmup_longer_than_training_is_refused_naming_both_fields(name, warmup, bound, steps):
-    config = _module(name).get_config("smoke")
+    config = MODULES[name].get_config("smoke")
     assert cfg_lib.get_field(config, bound) == steps
-    cfg_lib.validate_module_config(_with(config, warmup, steps), _module(name))  # equal: fits
+    cfg_lib.validate_module_config(_with(config, warmup, steps), MODULES[name])  # equal: fits
     with pytest.raises(ValueError) as info:
-        cfg_lib.validate_module_config(_with(config, warmup, steps + 1), _module(name))
+        cfg_lib.validate_module_config(_with(config, warmup, steps + 1), MODULES[name])
     assert f"{warmup}={steps + 1} and {bound}={steps}" in str(info.value), str(info.value)
 
 
 def test_a_warmup_longer_than_training_is_refused_in_a_nested_lm_variant():
     with pytest.raises(ValueError, match=r"warmup_steps=5 and steps=4"):
         cfg_lib.validate_module_config(
-            _module("kv_quant").get_config("smoke,lm_config='smoke,warmup_steps=5'"),
-            _module("kv_quant"))
+            MODULES["kv_quant"].get_config("smoke,lm_config='smoke,warmup_steps=5'"),
+            MODULES["kv_quant"])
