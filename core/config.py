@@ -287,15 +287,6 @@ def config_variant(module: Any) -> Any:
                                      "optionally followed by ,field=value overrides)")]
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
 def _accepts(tp: Any, value: Any, min_items: int = 1) -> bool:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Annotated:
@@ -320,9 +311,10 @@ def _accepts(tp: Any, value: Any, min_items: int = 1) -> bool:
         if len(args) == 2 and args[1] is Ellipsis:
             return len(value) >= min_items and all(_accepts(args[0], v) for v in value)
         return len(value) == len(args) and all(_accepts(a, v) for a, v in zip(args, value))
-    if tp is Any:
-        return True
-    return {int: _is_int, float: _is_real}.get(tp, lambda v: isinstance(v, tp))(value)
+    if tp in (int, float):  # not bool; a float is finite
+        return (isinstance(value, numbers.Integral if tp is int else numbers.Real)
+                and not isinstance(value, bool) and math.isfinite(value))
+    return tp is Any or isinstance(value, tp)
 
 
 _WORDS = {int: "an integer", float: "a finite number", bool: "True or False", str: "a string"}
@@ -385,8 +377,7 @@ class FieldError(ValueError):
         return f"config fields {', '.join(shown[:-1])} and {shown[-1]}: {self.reason}"
 
 
-def is_schema(tp: Any) -> bool:
-    """Whether a field of type ``tp`` is a group of fields (a dataclass)."""
+def _is_group(tp: Any) -> bool:  # a field of type tp is a group of fields
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
@@ -416,13 +407,11 @@ def field_problems(schema: type, config: ml_collections.ConfigDict, prefix: str 
             continue
         else:
             tp = hints[key]
-        if is_schema(tp) and isinstance(value, ml_collections.ConfigDict):
+        group = isinstance(value, ml_collections.ConfigDict)
+        if _is_group(tp) and group:
             problems += field_problems(tp, value, path + ".")
-        elif is_schema(tp) or isinstance(value, ml_collections.ConfigDict):
-            what = f"a group of the fields {', '.join(defaults(tp))}" if is_schema(tp) else \
-                expected(tp)
-            problems.append(f"config field {path!r} = {_shown(value)}: expected {what}")
-        elif (why := refusal(tp, value)) is not None:
+        elif (why := f"a group of the fields {', '.join(defaults(tp))}" if _is_group(tp) else
+              expected(tp) if group else refusal(tp, value)) is not None:
             problems.append(f"config field {path!r} = {_shown(value)}: expected {why}")
     missing = [prefix + n for n in names if n not in config]
     if missing:
@@ -438,7 +427,7 @@ def _plain(value: Any) -> Any:
 def _construct(schema: type, config: ml_collections.ConfigDict, prefix: str) -> Any:
     hints = typing.get_type_hints(schema, include_extras=True)
     values = {f.name: (_construct(hints[f.name], config[f.name], f"{prefix}{f.name}.")
-                       if is_schema(hints[f.name]) else _plain(config[f.name]))
+                       if _is_group(hints[f.name]) else _plain(config[f.name]))
               for f in dataclasses.fields(schema) if f.init}
     try:
         return schema(**values)
