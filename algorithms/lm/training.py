@@ -20,6 +20,7 @@ import ml_collections
 import optax
 from flax import nnx
 
+from core import config as cfg_lib
 from core import sharding
 from core.data import ByteTokenizer, TextBatcher, load_corpus
 from core.data.text import Corpus
@@ -42,6 +43,18 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
     m["mlp_dim"] = m["mlp_dim"] or None
     m["dtype"] = jnp.dtype(m["dtype"])
     return TransformerConfig(vocab_size=vocab_size, causal=True, **m)
+
+
+def check_seq_len(seq_len: int, max_len: int) -> None:
+    """A run's windows fit its model: RoPE is trained only on positions below ``seq_len``, and the
+    model holds ``model.max_len``.
+
+    Raises:
+      core.config.FieldError: ``seq_len > max_len``, naming both fields.
+    """
+    if seq_len > max_len:
+        raise cfg_lib.FieldError("expected seq_len <= model.max_len", seq_len=seq_len,
+                                 **{"model.max_len": max_len})
 
 
 def learning_rate(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -103,17 +116,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     under this schedule would train neither run.
 
     Raises:
-      ValueError: ``seq_len`` above ``model.max_len``, a checkpoint of another run in
-        ``workdir`` (settings fingerprint), or of this run asked for another ``steps`` (one
-        line naming both step counts), a ``model_parallelism`` that does not divide the heads
-        or MLP width, an attention implementation the platform lacks, or unreadable or unsplittable
-        text at ``data_path`` (naming the file, :func:`core.data.text.load_corpus`), or a split
-        shorter than one window of ``seq_len + 1`` tokens.
+      ValueError: ``seq_len`` above ``model.max_len`` (:func:`check_seq_len`), a checkpoint of
+        another run in ``workdir`` (settings fingerprint), or of this run asked for another
+        ``steps`` (one line naming both step counts), a ``model_parallelism`` that does not
+        divide the heads or MLP width, an attention implementation the platform lacks, or
+        unreadable or unsplittable text at ``data_path`` (naming the file,
+        :func:`core.data.text.load_corpus`), or a split shorter than one window of
+        ``seq_len + 1`` tokens.
       FileNotFoundError: a ``data_path`` entry does not exist.
     """
-    if config.seq_len > config.model.max_len:
-        raise ValueError(f"lm config: seq_len={config.seq_len} exceeds model.max_len="
-                         f"{config.model.max_len}")
+    check_seq_len(config.seq_len, config.model.max_len)
     tokenizer = ByteTokenizer()
     corpus = load_corpus(config.data_path or None, val_fraction=config.val_fraction,
                          tokenizer=tokenizer)

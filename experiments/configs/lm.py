@@ -86,9 +86,7 @@ class Training(Optimizer):
         if self.warmup_steps > self.steps:  # it would never reach the rate nor start its decay
             raise cfg_lib.FieldError("expected warmup_steps <= steps (the warm-up would outlast "
                                      "training)", warmup_steps=self.warmup_steps, steps=self.steps)
-        if self.seq_len > self.model.max_len:
-            raise cfg_lib.FieldError("expected seq_len <= model.max_len", seq_len=self.seq_len,
-                                     **{"model.max_len": self.model.max_len})
+        training.check_seq_len(self.seq_len, self.model.max_len)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,7 +80,8 @@ def test_lm_text_shorter_than_one_window_names_the_file_split_and_fix(tmp_path):
 
 def test_lm_sequence_longer_than_model_raises(tmp_path):
     config = lm_config.get_config("tiny,seq_len=512")
-    with pytest.raises(ValueError, match="seq_len=512 exceeds model.max_len=256"):
+    with pytest.raises(ValueError, match="seq_len=512 and model.max_len=256: expected seq_len <= "
+                                         "model.max_len"):
         lm.run(config, str(tmp_path))
 
 
