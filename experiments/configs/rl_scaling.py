@@ -25,6 +25,7 @@ from typing import Annotated, Literal
 
 import ml_collections
 
+from algorithms.rl_scaling import trainer
 from core import config as cfg_lib
 from core import report
 from experiments.configs import lm
@@ -52,11 +53,6 @@ class Model:
     mlp_dim: cfg_lib.Count = 256
     dtype: lm.Dtype = "float32"
     remat: lm.Remat = "none"
-
-    def __post_init__(self):
-        if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:  # RoPE pairs
-            raise cfg_lib.FieldError("expected d_model / num_heads to be an even integer",
-                                     d_model=self.d_model, num_heads=self.num_heads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +144,11 @@ class Config:
         resolved=("n_star_slope.easy.excludes_zero == 1", "n_star_slope.hard.excludes_zero == 1"))
 
     def __post_init__(self):
+        # the policy's TransformerConfig, so that the model's own checks apply (e.g. an even head
+        # dimension d_model / num_heads for RoPE)
+        fields = {n: (f"model.{n}", v) for n, v in dataclasses.asdict(self.model).items()}
+        cfg_lib.check_built(lambda: trainer.policy_config(self.model, 1, 1), fields,
+                            "TransformerConfig", derived={"head_dim": ("d_model", "num_heads")})
         if self.warmup.probe_problems > self.num_train:  # the probe draws training problems
             raise cfg_lib.FieldError("expected probe_problems <= num_train", **{
                 "warmup.probe_problems": self.warmup.probe_problems}, num_train=self.num_train)
