@@ -170,11 +170,7 @@ def _set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None
         node[leaf] = value
     except TypeError:  # ml_collections refuses a value of another type than the default's
         raise ValueError(f"config field {key!r} = {value!r}: expected "
-                         f"{_TYPE_WORDS.get(type(current), type(current).__name__)}") from None
-
-
-_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "True or False",
-               tuple: "a tuple"}
+                         f"{expected(type(current))}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +313,8 @@ def _accepts(tp: Any, value: Any, min_items: int = 1) -> bool:
     return tp is Any or isinstance(value, tp)
 
 
-_WORDS = {int: "an integer", float: "a finite number", bool: "True or False", str: "a string"}
+_WORDS = {int: "an integer", float: "a finite number", bool: "True or False", str: "a string",
+          tuple: "a tuple"}
 
 
 def expected(tp: Any) -> str:
