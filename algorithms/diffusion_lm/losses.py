@@ -55,10 +55,14 @@ def _ratio_divergence(num: jax.Array, den: jax.Array, d: jax.Array) -> jax.Array
     poly = jnp.zeros_like(us)
     for coef in _SERIES:
         poly = poly * us + coef
-    # Both branches get safe operands, so that neither puts a NaN into the other's gradient.
-    ud = jnp.where(small, _SERIES_RADIUS, u)
-    rd = jnp.where(small, 1.0 + _SERIES_RADIUS, num / den)
-    direct = jnp.where(pos, ud - jnp.log(rd), jnp.where(num > 0, jnp.inf, 0.0))
+    # Every branch gets safe operands, so that none puts a NaN into another's gradient: the
+    # logarithm sees r only where r > 0 and it is taken (a zero-mass entry such as [BOS], with
+    # num = den = 0, would otherwise give 0 * inf in the backward pass); h is constant (+inf or
+    # 0) where r = 0 or den = 0.
+    finite = pos & (num > 0) & ~small
+    ud = jnp.where(finite, u, _SERIES_RADIUS)
+    rd = jnp.where(finite, num / den, 1.0 + _SERIES_RADIUS)
+    direct = jnp.where(finite, ud - jnp.log(rd), jnp.where(pos | (num > 0), jnp.inf, 0.0))
     return jnp.where(small, us * us * poly, direct)
 
 
