@@ -33,6 +33,7 @@ import numpy as np
 from algorithms.diffusion_lm import evaluator as evaluator_lib
 from algorithms.diffusion_lm import grid as grid_lib
 from algorithms.diffusion_lm import scaling
+from algorithms.diffusion_lm.baselines import ngram_counts_bpb
 from algorithms.diffusion_lm.processes import nats_to_bpb
 from algorithms.lm.evaluation import heldout_bpb
 from core import figures as style
@@ -100,6 +101,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
     # Held-out NELBO per family on the same windows with the same draws (paired); Eso-LM's
     # also under its sampling process (alpha_0 = sampling.alpha0 < 1).
     final = windows[config.final_eval_windows]
+    # count-based reference levels on the same tokens: the unigram (letter frequencies) and
+    # the bigram (the previous byte), fitted on the training split
+    baselines = ngram_counts_bpb(corpus.train, final, tok.num_bytes)
     key = jax.random.key(config.seed + 11)
     val = {f: runner.evaluate(m, final, config.final_eval_reps, key) for f, m in ref.items()}
     if "esolm" in ref:
@@ -143,6 +147,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "val_bpb": {f: nats_to_bpb(v["mean"]) for f, v in val.items()},
         "val_bpb_se": {f: nats_to_bpb(v["se"]) for f, v in val.items()},
         "val_ppl_bound": {f: math.exp(v["mean"]) for f, v in val.items()},
+        "baseline_bpb": baselines,
         "paired_diff_bpb": paired,
         "eval_draws": {"windows": config.final_eval_windows, "reps": config.final_eval_reps,
                        "isoflop_reps": config.eval_reps},
@@ -167,12 +172,22 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
             for f in ref}
     return report.finish(out, title="Scaling beyond masked diffusion LMs (diffusion_lm)",
                          metrics=metrics, body=_body(config, metrics), claim=config.claim,
-                         figures={"isoflop": _plot_isoflop(g, fits, budgets),
+                         figures={"isoflop": _plot_isoflop(g, fits, budgets, baselines),
                                   "pareto": _plot_pareto(gen_ci, tps),
-                                  "loss_curves": _plot_losses(hist)})
+                                  "loss_curves": _plot_losses(hist, baselines)})
 
 
-def _plot_isoflop(g, fits, budgets) -> plt.Figure:
+BASELINE_STYLE = {"unigram": ("0.45", "--"), "bigram": ("0.45", ":")}
+
+
+def _baseline_lines(ax, baselines) -> None:
+    """The count-based reference levels (bits/byte) as grey horizontal lines, labelled."""
+    for name, bpb in (baselines or {}).items():
+        color, ls = BASELINE_STYLE[name]
+        ax.axhline(bpb, color=color, ls=ls, lw=1, label=f"{name} (add-one) {bpb:.2f}")
+
+
+def _plot_isoflop(g, fits, budgets, baselines=None) -> plt.Figure:
     fig, axes = plt.subplots(1, len(fits), figsize=(3.2 * len(fits), 3.0), sharey=True, squeeze=False)
     for ax, (fam, fit) in zip(axes[0], fits.items()):
         for k, c in enumerate(budgets):
@@ -185,6 +200,7 @@ def _plot_isoflop(g, fits, budgets) -> plt.Figure:
         if edge.any():  # not an optimum: the grid does not bracket it
             ax.plot(n_opt[edge], l_opt[edge], "*", ls="none", ms=8, mfc="none", mec="k",
                     label="budget not bracketed by the grid (no $N^*$)")
+        _baseline_lines(ax, baselines)
         ax.set_xscale("log")
         style.log_ticks(ax, "x")
         law = (f"$N^* \\propto C^{{{fit.exponent:.2f}}}$" if np.isfinite(fit.exponent) else
@@ -218,11 +234,12 @@ def _plot_pareto(gen_ci, tps) -> plt.Figure:
     return fig
 
 
-def _plot_losses(hist) -> plt.Figure:
+def _plot_losses(hist, baselines=None) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for fam, h in hist.items():
         ax.plot([r["step"] for r in h], [nats_to_bpb(r["nelbo"]) for r in h], color=COLORS[fam],
                 label=LABELS[fam])
+    _baseline_lines(ax, baselines)
     ax.set(xlabel="step", ylabel="training-batch NELBO (bits/byte)",
            title="Training curves (reference size)")
     style.integer_ticks(ax, "x")
@@ -232,9 +249,20 @@ def _plot_losses(hist) -> plt.Figure:
 
 def _body(config, m) -> str:
     fams = sorted(m["val_bpb"], key=lambda f: m["val_bpb"][f])
+    rows = [(m["val_bpb"][f], [LABELS[f], m["val_bpb"][f], m["val_bpb_se"][f],
+                               m["val_ppl_bound"][f]]) for f in fams]
+    rows += [(b, [f"*{n} baseline (add-one counts of the training split)*", b, "—", 2.0 ** b])
+             for n, b in m["baseline_bpb"].items()]
     table = report.markdown_table(
         ["family", "val bits/byte (NELBO)", "s.e. (windows)", "perplexity bound"],
-        [[LABELS[f], m["val_bpb"][f], m["val_bpb_se"][f], m["val_ppl_bound"][f]] for f in fams])
+        [r for _, r in sorted(rows, key=lambda r: r[0])])
+    base = m["baseline_bpb"]
+    above = [LABELS[f] for f in fams if m["val_bpb"][f] >= base["bigram"]]
+    base_line = (f"Count-based reference levels on the same tokens: unigram {base['unigram']:.3f}, "
+                 f"bigram {base['bigram']:.3f} bits/byte (each window's first byte scored by the "
+                 "unigram). " + ("Every family is below the bigram." if not above else
+                                 f"At or above the bigram: {', '.join(above)} (not past the "
+                                 "previous byte's information)."))
     ptable = report.markdown_table(
         ["difference (bits/byte)", "mean", "s.e.", "95% interval", "resolved"],
         [[f"{LABELS[a]} - {LABELS[b]}", d["mean"], d["se"], f"[{d['lo']:+.3f}, {d['hi']:+.3f}]",
@@ -283,7 +311,7 @@ def _body(config, m) -> str:
         f"{dr['reps']} time / mask draws, the same windows and draws for every family (paired), "
         f"with diffusion times drawn from U[t_min, 1], t_min = {config.process.t_min}: the "
         "estimate is (1/(1-t_min)) times the integral over [t_min, 1], so it omits the slice "
-        f"nearest clean data.{eso}", "", table, "",
+        f"nearest clean data.{eso}", "", table, "", base_line, "",
         f"Ordering by held-out bits/byte: {' < '.join(LABELS[f] for f in fams)}. Paper: AR < "
         "masked < uniform-state (test perplexity at equal compute). Paired differences (per "
         "window, same draws; s.e. over windows):", "", ptable, "",
@@ -301,7 +329,8 @@ def _body(config, m) -> str:
         f"(held-out {ev['val_bpb']:.3f} bits/byte on the same windows), not by a model of the "
         f"grid; {config.sampling.batches} batches of {config.batch_size} samples per setting, "
         "95% interval over the samples:", "", stable, "", steps_line, "",
-        "    python -m experiments.diffusion_lm --config=experiments/configs/diffusion_lm.py:tiny",
+        "    python -m experiments.diffusion_lm --config=experiments/configs/diffusion_lm.py:"
+        f"{config.get('variant', 'tiny')}",
     ])
 
 

@@ -48,9 +48,11 @@ def _diffusion_lm():
     tps = {f: {"2": 8e3 * (1 + i), "8": 2e3 * (1 + i)} for i, f in enumerate(all_fams)}
     hist = {f: [{"step": s, "nelbo": np.log(2) * (9 - 0.1 * s + RNG.uniform(0, 2))} for s in range(2, 22, 2)]
             for f in all_fams}
-    return {"isoflop": (e._plot_isoflop(g, {f: fit for f in fams}, budgets), ()),
+    base = {"unigram": 9.4, "bigram": 8.3}  # the count-based reference lines, drawn in range
+    return {"isoflop": (e._plot_isoflop(g, {f: fit for f in fams}, budgets, base),
+                        [(i, v) for i in range(len(fams)) for v in base.values()]),
             "pareto": (e._plot_pareto(gen, tps), ()),
-            "loss_curves": (e._plot_losses(hist), ())}
+            "loss_curves": (e._plot_losses(hist, base), [(0, v) for v in base.values()])}
 
 
 def _forecasting():
