@@ -162,7 +162,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         "ce_vs_nelbo_flops_ratio": ce_ratio,
         "params": {f: m.params_count for f, m in ref.items()},
         "flops_per_token": {f: m.flops_per_token for f, m in ref.items()},
-        "reference_size": tuple(config.sizes[config.reference_size]),
+        "reference_size": tuple(g.reference_size),
+        "reference_budget": grid_lib.reference_of(config)[1],
         "reference_steps": g.reference_steps, "train_seconds": g.seconds,
         "t_range": [config.process.t_min, 1.0], "samples": text,
     }
@@ -306,7 +307,8 @@ def _body(config, m) -> str:
              "one constant-rate run per size, read where each budget is spent")
     return "\n".join([
         f"Byte-level models at the reference size {m['reference_size']} (d_model, layers, heads), "
-        f"{m['reference_steps']} steps of {config.batch_size}x{config.seq_len} tokens. Validation "
+        f"{m['reference_steps']} steps of {config.batch_size}x{config.seq_len} tokens "
+        f"({m['reference_budget']:.3g} FLOPs for AR; the same steps for every family). Validation "
         f"is the true NELBO (exact NLL for AR) on {dr['windows']} held-out windows x "
         f"{dr['reps']} time / mask draws, the same windows and draws for every family (paired), "
         f"with diffusion times drawn from U[t_min, 1], t_min = {config.process.t_min}: the "

@@ -365,7 +365,8 @@ class GridResult:
       steps: {family: [C, S]} steps at which each budget was spent.
       reference: {family: Model} trained models at the reference size (every family).
       reference_runs: {family: run directory} of those models (``train_metrics.jsonl``).
-      reference_steps: the reference size's step count at the largest budget.
+      reference_size: (d_model, layers, heads) of those models.
+      reference_steps: their step count (:func:`reference_of`).
       seconds: training wall time spent here.
     """
 
@@ -378,16 +379,37 @@ class GridResult:
     reference_runs: dict[str, str]
     reference_steps: int
     seconds: float
+    reference_size: tuple[int, int, int] = ()
 
 
 SCHEDULES = ("cosine", "constant")
 
 
+def reference_of(config: ml_collections.ConfigDict) -> tuple[tuple[int, int, int], float, bool]:
+    """The per-family comparison's size, its budget (FLOPs) and whether it is a cell of the grid.
+
+    ``config.reference`` (a (d_model, layers, heads) triple; empty: ``sizes[reference_size]``)
+    and ``config.reference_budget`` (FLOPs; 0: the largest of ``budgets``). Every family trains
+    there for the same number of steps: those that spend the reference budget at that size for
+    the first family trained there (of ``isoflop_families`` when the comparison is a grid cell,
+    else of ``families``). When the size is one of
+    ``sizes`` and the budget the largest, the grid's runs there are the comparison's; otherwise
+    each family gets its own run.
+    """
+    size = tuple(config.get("reference", ()) or config.sizes[config.reference_size])
+    largest = max(float(b) for b in config.budgets)
+    budget = float(config.get("reference_budget", 0.0)) or largest
+    in_grid = size in {tuple(s) for s in config.sizes} and budget == largest
+    return size, budget, in_grid
+
+
 def run_grid(runner: Runner, train_tokens: np.ndarray, windows: np.ndarray, runs_dir: str,
              cache: MutableMapping[str, Any]) -> GridResult:
     """Trains ``config.isoflop_families`` at every size and budget, then the other ``families`` at
-    the reference size for the reference size's largest-budget step count (every run sees the
-    same batch stream and key: differences come from the family, the size and the budget).
+    the reference size for the reference step count (:func:`reference_of`; every run sees the
+    same batch stream and key: differences come from the family, the size and the budget). A
+    reference outside the grid (another size, or a budget above the grid's) is its own run for
+    every family, in ``<runs_dir>/<family>_d<d>_l<layers>_ref``.
 
     ``config.optim.schedule``: ``"cosine"`` trains one run per (size, budget), its learning rate
     decayed to that budget's step (Chinchilla's Approach 2, as Sahoo et al. 2026 do), in
@@ -403,16 +425,16 @@ def run_grid(runner: Runner, train_tokens: np.ndarray, windows: np.ndarray, runs
     if schedule not in SCHEDULES:
         raise ValueError(f"config field optim.schedule={schedule!r}: expected one of {SCHEDULES}")
     budgets = sorted(float(b) for b in c.budgets)
-    ref = tuple(c.sizes[c.reference_size])
+    ref, ref_budget, in_grid = reference_of(c)
     tokens_per_step = c.batch_size * c.seq_len
     cosine = schedule == "cosine"
-    out = GridResult({}, {}, {}, {}, {}, {}, {}, 0, 0.0)
+    out = GridResult({}, {}, {}, {}, {}, {}, {}, 0, 0.0, ref)
     for fam in c.isoflop_families:
         cells, counts, used = [], [], []
         for size in c.sizes:
             m = runner.model(fam, size)
             steps = budget_steps(budgets, m.flops_per_token, tokens_per_step)
-            is_ref = tuple(size) == ref
+            is_ref = in_grid and tuple(size) == ref
             row = []
             if cosine:
                 for k, n in enumerate(steps):
@@ -443,9 +465,11 @@ def run_grid(runner: Runner, train_tokens: np.ndarray, windows: np.ndarray, runs
         if fam in out.reference:
             continue
         m = runner.model(fam, ref)
-        steps = out.reference_steps or budget_steps(budgets[-1:], m.flops_per_token,
+        steps = out.reference_steps or budget_steps([ref_budget], m.flops_per_token,
                                                     tokens_per_step)[0]
-        run_dir = os.path.join(runs_dir, f"{m.name}_c{len(budgets) - 1}" if cosine else m.name)
+        name = (f"{m.name}_c{len(budgets) - 1}" if cosine else m.name) if in_grid else \
+            f"{m.name}_ref"
+        run_dir = os.path.join(runs_dir, name)
         res = runner.train(m, train_tokens, [steps], windows, run_dir, cache,
                            horizon=steps if cosine else 0)
         out.reference[fam], out.reference_runs[fam] = m, run_dir

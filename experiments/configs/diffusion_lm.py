@@ -84,6 +84,11 @@ class Config:
         (16, 2, 1), (24, 2, 2), (32, 2, 2), (48, 2, 3))
     # index into sizes: the size of the per-family comparison and sampling
     reference_size: cfg_lib.NonNegInt = 2
+    # The per-family comparison's size (d_model, num_layers, num_heads) when it is not one of
+    # sizes ((): sizes[reference_size]), and its training FLOPs (0: the largest budget). Every
+    # family trains there for the same steps; outside the grid each family has its own run.
+    reference: Annotated[tuple[cfg_lib.Count, ...], cfg_lib.Items(0, 3)] = ()
+    reference_budget: cfg_lib.NonNegative = 0.0
     backbone: Backbone = Backbone()
     model_parallelism: cfg_lib.Count = 1  # size of the mesh's model axis (tensor parallelism)
     # "fsdp": FSDP over data + TP over model; "replicated"
@@ -140,6 +145,9 @@ class Config:
         if self.reference_size >= len(self.sizes):
             raise cfg_lib.FieldError("expected reference_size < len(sizes)",
                                      reference_size=self.reference_size, sizes=self.sizes)
+        if len(self.reference) not in (0, 3):
+            raise cfg_lib.FieldError("expected () or (d_model, num_layers, num_heads)",
+                                     reference=self.reference)
         check_backbone(self)
         for field in ("eval_windows", "final_eval_windows"):
             if getattr(self, field) % self.batch_size:  # evaluation runs whole batches
@@ -172,6 +180,23 @@ VARIANTS = {
         "evaluator.model.max_len": 16, "evaluator.seq_len": 16, "evaluator.batch_size": 8,
         "evaluator.steps": 4, "evaluator.warmup_steps": 1, "evaluator.log_every": 2,
         "evaluator.checkpoint_every": 2,
+    },
+    # CPU, about half an hour: decides the claim where tiny cannot. At tiny's budgets (1e10-4e10
+    # FLOPs) every model sits at the unigram level and the smallest size learns that fastest
+    # (MDLM at 1e10: 4.85 bits/byte at d_model 4, 4.90 at 16, unigram 4.89), so no grid brackets
+    # an optimum there. Here the MDLM objectives' grid spends 5e10-2e11 FLOPs on one-layer
+    # models of 5k-53k parameters, where the optimum moves from about d_model 16 to 32 (MDLM at
+    # 2e11: 4.33 / 4.20 / 4.31 at d_model 24 / 32 / 48); every family is then compared at a
+    # larger model (2 layers, d_model 64: 134k parameters, Duo and GIDD 200k) trained for
+    # 1.6e12 FLOPs (1,957 steps), far past the unigram level, on 1024 held-out windows; the
+    # evaluator trains 3x longer than tiny's so that it stays ahead of the AR model it scores.
+    "small": {
+        "sizes": ((8, 1, 1), (12, 1, 1), (16, 1, 1), (24, 1, 2), (32, 1, 2), (48, 1, 3)),
+        "reference_size": 4, "reference": (64, 2, 4), "reference_budget": 1.6e12,
+        "isoflop_families": ("mdlm", "mdlm_ce"), "budgets": (5e10, 1e11, 2e11),
+        "optim.warmup_steps": 50, "eval_windows": 256, "eval_reps": 8,
+        "final_eval_windows": 1024, "final_eval_reps": 8, "log_every": 50,
+        "bootstrap_samples": 1000, "evaluator.steps": 1200, "evaluator.checkpoint_every": 400,
     },
     "paper": {
         # DiT-small backbone (12 layers, d=768, 12 heads), L=1024, AdamW 3e-4, warmup 2500, EMA.
@@ -214,8 +239,11 @@ def check_backbone(config: "Config") -> None:
     specs = [cfg_lib.check_built(lambda f=f: grid.family_spec(config, f), spec_fields, "FamilySpec")
              for f in config.families]
     backbone = {**config.backbone.to_dict(), "dtype": jnp.dtype(config.backbone.dtype)}
-    for i, size in enumerate(config.sizes):
-        fields = {n: (f"sizes[{i}]", size) for n in ("d_model", "num_layers", "num_heads")}
+    named = [(f"sizes[{i}]", size) for i, size in enumerate(config.sizes)]
+    if config.reference:
+        named.append(("reference", tuple(config.reference)))
+    for path, size in named:
+        fields = {n: (path, size) for n in ("d_model", "num_layers", "num_heads")}
         fields.update({n: (f"backbone.{n}", v) for n, v in config.backbone.items()})
         fields.update(max_len=("seq_len", config.seq_len),
                       model_parallelism=("model_parallelism", config.model_parallelism))

@@ -49,6 +49,34 @@ def test_evaluating_at_each_budget_equals_one_uninterrupted_run(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, again.state["params"], split.state["params"])
 
 
+def test_reference_outside_the_grid_is_its_own_run_for_every_family(tmp_path):
+    # the grid: MDLM at three sizes and two budgets; the comparison: a larger model at a larger
+    # budget, which every family (MDLM too) trains in its own run for the same steps
+    config = dlm_config.get_config(
+        "smoke,eval_windows=8,eval_reps=1,isoflop_families=('mdlm',),"
+        "families=('ar','mdlm','duo'),budgets=(2e7,4e7),reference=(16,1,2),"
+        "reference_budget=2e8")
+    assert grid.reference_of(config) == ((16, 1, 2), 2e8, False)
+    assert grid.reference_of(dlm_config.get_config("smoke"))[2]  # the default: a grid cell
+    runner = grid.Runner(config, ByteTokenizer())
+    train, windows = _data(config)
+    g = grid.run_grid(runner, train, windows, str(tmp_path), {})
+    ar = runner.model("ar", (16, 1, 2))
+    steps = grid.budget_steps([2e8], ar.flops_per_token, config.batch_size * config.seq_len)[0]
+    assert g.reference_size == (16, 1, 2) and g.reference_steps == steps
+    assert set(g.reference) == {"ar", "mdlm", "duo"}
+    for fam, m in g.reference.items():
+        assert m.size == (16, 1, 2) and int(m.state["step"]) == steps
+        assert g.reference_runs[fam] == str(tmp_path / f"{fam}_d16_l1_ref")
+    # the grid itself is unchanged: every MDLM cell spends its budget at its own size
+    assert g.losses["mdlm"].shape == (2, 3)
+    for k, budget in enumerate(config.budgets):
+        for s, size in enumerate(config.sizes):
+            m = runner.model("mdlm", size)
+            assert g.steps["mdlm"][k, s] == grid.budget_steps(
+                [budget], m.flops_per_token, config.batch_size * config.seq_len)[0]
+
+
 def test_flops_count_the_ablations_ar_pass():
     runner = grid.Runner(_config(), ByteTokenizer())
     paper, ablation = runner.model("esolm", (8, 1, 1)), runner.model("esolm_nelbo", (8, 1, 1))
