@@ -275,6 +275,32 @@ def test_f8_decoder_matches_xla_on_all_codes():
     assert int(np.isnan(np.asarray(xla.f8_to_f32(x))).sum()) == 2  # S.1111.111
 
 
+def test_tpu_residual_read_as_e4m3b11_on_all_codes():
+    """pallas_tpu reads the float8 e4m3fn residuals through the e4m3b11fnuz unpack: 16 times the
+    value is the e4m3fn value for every byte but the two NaNs (0x7f, 0xff: +-480, only ever written
+    beside a NaN scale), and -0 (0x80, NaN in e4m3b11fnuz) reads as 0."""
+    codes = jnp.arange(256, dtype=jnp.uint8)
+    x = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+    got = np.asarray(pallas_tpu._residual_b11(x)) * 16
+    want = np.asarray(x.astype(jnp.float32))
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.flatnonzero(nan), [0x7F, 0xFF])
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    np.testing.assert_array_equal(got[nan], [480.0, -480.0])
+
+
+def test_tpu_split_terms_are_exact_bfloat16_summing_to_the_value():
+    """pallas_tpu._split3: three terms, each a bfloat16 number, whose float32 sum is the value
+    exactly (normal magnitudes from 1e-30 to 1e30, both signs, and zero)."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((8, 128)) * 10.0 ** rng.uniform(-30, 30, (8, 128))).astype(np.float32)
+    x[0, :4] = [0.0, -0.0, 1.0, -3.0]
+    terms = np.asarray(pallas_tpu._split3(jnp.asarray(x))).reshape(3, 8, 128)
+    for t in terms:
+        np.testing.assert_array_equal(t.astype(jnp.bfloat16).astype(np.float32), t)
+    np.testing.assert_array_equal((terms[0] + terms[1]) + terms[2], x)
+
+
 def test_quest_full_budget_is_dense_and_bound_holds():
     b, h, kh, s, d, p = 2, 4, 2, 64, 16, 16
     ks = jax.random.split(jax.random.key(8), 3)
