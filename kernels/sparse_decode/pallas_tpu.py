@@ -54,6 +54,7 @@ _BATCHED = (((2,), (1,)), ((0,), (0,)))  # [N, G, D] x [N, D, p] -> [N, G, p]
 MAX_PAGES_PER_STEP = 128
 SUB = 16  # pages per selection sub-block
 PAGES_PER_ROUND = 16  # C: kept pages the attention kernel copies per round
+SCAN_UNROLL = 8  # selection sub-blocks per trip of the scan's loop (a whole 128-page block)
 
 
 def scan_block(num_pages: int) -> int:
@@ -187,15 +188,14 @@ def _scan_kernel(len_ref, q_ref, codes_hbm, scale_hbm, idx_ref, count_ref, cbuf,
                 page = j * pb + p0 + lax.broadcasted_iota(jnp.int32, (sub, g), 0)
                 pm_ref[j * nsub + i] = jnp.where(page < num_full, pm, -jnp.inf)
 
-            def scan_pair(i, carry):  # two sub-blocks per trip: one's reductions beside the
-                scan(2 * i)           # other's unpacking
-                scan(2 * i + 1)
+            per = max(u for u in range(1, SCAN_UNROLL + 1) if nsub % u == 0)
+
+            def scan_some(i, carry):  # several sub-blocks per trip: one's reductions beside
+                for u in range(per):  # another's unpacking (their chains are latency-bound)
+                    scan(per * i + u)
                 return carry
 
-            if nsub % 2:
-                lax.fori_loop(0, nsub, lambda i, c: (scan(i), c)[1], 0)
-            else:
-                lax.fori_loop(0, nsub // 2, scan_pair, 0)
+            lax.fori_loop(0, nsub // per, scan_some, 0)
 
         @pl.when(j > last_block)
         def _empty():
@@ -231,7 +231,15 @@ def _scan_kernel(len_ref, q_ref, codes_hbm, scale_hbm, idx_ref, count_ref, cbuf,
         acc = acc + jnp.sum(onehot * page.astype(jnp.float32), axis=0, keepdims=True)
         return offset + jnp.sum(kept, axis=0, keepdims=True), acc
 
-    total, acc = lax.fori_loop(0, num_steps * nsub, select,
+    blocks = num_steps * nsub
+    per = max(u for u in (1, 2, 4) if blocks % u == 0)
+
+    def select_some(i, carry):
+        for u in range(per):
+            carry = select(per * i + u, carry)
+        return carry
+
+    total, acc = lax.fori_loop(0, blocks // per, select_some,
                                (jnp.zeros((1, 1), jnp.float32),
                                 jnp.zeros((1, m_slots), jnp.float32)))
     idx_ref[...] = acc.astype(jnp.int32)
