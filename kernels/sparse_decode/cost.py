@@ -131,8 +131,8 @@ def select_flops(rows: int, num_pages: int, slots: int, sub: int) -> int:
 
 def ffd_tpu_scan_cost(qg, codes, scale, *, num_slots: int, pages_per_step: int,
                       sub: int) -> pl.CostEstimate:
-    """Cost of :func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select` (grid B x K x P/PB) at a
-    full cache (every page block fetched), from its operands' static shapes and dtypes.
+    """Cost of :func:`kernels.sparse_decode.pallas_tpu.ffd_scan_select` (grid B x K, P/PB blocks
+    each) at a full cache (every page block fetched), from its operands' static shapes and dtypes.
 
     Args:
       qg: [B, K, G, D] queries; codes [B, K, P, W, p]; scale [B, K, P, D] (shapes and dtypes only).

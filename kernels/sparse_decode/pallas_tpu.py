@@ -58,7 +58,7 @@ SCAN_UNROLL = 8  # selection sub-blocks per trip of the scan's loop (a whole 128
 
 
 def scan_block(num_pages: int) -> int:
-    """Pages per scan grid step: all P when P <= 128, else the largest multiple of 8 that divides
+    """Pages per scan block (PB): all P when P <= 128, else the largest multiple of 8 that divides
     P and is at most 128 (the scale block's sublane tiling), else P."""
     if num_pages <= MAX_PAGES_PER_STEP:
         return num_pages
