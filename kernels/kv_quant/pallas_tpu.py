@@ -184,7 +184,7 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
                 pieces = [x + rows[i * w:(i + 1) * w] for i, x in enumerate(pieces)]
         return pieces
 
-    def key_logits(j, c):
+    def key_logits(j, c, q_parts):
         """Unscaled logits q K^T [R, N] at float32 accuracy: the keys dequantized (and rotated)
         in float32 [D, N], both factors as three bfloat16 terms."""
         ls = slice(None)
@@ -206,12 +206,11 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
 
             kp = pc.rope_pieces(kp, rotation)
         keys = jnp.concatenate(kp, axis=0) if len(kp) > 1 else kp[0]  # [D, N] float32
-        q = q_ref[...].astype(jnp.float32)  # [R, D]
-        return _dot_split(_split(q, 3), _split(keys, 3))
+        return _dot_split(q_parts, _split(keys, 3))
 
-    def chunk_step(j):
+    def chunk_step(j, q_parts):
         c = blk * cb + j  # global chunk index
-        logits = key_logits(j, c) * (1.0 / math.sqrt(d))  # [R, N]
+        logits = key_logits(j, c, q_parts) * (1.0 / math.sqrt(d))  # [R, N]
         rows = logits.shape[0]
         slot = c * n + lax.broadcasted_iota(jnp.int32, (rows, n), 1)
         pos = start_ref[b] + rowoff_ref[...]  # [R, 1]
@@ -237,8 +236,11 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
 
     @pl.when(count > 0)
     def _attend():
+        # q [R, D] in three bfloat16 terms, once per block (the same for all its chunks)
+        q_parts = _split(q_ref[...].astype(jnp.float32), 3)
+
         def body(j, carry):
-            pl.when(j < count)(lambda: chunk_step(j))
+            pl.when(j < count)(lambda: chunk_step(j, q_parts))
             return carry
         lax.fori_loop(0, cb, body, 0)
 
