@@ -36,7 +36,7 @@ from typing import Any
 
 import jax
 
-from core import aot, sharding, timing
+from core import aot, steps, timing
 
 GIB = 1024 ** 3
 
@@ -299,16 +299,6 @@ def roofline(chip: str, *, flops_per_chip: float, bytes_per_chip: float, model_f
                     "compute" if compute >= memory else "memory")
 
 
-def abstract(tree: Any, shardings: Any) -> Any:
-    """``ShapeDtypeStruct``s of ``tree``'s leaves (arrays or structs) with the matching sharding
-    of ``shardings`` (a pytree of the same structure, or one sharding for every leaf)."""
-    if isinstance(shardings, jax.sharding.Sharding):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings),
-                            tree)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        tree, shardings)
-
-
 # ----------------------------------------------------------------------------------------------
 # Steps as the experiments export them (``paper_steps()``; compiled by ``experiments.aot``)
 
@@ -346,57 +336,13 @@ class StepSpec:
     layer_loop: bool = False
     dynamic_trips: dict[str, int] | None = None
 
+    @classmethod
+    def of(cls, step: steps.Step, **row: Any) -> StepSpec:
+        """The row of an abstract ``core.steps.Step`` (its function, arguments and donation),
+        described by ``row`` (the other fields)."""
+        return cls(step.fn, step.args, step.donate_argnums, **row)
+
 
 # What an experiment's ``paper_steps()`` returns: step name -> (builder(devices) -> StepSpec,
 # description), in the order of the AOT table.
 PaperSteps = dict[str, tuple[Callable[[Any], StepSpec], str]]
-
-
-def count_params(tree: Any) -> int:
-    """Number of scalars in a pytree of arrays or ``ShapeDtypeStruct``s."""
-    return int(sum(int(x.size) for x in jax.tree.leaves(tree)))
-
-
-def abstract_key(placement: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
-    """An abstract PRNG key (``jax.random.key``'s dtype) placed by ``placement``."""
-    return abstract(jax.eval_shape(lambda: jax.random.key(0)), placement)
-
-
-def train_step_spec(devices: Any, *, graphdef: Any, params: Any, param_axes: Any,
-                    make_step: Callable, init_state: Callable, tx: Any, batch: Any,
-                    model_flops: float | None, shape: str, model_parallelism: int = 1,
-                    param_sharding: str = "fsdp", logical_sizes: Any = None,
-                    layer_loop: bool = False) -> StepSpec:
-    """A sharded train step ``(state, batch, key) -> (state, metrics)`` on ``devices``, placed as
-    the experiments train: a (data, model) mesh of ``model_parallelism`` (``core.sharding``),
-    parameters by ``param_axes`` under the rule set ``param_sharding``, the optimizer state like
-    its parameters (``sharding.train_state_shardings``), the step wrapped by
-    ``sharding.constrain_step``, every batch leaf split over ``data`` (scalars replicated) and
-    the key replicated. The state (argument 0) is donated.
-
-    Args:
-      devices: the pod's (compile-only) devices.
-      graphdef, params: ``nnx.split`` of the model built under ``nnx.eval_shape`` (abstract).
-      param_axes: the model's parameter table (logical axis names per parameter path).
-      make_step: ``graphdef -> step``, the experiment's own step factory.
-      init_state: ``(params, tx) -> train state``, the experiment's own.
-      tx: the experiment's optimizer.
-      batch: pytree of ``ShapeDtypeStruct`` without sharding.
-      model_flops, shape, layer_loop: as :class:`StepSpec`.
-      logical_sizes: the model's logical axis sizes (``TransformerConfig.logical_sizes``).
-
-    Raises:
-      ValueError: as ``core.sharding.make_mesh`` and ``param_shardings``.
-    """
-    state = jax.eval_shape(lambda p: init_state(p, tx), params)
-    mesh = sharding.make_mesh(model_parallelism, devices=devices)
-    p_sh = sharding.param_shardings(params, param_axes, mesh, sharding.rules_named(param_sharding),
-                                    logical_sizes=logical_sizes)
-    st_sh = sharding.train_state_shardings(state, p_sh, tx, mesh)
-    step = sharding.constrain_step(make_step(graphdef), st_sh)
-    a_batch = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=(
-            sharding.batch_sharding(mesh, len(x.shape)) if len(x.shape) else
-            sharding.replicated(mesh))), batch)
-    return StepSpec(step, (abstract(state, st_sh), a_batch, abstract_key(sharding.replicated(mesh))),
-                    (0,), model_flops, count_params(params), shape, layer_loop=layer_loop)

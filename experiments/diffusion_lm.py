@@ -342,35 +342,23 @@ def _body(config, m) -> str:
 
 def train_step_spec(config: ml_collections.ConfigDict, family: str, devices,
                     size_index: int | None = None):
-    """The train step the grid runs for ``family`` at ``config.sizes[size_index]`` (default the
-    reference size): the :class:`~algorithms.diffusion_lm.grid.Runner`'s model config,
-    optimizer, objective and train state (EMA), on ``devices`` with abstract arguments
-    (``{"x": int32 [B, L], "train", "ce": f32 flags}`` as ``Runner.batch``). Returns a
-    ``core.aot_steps.StepSpec``."""
-    import jax.numpy as jnp
-    from flax import nnx
-
+    """:meth:`algorithms.diffusion_lm.grid.Runner.build_step` of ``family`` at
+    ``config.sizes[size_index]`` (default the reference size), abstract, on a runner over
+    ``devices``, with its model FLOPs and sizes: a ``core.aot_steps.StepSpec``."""
     from core import aot_steps
-    from models.transformer import PARAM_AXES, Transformer
+    from core.steps import count_params
 
     runner = grid_lib.Runner(config, ByteTokenizer(), devices=devices)
     size = config.sizes[config.reference_size if size_index is None else size_index]
     spec, mcfg = runner.model_config(family, size)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))
+    step = runner.build_step(family, size, abstract=True)
     b, L = config.batch_size, config.seq_len
-    batch = {"x": jax.ShapeDtypeStruct((b, L), jnp.int32),
-             "train": jax.ShapeDtypeStruct((), jnp.float32),
-             "ce": jax.ShapeDtypeStruct((), jnp.float32)}
-    return aot_steps.train_step_spec(
-        devices, graphdef=graphdef, params=params, param_axes=PARAM_AXES,
-        make_step=lambda g: runner.train_step(g, spec),
-        init_state=lambda p, _: runner.init_state(p), tx=runner.tx, batch=batch,
-        model_flops=3.0 * runner.flops_per_token(spec, mcfg) * b * L,
+    n = count_params(step.args[0]["params"])
+    return aot_steps.StepSpec.of(
+        step, model_flops=3.0 * runner.flops_per_token(spec, mcfg) * b * L, params=n,
         shape=(f"{family}, B {b} x L {L}, d {size[0]} x {size[1]} layers, {mcfg.dtype.name}, "
-               f"{mcfg.attention} attention, remat {mcfg.remat}, EMA, "
-               f"{aot_steps.count_params(params) / 1e6:.0f}M params"),
-        model_parallelism=config.model_parallelism, param_sharding=config.param_sharding,
-        logical_sizes=mcfg.logical_sizes, layer_loop=mcfg.scan_layers)
+               f"{mcfg.attention} attention, remat {mcfg.remat}, EMA, {n / 1e6:.0f}M params"),
+        layer_loop=mcfg.scan_layers)
 
 
 def paper_steps():

@@ -339,23 +339,19 @@ ETTH1_ROWS, ETTH1_CHANNELS = 17420, 7
 
 def train_step_spec(config: ml_collections.ConfigDict, devices, rows: int = ETTH1_ROWS,
                     channels: int = ETTH1_CHANNELS, split: str = "ett_hour"):
-    """The PPM train step :func:`~algorithms.forecasting.benchmark.run_horizon` runs at the
-    config's longest horizon on a series of ``rows`` x ``channels`` (its objective, and Adam
-    under the halving schedule with the epoch length of that series' training windows, as
-    ``fit_network``), on ``devices`` with abstract arguments: parameters replicated, windows
-    (x f32 [B, L, N], y f32 [B, H, N]) split over ``data`` when it divides the batch (else
-    replicated), as the experiment does. No analytic FLOP count (no MFU). Returns a
-    ``core.aot_steps.StepSpec``.
+    """:func:`algorithms.forecasting.training.build_step` of the PPM fit that
+    :func:`~algorithms.forecasting.benchmark.run_horizon` runs at the config's longest horizon on
+    a series of ``rows`` x ``channels`` (the epoch length of that series' training windows),
+    abstract, on a mesh over ``devices``: a ``core.aot_steps.StepSpec`` (no analytic FLOP count,
+    so no MFU).
 
     Raises:
       ValueError: a series too short for the split (``data.split_borders``).
     """
-    import jax.numpy as jnp
     from flax import nnx
 
     from algorithms.forecasting import training
-    from core import aot_steps, sharding
-    from core.training import init_train_state
+    from core import aot_steps, sharding, steps
     from models.forecasting import PPM
 
     bench = BenchmarkConfig.from_mapping(config)
@@ -363,20 +359,15 @@ def train_step_spec(config: ml_collections.ConfigDict, devices, rows: int = ETTH
     cfg, loss = bench.ppm(h)
     fit = bench.fit_config(h, bench.learning_rate)
     a, e = data.split_borders(rows, L, h, split)["train"]
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: PPM(cfg, rngs=nnx.Rngs(0))))
-    step, tx = training.fit_step(graphdef, loss, fit.learning_rate,
-                                 training.epoch_steps(data.num_windows(e - a, L, h), fit))
-    state = jax.eval_shape(lambda p: init_train_state(p, tx), params)
-    mesh = sharding.make_mesh(1, devices=devices)
-    rep = sharding.replicated(mesh)
-    split_ = sharding.batch_sharding(mesh, 3) if b % mesh.shape[sharding.DATA] == 0 else rep
-    batch = (jax.ShapeDtypeStruct((b, L, channels), jnp.float32, sharding=split_),
-             jax.ShapeDtypeStruct((b, h, channels), jnp.float32, sharding=split_))
-    k = aot_steps.count_params(params)
-    return aot_steps.StepSpec(
-        step, (aot_steps.abstract(state, rep), batch, aot_steps.abstract_key(rep)), (0,), None, k,
-        f"PPM, B {b} windows x L {L} -> H {h} x {channels} channels, K {bench.train_samples} "
-        f"prior draws, d {bench.d_model}, {k / 1e6:.2f}M params")
+    graphdef, params = steps.split(lambda: PPM(cfg, rngs=nnx.Rngs(0)), abstract=True)
+    step = training.build_step(graphdef, params, loss, fit,
+                               training.epoch_steps(data.num_windows(e - a, L, h), fit), channels,
+                               sharding.make_mesh(1, devices=devices), key=0)
+    k = steps.count_params(params)
+    return aot_steps.StepSpec.of(
+        step, model_flops=None, params=k,
+        shape=f"PPM, B {b} windows x L {L} -> H {h} x {channels} channels, K "
+        f"{bench.train_samples} prior draws, d {bench.d_model}, {k / 1e6:.2f}M params")
 
 
 def paper_steps():

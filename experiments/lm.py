@@ -141,31 +141,21 @@ SCALE_ROWS = {
 
 
 def train_step_spec(config: ml_collections.ConfigDict, devices):
-    """The train step :func:`algorithms.lm.training.train` runs for ``config`` (its optimizer,
-    loss and parameter sharding), on ``devices`` with abstract arguments: the state, int32
-    [batch_size, seq_len] tokens and a key. Returns a ``core.aot_steps.StepSpec``."""
-    from flax import nnx
+    """:func:`algorithms.lm.training.build_step` of ``config``, abstract, on a mesh of
+    ``devices``, with its model FLOPs and sizes: a ``core.aot_steps.StepSpec``."""
+    from core import aot_steps, sharding
 
-    from core import aot_steps
-    from core.training import init_train_state
-    from models.transformer import PARAM_AXES, Transformer
-
-    tx = training.optimizer(config)
+    step = training.build_step(
+        config, sharding.make_mesh(config.model_parallelism, devices=devices), abstract=True)
     mcfg = training.model_config(config, ByteTokenizer().vocab_size)
-    mcfg.check_model_parallelism(config.model_parallelism)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))
     b, L = config.batch_size, config.seq_len
-    n = param_count(params)
-    return aot_steps.train_step_spec(
-        devices, graphdef=graphdef, params=params, param_axes=PARAM_AXES,
-        make_step=lambda g: training.train_step(g, tx), init_state=init_train_state, tx=tx,
-        batch=jax.ShapeDtypeStruct((b, L), jnp.int32),
-        model_flops=3.0 * forward_flops_per_token(mcfg, L) * b * L,
+    n = param_count(step.args[0]["params"])
+    return aot_steps.StepSpec.of(
+        step, model_flops=3.0 * forward_flops_per_token(mcfg, L) * b * L, params=n,
         shape=(f"B {b} x L {L}, d {mcfg.d_model} x {mcfg.num_layers} "
                f"{'scanned ' if mcfg.scan_layers else ''}layers, {mcfg.dtype.name}, "
                f"{mcfg.attention} attention, remat {mcfg.remat}, {n / 1e6:.0f}M params"),
-        model_parallelism=config.model_parallelism, param_sharding=config.param_sharding,
-        logical_sizes=mcfg.logical_sizes, layer_loop=mcfg.scan_layers)
+        layer_loop=mcfg.scan_layers)
 
 
 def paper_steps():

@@ -280,52 +280,35 @@ def describe(config, cfg: sweep.SweepConfig, r: dict, warm_info: dict) -> str:
 
 
 def grpo_step_spec(config: ml_collections.ConfigDict, devices, rollouts_per_step: int | None = None):
-    """The sweep's step (``algorithms.rl_scaling.sweep.sweep_step_fn``) for the lanes sharing
-    R = ``rollouts_per_step`` (default the largest group), as ``run_sweep`` builds it from
-    :func:`settings`: its optimizer, grouping and ``RLSpec``; every (n, B_p, seed) lane of the
-    group (padded to a multiple of the ``data`` axis, lanes split over it) samples R rollouts
-    from the policy, scores them and takes ``inner_steps`` clipped-surrogate updates. Abstract
-    arguments on ``devices``; no analytic FLOP count (no MFU). Returns a
-    ``core.aot_steps.StepSpec``.
+    """:func:`algorithms.rl_scaling.sweep.group_step` of the sweep of :func:`settings` for the
+    lanes sharing R = ``rollouts_per_step`` (default the largest group), abstract, on a mesh over
+    ``devices``: every (n, B_p, seed) lane of the group samples R rollouts from the policy,
+    scores them and takes ``inner_steps`` clipped-surrogate updates. A
+    ``core.aot_steps.StepSpec`` (no analytic FLOP count, so no MFU).
 
     Raises:
       ValueError: as :func:`settings`; R not a group of the sweep.
     """
-    from core import aot_steps, sharding
+    from core import aot_steps, sharding, steps
 
     _, cfg = settings(config)
     groups = cfg.groups()
     r = max(groups) if rollouts_per_step is None else rollouts_per_step
     prompt_len, answer_len = tasks.geometry(arithmetic_tasks(config))
     mcfg = trainer.policy_config(config.model, prompt_len, answer_len)
-    gd, params = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))
-    tx = sweep.optimizer(cfg)
-    spec = sweep.group_spec(cfg, r, answer_len)
-    mesh = sharding.make_mesh(1, devices=devices)
-    lanes = len(sweep.pad_lanes(cfg.lanes(groups[r]), mesh.shape[sharding.DATA]))
-    stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((lanes, *x.shape), x.dtype), params)
-    opt = jax.eval_shape(jax.vmap(tx.init), stacked)
-    rep = sharding.replicated(mesh)
-
-    def split(t):  # the lane axis over `data`
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=sharding.batch_sharding(mesh, len(x.shape))), t)
-
-    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), lanes))
-    pool = {"prompts": jax.ShapeDtypeStruct((config.num_train, prompt_len), jnp.int32),
-            "targets": jax.ShapeDtypeStruct((config.num_train, answer_len), jnp.int32),
-            "lens": jax.ShapeDtypeStruct((config.num_train,), jnp.int32)}
-    ref = aot_steps.abstract(params, rep) if cfg.grpo.kl_beta > 0 else None
-    m = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep, weak_type=True)  # a Python int in run_sweep
-    args = (split(stacked), split(opt), split(keys), split(keys), m,
-            split(jax.ShapeDtypeStruct((lanes,), jnp.int32)), aot_steps.abstract(pool, rep), ref)
+    gd, params = steps.split(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)), abstract=True)
+    n = config.num_train
+    pool = {"prompts": jax.ShapeDtypeStruct((n, prompt_len), jnp.int32),
+            "targets": jax.ShapeDtypeStruct((n, answer_len), jnp.int32),
+            "lens": jax.ShapeDtypeStruct((n,), jnp.int32)}
+    step = sweep.group_step(cfg, gd, params, pool, r, sharding.make_mesh(1, devices=devices))
     k = param_count(params)
-    return aot_steps.StepSpec(
-        sweep.sweep_step_fn(gd, tx, spec), args, (0, 1), None, k,
-        f"{lanes} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x {cfg.num_seeds} seeds"
-        + (f" x {cfg.num_streams} streams" if cfg.num_streams > 1 else "")
-        + f", padded), prompt {prompt_len} + {answer_len} tokens, "
-        f"d {mcfg.d_model} x {mcfg.num_layers} layers, {mcfg.dtype.name}, remat {mcfg.remat}, {k / 1e6:.0f}M params")
+    return aot_steps.StepSpec.of(
+        step, model_flops=None, params=k,
+        shape=f"{len(step.aux)} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x "
+        f"{cfg.num_seeds} seeds" + (f" x {cfg.num_streams} streams" if cfg.num_streams > 1 else "")
+        + f", padded), prompt {prompt_len} + {answer_len} tokens, d {mcfg.d_model} x "
+        f"{mcfg.num_layers} layers, {mcfg.dtype.name}, remat {mcfg.remat}, {k / 1e6:.0f}M params")
 
 
 def paper_steps():

@@ -28,7 +28,7 @@ import numpy as np
 from algorithms.spf import evaluation as EV
 from algorithms.spf import problems as P
 from algorithms.spf import spf as S
-from algorithms.spf import tuning
+from algorithms.spf import training, tuning
 from algorithms.spf.training import (  # noqa: F401  (EpisodeBatches, data_parallel_mesh: public)
     EpisodeBatches,
     TrainSettings,
@@ -259,38 +259,22 @@ def _body(config, results, scale) -> str:
 
 
 def train_step_spec(config: ml_collections.ConfigDict, devices, problem_name: str = "lsq_rotation"):
-    """The SPF train step :func:`train` runs for ``config`` on ``problem_name`` (its network,
-    optimizer and episode loss, :func:`algorithms.spf.training.train_step`): the coordinate
-    network unrolled over ``train_episode_steps`` of ``train_episodes`` simulated episodes, on
-    ``devices`` with abstract arguments; parameters replicated and episodes split over ``data``
-    when it divides them (as :func:`data_parallel_mesh`), else replicated. The step size (tuned
-    on data in the experiment) is the default: it changes no shape. No analytic FLOP count (no
-    MFU). Returns a ``core.aot_steps.StepSpec``."""
-    from flax import nnx
-
-    from algorithms.spf import training
-    from core import aot_steps, sharding
-    from core.training import init_train_state
+    """:func:`algorithms.spf.training.build_step` of ``config`` on ``problem_name``, abstract, on
+    :func:`data_parallel_mesh` over ``devices``: a ``core.aot_steps.StepSpec`` (no analytic FLOP
+    count, so no MFU). The step size (tuned on data in the experiment) is the default: it changes
+    no shape."""
+    from core import aot_steps
 
     settings = train_settings(config)
-    problem = training.training_problem(make_problem(problem_name, config), settings)
+    problem = make_problem(problem_name, config)
     cfg = spf_config(config)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: S.CoordinateMLP(cfg, rngs=nnx.Rngs(0))))
-    step, tx = training.train_step(graphdef, problem.kind, cfg, settings)
-    state = jax.eval_shape(lambda p: init_train_state(p, tx), params)
-    e = settings.episodes
-    batch = jax.eval_shape(lambda k: tuple(P.sample_episodes(k, problem, e)[:3]),
-                           jax.random.key(0))
-    mesh = sharding.make_mesh(1, devices=devices)
-    rep = sharding.replicated(mesh)
-    split = e % mesh.shape[sharding.DATA] == 0
-    a_batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=(
-        sharding.batch_sharding(mesh, len(x.shape)) if split else rep)), batch)
-    k = aot_steps.count_params(params)
-    return aot_steps.StepSpec(
-        step, (aot_steps.abstract(state, rep), a_batch, aot_steps.abstract_key(rep)), (0,), None,
-        k, f"{e} episodes x {problem.steps} steps x batch {problem.batch}, d {problem.dim}, "
-        f"hidden {cfg.hidden} x depth {cfg.depth}, {k} params")
+    step = training.build_step(problem, cfg, settings,
+                               data_parallel_mesh(settings.episodes, devices), abstract=True)
+    k = S.param_count(step.args[0]["params"])
+    return aot_steps.StepSpec.of(
+        step, model_flops=None, params=k,
+        shape=f"{settings.episodes} episodes x {settings.episode_steps} steps x batch "
+        f"{problem.batch}, d {problem.dim}, hidden {cfg.hidden} x depth {cfg.depth}, {k} params")
 
 
 def paper_steps():

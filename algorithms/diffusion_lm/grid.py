@@ -43,7 +43,7 @@ from flax import nnx
 from algorithms.diffusion_lm import scaling
 from algorithms.diffusion_lm.families import FamilySpec, sample, transformer_config
 from algorithms.diffusion_lm.training import init_state, make_eval, make_step
-from core import sharding, timing
+from core import sharding, steps, timing
 from core.data import ByteTokenizer, TextBatcher
 from core.data.text import sequential_windows
 from core.training import LoopConfig, config_fingerprint, train_loop
@@ -142,14 +142,15 @@ def family_spec(config: ml_collections.ConfigDict, name: str,
 
 @dataclasses.dataclass
 class Model:
-    """One model of the comparison: its family, size (d_model, layers, heads), backbone config,
-    ``nnx.split`` graph, train state (placed on the mesh) and analytic cost."""
+    """One model of the comparison: its family, size (d_model, layers, heads), ``nnx.split``
+    graph, train state (placed on the mesh), sharded train step (:meth:`Runner.build_step`) and
+    analytic cost."""
 
     spec: FamilySpec
     size: tuple[int, int, int]
     graphdef: nnx.GraphDef
     state: dict[str, Any]
-    state_sharding: Any
+    step: Any
     params_count: int
     flops_per_token: float
 
@@ -202,38 +203,43 @@ class Runner:
         """The train state of ``params`` (optimizer state, EMA when ``ema_decay`` > 0)."""
         return init_state(params, self.tx, self.config.ema_decay)
 
-    def model(self, family: str, size: Sequence[int]) -> Model:
-        """A freshly initialised model (seed ``config.seed``) of ``family`` at ``size``."""
+    def build_step(self, family: str, size: Sequence[int], abstract: bool = False) -> steps.Step:
+        """The train-or-evaluate step the grid runs for ``family`` at ``size``, ``(state, batch,
+        key) -> (state, metrics)``, with its arguments on this runner's mesh
+        (``core.steps.train_step``): ``family``'s objective (``mdlm_ce`` runs ``mdlm``'s step, the
+        objective a traced flag) under this runner's optimizer; the train state (EMA when
+        ``ema_decay`` > 0) of a model initialised at ``seed``, placed by ``param_sharding``; the
+        batch ``{"x": int32 [B, L], "train", "ce": f32 flags}`` as :meth:`batch` places it; the
+        key ``jax.random.key(seed + 1)``. ``aux`` is the model's ``nnx.GraphDef``. One step
+        function per graph and objective, so ``jax.jit`` compiles it once. With ``abstract``
+        nothing is allocated (``make aot`` compiles it for a pod).
+
+        Raises:
+          ValueError: as :meth:`model_config`.
+        """
         c = self.config
         spec, cfg = self.model_config(family, size)
+        if spec.name == "mdlm_ce":
+            spec = dataclasses.replace(spec, name="mdlm")
+        graphdef, params = steps.split(lambda: Transformer(cfg, rngs=nnx.Rngs(c.seed)), abstract)
+        b, L = c.batch_size, c.seq_len
+        step = steps.train_step(
+            make_step(graphdef, self.tx, spec, c.ema_decay), params, self.tx, self.mesh,
+            init_state=lambda p, _: self.init_state(p), param_axes=PARAM_AXES,
+            rules=c.param_sharding, logical_sizes=cfg.logical_sizes, key=c.seed + 1,
+            batch={"x": jax.ShapeDtypeStruct((b, L), jnp.int32),
+                   "train": jax.ShapeDtypeStruct((), jnp.float32),
+                   "ce": jax.ShapeDtypeStruct((), jnp.float32)}, aux=graphdef)
+        return dataclasses.replace(step, fn=self._steps.setdefault((graphdef, spec), step.fn))
+
+    def model(self, family: str, size: Sequence[int]) -> Model:
+        """A freshly initialised model (seed ``config.seed``) of ``family`` at ``size``."""
+        spec, cfg = self.model_config(family, size)
         check_attention_platform(cfg.attention)
-        graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(c.seed)))
-        state, state_sharding = sharding.shard_train_state(
-            self.init_state(params), PARAM_AXES, self.mesh, self.tx,
-            rules=c.param_sharding, logical_sizes=cfg.logical_sizes)
-        return Model(spec, tuple(size), graphdef, state, state_sharding, param_count(params),
+        step = self.build_step(family, size)
+        state = step.args[0]
+        return Model(spec, tuple(size), step.aux, state, step.fn, param_count(state["params"]),
                      self.flops_per_token(spec, cfg))
-
-    def train_step(self, graphdef: nnx.GraphDef, spec: FamilySpec):
-        """The pure train-or-evaluate step ``(state, batch, key) -> (state, metrics)`` of
-        ``graphdef`` under ``spec``'s objective and this runner's optimizer, before sharding
-        constraints (what :meth:`step` wraps; ``mdlm_ce`` is ``mdlm``'s step)."""
-        if spec.name == "mdlm_ce":
-            spec = dataclasses.replace(spec, name="mdlm")
-        return make_step(graphdef, self.tx, spec, self.config.ema_decay)
-
-    def step(self, model: Model, spec: FamilySpec | None = None):
-        """The pure train-or-evaluate step of ``model`` (objective of ``spec``, default its own),
-        sharding-constrained; the same object for the same graph and objective, so ``jax.jit``
-        compiles it once (``mdlm`` and ``mdlm_ce`` share it: the objective is a traced flag)."""
-        spec = spec or model.spec
-        if spec.name == "mdlm_ce":
-            spec = dataclasses.replace(spec, name="mdlm")
-        key = (model.graphdef, spec)
-        if key not in self._steps:
-            self._steps[key] = sharding.constrain_step(self.train_step(model.graphdef, spec),
-                                                       model.state_sharding)
-        return self._steps[key]
 
     def batch(self, x: np.ndarray, train: bool, ce: bool) -> dict[str, jax.Array]:
         """``{"x": int32 [B, L] split over data, "train", "ce": replicated f32 flags}``."""
@@ -314,7 +320,7 @@ class Runner:
             todo = [max(eval_steps)]  # restore the finished run
         for s in todo:
             res = train_loop(
-                self.step(model), model.state, batches, jax.random.key(c.seed + 1),
+                model.step, model.state, batches, jax.random.key(c.seed + 1),
                 LoopConfig(num_steps=s, log_every=c.log_every, keep_checkpoints=1,
                            desc=f"{model.spec.name} d={model.size[0]}"),
                 workdir=run_dir, put_batch=lambda x: self.batch(x, True, ce), fingerprint=fp)

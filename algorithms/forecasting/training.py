@@ -21,10 +21,10 @@ from flax import nnx
 
 from algorithms.forecasting import data, losses
 from core import sharding
+from core import steps as core_steps
 from core.training import (
     EarlyStopping,
     LoopConfig,
-    init_train_state,
     make_train_step,
     train_loop,
 )
@@ -56,16 +56,24 @@ def epoch_steps(num_train_windows: int, config: FitConfig) -> int:
     return steps
 
 
-def fit_step(graphdef: nnx.GraphDef, loss_fn, learning_rate: float, steps_per_epoch: int):
-    """(train step, optimizer) of :func:`fit_network`: Adam under :func:`halving_schedule` with
-    ``steps_per_epoch`` steps per epoch on ``loss_fn``; the step is
-    ``(state, (x, y), key) -> (state, metrics)`` (``core.training.make_train_step``).
+def build_step(graphdef: nnx.GraphDef, params: Any, loss_fn, config: FitConfig,
+               steps_per_epoch: int, channels: int, mesh: jax.sharding.Mesh,
+               key: int | jax.Array) -> core_steps.Step:
+    """The train step :func:`fit_network` runs, ``(state, (x, y), key) -> (state, metrics)`` on
+    ``loss_fn`` under Adam with :func:`halving_schedule` (``steps_per_epoch`` steps per epoch),
+    with its arguments on ``mesh`` (``core.steps.train_step``): the train state of ``params``,
+    replicated; windows x f32 [B, L, N], y f32 [B, H, N] (``channels`` = N) split over ``data``;
+    ``key`` replicated. Abstract ``params`` give abstract arguments (``make aot``).
 
     Raises:
       ValueError: as :func:`halving_schedule`.
     """
-    tx = optax.adam(halving_schedule(learning_rate, steps_per_epoch))
-    return make_train_step(graphdef, tx, loss_fn), tx
+    tx = optax.adam(halving_schedule(config.learning_rate, steps_per_epoch))
+    B, L, H = config.batch_size, config.input_len, config.horizon
+    batch = (jax.ShapeDtypeStruct((B, L, channels), jnp.float32),
+             jax.ShapeDtypeStruct((B, H, channels), jnp.float32))
+    return core_steps.train_step(make_train_step(graphdef, tx, loss_fn), params, tx, mesh,
+                                 batch=batch, key=key)
 
 
 def ppm_loss_fn(tau: float, bandwidth: float, num_samples: int):
@@ -270,8 +278,8 @@ def fit_network(model: nnx.Module, loss_fn, series: np.ndarray, train_starts: np
     if len(val_starts) < 1:
         raise ValueError(f"{desc}: no validation window")
     graphdef, params = nnx.split(model)
-    step, tx = fit_step(graphdef, loss_fn, config.learning_rate, steps)
     mesh = sharding.make_mesh()  # data parallel over every device (one on a CPU run)
+    fit = build_step(graphdef, params, loss_fn, config, steps, series.shape[1], mesh, key)
     L, H = config.input_len, config.horizon
 
     def evaluate(step: int, state) -> dict[str, float]:
@@ -284,9 +292,9 @@ def fit_network(model: nnx.Module, loss_fn, series: np.ndarray, train_starts: np
                       progress=config.progress, desc=desc, steps_per_epoch=steps,
                       eval_every_epoch=True,
                       early_stopping=EarlyStopping("val_loss", patience=config.patience))
-    result = train_loop(step,
-                        sharding.replicate(init_train_state(params, tx), mesh),
-                        EpochWindows(series, train_starts, L, H, B, steps, config.seed), key, loop,
+    result = train_loop(fit.fn, fit.args[0],
+                        EpochWindows(series, train_starts, L, H, B, steps, config.seed),
+                        fit.args[2], loop,
                         put_batch=lambda b: sharding.shard_batch(b, mesh), evaluate=evaluate)
     epochs = [{"epoch": int(round(r["epoch"])), "train_loss": r["train_loss"],
                "val_loss": r["val_loss"]} for r in result.evals]

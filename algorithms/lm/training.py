@@ -21,14 +21,13 @@ import optax
 from flax import nnx
 
 from core import config as cfg_lib
-from core import sharding
+from core import sharding, steps
 from core.data import ByteTokenizer, TextBatcher, load_corpus
 from core.data.text import Corpus
 from core.training import (
     LoopConfig,
     LoopResult,
     config_fingerprint,
-    init_train_state,
     make_train_step,
     train_loop,
 )
@@ -74,11 +73,27 @@ def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation
                                    weight_decay=config.weight_decay))
 
 
-def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation):
-    """The pure train step ``(state, batch, key) -> (state, metrics)`` that :func:`train` jits
-    (and ``paper_steps`` compiles for pods): :func:`lm_loss` under ``tx`` (:func:`optimizer`);
-    batch int32 [B, L] tokens."""
-    return make_train_step(graphdef, tx, lm_loss)
+def build_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *,
+               abstract: bool = False) -> steps.Step:
+    """The train step :func:`train` runs, ``(state, tokens, key) -> (state, metrics)``, with its
+    arguments on ``mesh`` (``core.steps.train_step``): :func:`lm_loss` under :func:`optimizer`;
+    the train state of a model initialised at ``seed``, placed by ``param_sharding`` over the
+    model's parameter table; int32 [batch_size, seq_len] tokens split over ``data``; the key
+    ``jax.random.key(seed)``. ``aux`` is the model's ``nnx.GraphDef``. With ``abstract`` nothing is
+    allocated (``make aot`` compiles it for a pod).
+
+    Raises:
+      ValueError: a ``model_parallelism`` that does not divide the heads or MLP width, or an
+        unknown ``param_sharding``.
+    """
+    mcfg = model_config(config, ByteTokenizer().vocab_size)
+    mcfg.check_model_parallelism(config.model_parallelism)
+    graphdef, params = steps.split(lambda: Transformer(mcfg, rngs=nnx.Rngs(config.seed)), abstract)
+    tx = optimizer(config)
+    return steps.train_step(
+        make_train_step(graphdef, tx, lm_loss), params, tx, mesh, param_axes=PARAM_AXES,
+        rules=config.param_sharding, logical_sizes=mcfg.logical_sizes, key=config.seed,
+        batch=jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32), aux=graphdef)
 
 
 def lm_loss(model: Transformer, tokens: jax.Array, key: jax.Array):
@@ -140,18 +155,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     mcfg = model_config(config, tokenizer.vocab_size)
     mcfg.check_model_parallelism(config.model_parallelism)
     check_attention_platform(mcfg.attention)
-    graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(config.seed)))
-    tx = optimizer(config)
     mesh = sharding.make_mesh(config.model_parallelism)
-    state, state_sharding = sharding.shard_train_state(
-        init_train_state(params, tx), PARAM_AXES, mesh, tx, rules=config.param_sharding,
-        logical_sizes=mcfg.logical_sizes)
+    step = build_step(config, mesh)
+    state, _, key = step.args
     batches = TextBatcher(corpus.train, config.batch_size, config.seq_len, seed=config.seed)
     result = train_loop(
-        sharding.constrain_step(train_step(graphdef, tx), state_sharding), state,
-        batches, jax.random.key(config.seed),
+        step.fn, state, batches, key,
         LoopConfig(num_steps=config.steps, log_every=config.log_every,
                    checkpoint_every=config.checkpoint_every, progress=progress, desc=desc),
         workdir=workdir, put_batch=lambda b: sharding.shard_batch(b, mesh),
         fingerprint=fingerprint(config), schedule_steps=int(config.steps))
-    return TrainedLM(graphdef, result.state["params"], mcfg, corpus, result)
+    return TrainedLM(step.aux, result.state["params"], mcfg, corpus, result)

@@ -37,7 +37,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from algorithms.rl_scaling import allocation, grpo, metrics, trainer
-from core import sharding
+from core import sharding, steps
 from core.timing import Stopwatch
 
 PyTree = Any
@@ -188,8 +188,8 @@ def group_spec(cfg: SweepConfig, rollouts_per_step: int, answer_len: int) -> tra
 def sweep_step_fn(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                   spec: trainer.RLSpec):
     """The lane-vmapped step ``(params [L], opt_state [L], order_keys [L], rollout_keys [L], m,
-    n [L], pool, ref) -> (params, opt_state, metrics [L])``, not jitted (:func:`make_sweep_step`
-    jits it, donating params and optimizer state); at step m lane i draws its batch with
+    n [L], pool, ref) -> (params, opt_state, metrics [L])``, not jitted (:func:`run_sweep`
+    jits :func:`group_step`'s, donating params and optimizer state); at step m lane i draws its batch with
     ``fold_in(order_keys[i], m)`` and its rollouts with ``fold_in(rollout_keys[i], m)``
     (:func:`lane_keys`)."""
     step = jax.vmap(trainer.make_rl_step(graphdef, tx, spec),
@@ -203,10 +203,40 @@ def sweep_step_fn(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
     return sweep_step
 
 
-def make_sweep_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                    spec: trainer.RLSpec):
-    """:func:`sweep_step_fn` jitted, with params and optimizer state donated."""
-    return jax.jit(sweep_step_fn(graphdef, tx, spec), donate_argnums=(0, 1))
+def group_step(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
+               pool: dict[str, jax.Array], rollouts_per_step: int,
+               mesh: jax.sharding.Mesh) -> steps.Step:
+    """The step :func:`run_sweep` runs for the lanes sharing R = ``rollouts_per_step``
+    (:func:`sweep_step_fn` under :func:`optimizer` and :func:`group_spec`), with its arguments on
+    ``mesh``: the group's (n, B_p, seed, stream) lanes padded to a multiple of the ``data`` axis
+    (:func:`pad_lanes`; ``aux``), their stacked parameters ``params0``, Adam states, ``n``s and
+    :func:`lane_keys` split over ``data``; the step number m (a Python int at each call); ``pool``
+    and the KL reference ``params0`` (None when ``kl_beta`` is 0) replicated. Parameters and
+    optimizer state are donated. Abstract ``params0`` and ``pool`` give abstract arguments
+    (``make aot``).
+
+    Raises:
+      ValueError: R is not a group of the sweep.
+    """
+    abstract = steps.is_abstract(params0)
+    spec = group_spec(cfg, rollouts_per_step, pool["targets"].shape[1])
+    lanes = pad_lanes(cfg.lanes(cfg.groups()[rollouts_per_step]), mesh.shape[sharding.DATA])
+    tx, rep = optimizer(cfg), sharding.replicated(mesh)
+
+    def split(tree):  # the lane axis over `data`
+        return steps.place(tree, steps.batch_shardings(tree, mesh), abstract)
+
+    # the optimizer state placed as the step returns it (lanes over `data`): left where the eager
+    # init puts it, the second step would compile the group's program again
+    params = split(steps.build(lambda p: stack(p, len(lanes)), params0, abstract=abstract))
+    opt_state = split(steps.build(jax.vmap(tx.init), params, abstract=abstract))
+    keys = steps.build(lambda: tuple(jnp.stack(k) for k in zip(
+        *(lane_keys(cfg.seed, *lane) for lane in lanes))), abstract=abstract)
+    m = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep, weak_type=True)
+    args = (params, opt_state, *split(keys), m,
+            split(np.asarray([lane[0] for lane in lanes], np.int32)), steps.place(pool, rep),
+            steps.place(params0, rep) if cfg.grpo.kl_beta > 0 else None)
+    return steps.Step(sweep_step_fn(graphdef, tx, spec), args, (0, 1), lanes)
 
 
 def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
@@ -238,11 +268,7 @@ def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
         for n, bp in pairs:
             allocation.Allocation(cfg.budgets[-1], n, bp, cfg.grpo.advantage == "grpo")
     mesh = mesh or sharding.make_mesh()
-    num_dev = mesh.shape[sharding.DATA]
     pool, evals = sharding.replicate((pool, evals), mesh)
-    tx = optimizer(cfg)
-    answer_len = pool["targets"].shape[1]
-    ref = sharding.replicate(params0, mesh) if cfg.grpo.kl_beta > 0 else None
     c_max, budgets = cfg.budgets[-1], set(cfg.budgets)
 
     @jax.jit
@@ -257,16 +283,10 @@ def run_sweep(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
     bar = tqdm(total=sum(c_max // r for r in groups), desc=desc, mininterval=2.0, leave=False)
     for r, pairs in groups.items():
         lanes = cfg.lanes(pairs)
-        run_lanes = pad_lanes(lanes, num_dev)
-        step = make_sweep_step(graphdef, tx, group_spec(cfg, r, answer_len))
-        params = sharding.shard_batch(stack(params0, len(run_lanes)), mesh)
-        # Placed as the step returns it (lanes over `data`): an optimizer state left where the
-        # eager init puts it would make the second step compile the group's program again.
-        opt_state = sharding.shard_batch(jax.vmap(tx.init)(params), mesh)
-        ns = sharding.shard_batch(np.asarray([lane[0] for lane in run_lanes], np.int32), mesh)
-        order_keys, rollout_keys = (
-            jax.device_put(jnp.stack(k), sharding.batch_sharding(mesh, 1))
-            for k in zip(*(lane_keys(cfg.seed, *lane) for lane in run_lanes)))
+        group = group_step(cfg, graphdef, params0, pool, r, mesh)
+        step = jax.jit(group.fn, donate_argnums=group.donate_argnums)
+        params, opt_state, order_keys, rollout_keys, _, ns, _, ref = group.args
+        run_lanes = group.aux
         hist = []
         for m in range(1, c_max // r + 1):
             evaluate_now = m * r in budgets

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from core import aot_steps, sharding
+from core import aot_steps, sharding, steps
 from kernels.kv_quant.reference import QuantizerSettings, quantizer_configs
 from kernels.sparse_decode import cost as sd_cost
 from kernels.sparse_decode import pallas_tpu as sd_tpu
@@ -156,12 +156,12 @@ def lm_decode_spec(backend_name: str, devices, *, model_config: TransformerConfi
         ok = len(x.shape) > 0 and x.shape[0] == batch and batch % n_data == 0
         return sharding.batch_sharding(mesh, len(x.shape)) if ok else sharding.replicated(mesh)
 
-    args = (aot_steps.abstract(params, p_sh),
+    args = (steps.abstract(params, p_sh),
             jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows(x)),
                          cache),
             jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=rows(jnp.zeros((batch, 1)))),
             jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows(jnp.zeros((batch,)))))
-    n = aot_steps.count_params(params)
+    n = steps.count_params(params)
     return aot_steps.StepSpec(
         decode_step(graphdef, backend), args, (1,), forward_flops_per_token(mcfg, context) * batch,
         n, f"{what} cache, B {batch} x 1 new token over {context} slots, lm paper model "
@@ -247,10 +247,10 @@ def llama_decode_spec(backend_name: str, batch: int, devices, caches: DecodeCach
     # rows on data and kv heads on model for [B, K, ...] leaves; per-row leaves [B] (a backend's
     # requested capacity) on data alone
     cache_sh = jax.tree.map(lambda x: heads if x.ndim >= 2 else per_row, cache)
-    args = (aot_steps.abstract(params, p_sh), aot_steps.abstract(cache, cache_sh),
+    args = (steps.abstract(params, p_sh), steps.abstract(cache, cache_sh),
             jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=per_row),
             jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=per_row))
-    n = aot_steps.count_params(params)
+    n = steps.count_params(params)
     flops = 2.0 * n + 4.0 * cfg.num_layers * cfg.num_heads * cfg.dim_per_head * context
     dynamic_trips = None
     if backend_name == "ffd" and kernel == "pallas_tpu":

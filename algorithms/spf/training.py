@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -24,7 +24,8 @@ from jax.sharding import Mesh
 from algorithms.spf import problems as P
 from algorithms.spf import spf as S
 from core import sharding
-from core.training import init_train_state, make_train_step
+from core import steps as core_steps
+from core.training import make_train_step
 
 # the run settings a Problem is built from (besides kind, drift, dim and steps)
 PROBLEM_FIELDS = ("batch", "dt", "noise", "omega_min", "omega_max", "ou_kappa", "ou_sigma")
@@ -50,7 +51,7 @@ def make_problem(name: str, settings: Mapping[str, Any], dim: int | None = None,
                      steps=steps or settings["steps"], **{k: settings[k] for k in PROBLEM_FIELDS})
 
 
-def data_parallel_mesh(episodes: int) -> Mesh:
+def data_parallel_mesh(episodes: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The mesh SPF trains on: a ``data`` axis over every device whose size divides ``episodes``.
 
     The training batch (``episodes`` simulated episodes per step) is split evenly over the ``data``
@@ -65,10 +66,10 @@ def data_parallel_mesh(episodes: int) -> Mesh:
     """
     if episodes < 1:
         raise ValueError(f"spf config: train_episodes={episodes} must be >= 1")
-    devices = jax.devices()
+    devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
     if episodes % n == 0:
-        return sharding.make_mesh()
+        return sharding.make_mesh(devices=devices)
     if jax.process_count() > 1:
         raise ValueError(f"spf config: train_episodes={episodes} must be a multiple of the {n} "
                          "devices of this multi-process run (each device trains on an equal share)")
@@ -163,21 +164,33 @@ def train_step(graphdef: nnx.GraphDef, kind: str, cfg: S.SPFConfig, settings: Tr
     return make_train_step(graphdef, tx, S.make_episode_loss_fn(kind, cfg)), tx
 
 
+def build_step(problem: P.Problem, cfg: S.SPFConfig, settings: TrainSettings, mesh: Mesh, *,
+               abstract: bool = False) -> core_steps.Step:
+    """The SPF train step ``(state, (theta, A, y), key) -> (state, metrics)`` (:func:`train_step`)
+    with its arguments on ``mesh`` (``core.steps.train_step``): the train state of a network
+    initialised at ``settings.seed``, replicated; a batch of ``settings.episodes`` episodes of
+    ``problem`` with ``settings.episode_steps`` steps (theta f32 [E, T, d], A [E, T, M, d], y
+    [E, T, M]) split over ``data``; the key ``jax.random.key(settings.seed)``. ``aux`` is the
+    network's ``nnx.GraphDef``. With ``abstract`` nothing is allocated (``make aot``)."""
+    graphdef, params = core_steps.split(
+        lambda: S.CoordinateMLP(cfg, rngs=nnx.Rngs(settings.seed)), abstract)
+    step, tx = train_step(graphdef, problem.kind, cfg, settings)
+    batch = jax.eval_shape(lambda k: tuple(P.sample_episodes(
+        k, training_problem(problem, settings), settings.episodes)[:3]), jax.random.key(0))
+    return core_steps.train_step(step, params, tx, mesh, batch=batch, key=settings.seed,
+                                 aux=graphdef)
+
+
 def spf_training(problem: P.Problem, cfg: S.SPFConfig, settings: TrainSettings) -> SPFTraining:
-    """The train step, replicated initial state, episode stream and key of an SPF training run:
-    Adam with global-norm clipping on :func:`algorithms.spf.spf.make_episode_loss_fn` over fresh
-    episodes of ``problem`` (with ``settings.episode_steps`` steps), data-parallel over
-    :func:`data_parallel_mesh`. Step ``i``'s episodes come from ``fold_in(key, i)``, as the
-    step's key does. Pass the fields to ``train_loop``.
+    """The train step, replicated initial state, episode stream and key of an SPF training run
+    (:func:`build_step`), data-parallel over :func:`data_parallel_mesh`. Step ``i``'s episodes
+    come from ``fold_in(key, i)``, as the step's key does. Pass the fields to ``train_loop``.
 
     Raises:
       ValueError: see :func:`data_parallel_mesh`.
     """
-    train_problem = training_problem(problem, settings)
-    graphdef, params = S.init_spf(cfg, settings.seed)
-    step, tx = train_step(graphdef, problem.kind, cfg, settings)
     mesh = data_parallel_mesh(settings.episodes)
-    key = jax.random.key(settings.seed)
-    batches = EpisodeBatches(train_problem, settings.episodes, key, mesh)
-    return SPFTraining(graphdef, step, sharding.replicate(init_train_state(params, tx), mesh),
-                       batches, key)
+    step = build_step(problem, cfg, settings, mesh)
+    state, _, key = step.args
+    batches = EpisodeBatches(training_problem(problem, settings), settings.episodes, key, mesh)
+    return SPFTraining(step.aux, step.fn, state, batches, key)

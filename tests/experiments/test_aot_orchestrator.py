@@ -189,34 +189,21 @@ def test_run_writes_table_atomically_and_keeps_failures(tmp_path, monkeypatch):
     assert json.load(open(out + ".json")) == list(after.values()) or len(after) == 3
 
 
-# The table's rows by name (AOT.md and its store are keyed by them), grouped by the experiment
-# that exports them.
-EXPECTED_STEPS = {
-    "benchmark_game": ["benchmark_game/n3", "benchmark_game/n5"],
-    "diffusion_lm": ["diffusion_lm/mdlm", "diffusion_lm/ar", "diffusion_lm/duo", "diffusion_lm/gidd",
-                     "diffusion_lm/esolm", "diffusion_lm/mdlm@largest",
-                     "diffusion_lm/mdlm@largest-remat-full"],
-    "forecasting": ["forecasting/train"],
-    "judge_btl": ["judge_btl/fit"],
-    "lm": ["lm/train", "lm/train@1.1B", "lm/train@d2048x4", "lm/train@5.6B-b16"],
-    "rl_scaling": ["rl_scaling/grpo"],
-    "sparse_decode": ["lm/decode-dense", "lm/decode-ffd", "lm/decode-qvg",
-                      *(f"llama3_8b/decode-{b}@128k-b{n}" for b in ("dense", "ffd", "qvg")
-                        for n in (1, 8)),
-                      "llama3_8b/decode-ffd-all-pages@128k-b1",
-                      "llama3_8b/decode-ffd-all-pages@128k-b8",
-                      "llama3_8b/decode-ffd-measured@128k-b1",
-                      "llama3_8b/decode-ffd-measured@128k-b8",
-                      "llama3_8b/flush-qvg@128k-b1", "llama3_8b/flush-qvg@128k-b8"],
-    "spf": ["spf/train"],
-}
-
-
 def test_steps_are_discovered_from_the_experiments_in_registry_order():
+    """The table's steps are every registered experiment's ``paper_steps()``, each experiment's in
+    its own order, the experiments in the registry's; no list of steps is kept anywhere else."""
+    import importlib
+
     from experiments import registry
 
-    order = [n for n in registry.available() if n in EXPECTED_STEPS]
-    assert list(orchestrator.STEPS) == [s for n in order for s in EXPECTED_STEPS[n]]
+    exported = {}
+    for name in registry.available():
+        paper_steps = getattr(importlib.import_module(f"experiments.{name}"), "paper_steps", None)
+        if paper_steps is not None:
+            exported[name] = list(paper_steps())
+            assert exported[name], f"experiments.{name}.paper_steps() exports no step"
+    assert list(orchestrator.STEPS) == [s for steps in exported.values() for s in steps]
+    assert {"lm", "diffusion_lm", "sparse_decode", "rl_scaling"} <= set(exported)
     assert orchestrator.STEPS["lm/decode-ffd"][1] == "lm decode step, FFD KV cache"
     assert orchestrator.STEPS["rl_scaling/grpo"][1] == "GRPO step, largest rollouts-per-step group"
 
@@ -273,13 +260,16 @@ def test_every_registered_step_builds(name):
     spec = orchestrator.STEPS[name][0](jax.devices()[:1])
     assert spec.model_flops is None or spec.model_flops > 0
     assert spec.params > 0 or name.startswith("benchmark_game/")  # a game has no parameters
-    # train steps donate the state (argument 0), decode steps the cache (1), GRPO params and Adam
-    # state (0, 1); fits and sweeps donate nothing
-    expected = ((1,) if "decode" in name or "flush" in name else (0, 1) if name == "rl_scaling/grpo"
-                else (0,) if "train" in name or "diffusion" in name else ())
-    assert spec.donate_argnums == expected
     for leaf in jax.tree.leaves(spec.args):
         assert isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is not None
+    # a donated argument is one the step returns anew (a train state, a cache): its leaves'
+    # shapes and dtypes are among the outputs'
+    with jax.enable_x64(spec.x64):
+        out = jax.eval_shape(spec.fn, *spec.args)
+    outs = [(x.shape, x.dtype) for x in jax.tree.leaves(out)]
+    for i in spec.donate_argnums:
+        for leaf in jax.tree.leaves(spec.args[i]):
+            assert (leaf.shape, leaf.dtype) in outs, (name, i, leaf.shape, leaf.dtype)
 
 
 def test_the_scanned_lm_step_declares_its_layer_loop():
