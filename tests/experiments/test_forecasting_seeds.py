@@ -62,3 +62,16 @@ def test_claim_wins_and_loses_by_seed_majority_and_etth1_absent_is_not_measured(
     m = forecasting._claim_metrics(results, {"series": {
         "24": forecasting.seed_summary([r24]), "96": forecasting.seed_summary([r96])}})
     assert m["crps_undecided"] == 2 and claim.verdict(m) == "not resolved at this size"
+
+
+def test_small_is_tiny_with_more_seeds_and_every_test_window():
+    # small extends tiny's numbers: same network, training and cases, only seeds and test windows
+    tiny, small = fc_config.get_config("tiny"), fc_config.get_config("small")
+    differ = {k for k in set(tiny) | set(small) if k not in ("variant", "benchmark")
+              and tiny[k] != small[k]}
+    assert differ == {"num_seeds", "test_stride"}
+    assert small.num_seeds > tiny.num_seeds and small.test_stride == 1
+    assert small.benchmark.data == tiny.benchmark.data == "etth1"
+    assert small.benchmark.num_seeds > tiny.benchmark.num_seeds
+    assert small.benchmark.max_steps_per_epoch == tiny.benchmark.max_steps_per_epoch
+    assert small.claim.resolved == tiny.claim.resolved == ("crps_undecided == 0",)
