@@ -20,11 +20,11 @@ program loops (the table says which was used). XLA:GPU reports no cost analysis:
 memory only.
 
 Each experiment exports its own ``paper`` steps (``paper_steps()`` in ``experiments/<name>.py``,
-mapping a step name to a builder ``devices -> StepSpec`` and a description): a builder makes the
-step with the same factory the experiment runs (optimizer, loss, grouping, cache backend) and
-places abstract arguments on the pod's mesh; :class:`StepSpec` and the shared placement of a
-train state (:func:`train_step_spec`) are here, so that experiments need not import the
-orchestrator (``experiments.aot``).
+mapping a step name to a builder ``devices -> StepSpec`` and a description): a builder calls the
+recipe the run calls (``build_step`` in ``algorithms/<method>/``, returning a
+``core.steps.Step``) with the ``paper`` config, abstract values and a mesh over the pod's
+devices, and describes the row (:meth:`StepSpec.of`); :class:`StepSpec` is here, so that
+experiments need not import the orchestrator (``experiments.aot``).
 """
 
 from __future__ import annotations
@@ -308,7 +308,7 @@ class StepSpec:
     """A step ready to compile for a pod (:func:`compile_step`).
 
     Attributes:
-      fn: the step function (not jitted): the function the experiment itself jits.
+      fn: the step function (not jitted): the function the run itself jits.
       args: pytrees of ``ShapeDtypeStruct`` with ``NamedSharding``s on the pod's mesh.
       donate_argnums: donated arguments (the train state).
       model_flops: useful FLOPs of one call over the whole pod (``3 F_fwd tokens`` for training);

@@ -290,24 +290,6 @@ def train_state_shardings(state: Mapping[str, Any], params_sharding: Any,
     return out
 
 
-def shard_train_state(state: Mapping[str, Any], table: Mapping[tuple[str, ...], tuple[str | None, ...]],
-                      mesh: Mesh, tx: optax.GradientTransformation, *, rules: str = "fsdp",
-                      logical_sizes: Mapping[str, int] | None = None) -> tuple[dict, dict]:
-    """Places a ``{"params", "opt_state", "step", ...}`` train state on ``mesh`` by the named rule
-    set (:func:`rules_named`) and the model's parameter table.
-
-    Returns:
-      (the placed state, its shardings): pass the shardings to :func:`constrain_step` so that the
-      jitted step keeps them.
-
-    Raises:
-      ValueError: an unknown rule set, or as :func:`param_shardings`.
-    """
-    p_sh = param_shardings(state["params"], table, mesh, rules_named(rules), logical_sizes)
-    st_sh = train_state_shardings(state, p_sh, tx, mesh)
-    return jax.device_put(dict(state), st_sh), st_sh
-
-
 def constrain_step(step: Callable, state_sharding: Any) -> Callable:
     """Wraps a train step ``(state, batch, key) -> (state, metrics)`` so that the new state keeps
     ``state_sharding`` (a sharding constraint inside jit: the compiler then reduce-scatters

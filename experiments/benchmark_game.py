@@ -191,21 +191,18 @@ def _body(config, labels, res, gaps, mixed, seconds, objective, best) -> str:
 
 def sweep_step_spec(config: ml_collections.ConfigDict, game: str, devices):
     """The pure-equilibrium sweep over the Delta grid that :func:`run` computes for ``game`` (a
-    name of :func:`games`; ``bg.analyse`` -> ``designer.sweep_deltas``, float32 deltas): one payoff
-    tensor [N, M**N] per Delta. Replicated on ``devices``. Returns a
+    name of :func:`games`; ``designer.sweep_step`` as ``bg.analyse`` runs it): one payoff tensor
+    [N, M**N] per Delta, abstract and replicated on ``devices``. Returns a
     ``core.aot_steps.StepSpec``."""
     from algorithms.benchmark_game import designer
     from core import aot_steps, sharding
 
     score, contest, theta, _, deltas = games(config)[game]
-    rep = sharding.replicated(sharding.make_mesh(1, devices=devices))
-    tree = (score, contest, deltas.astype(np.float32))
-    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.numpy.asarray(x).dtype,
-                                                       sharding=rep), tree)
+    step = designer.sweep_step(score, contest, deltas, sharding.make_mesh(1, devices=devices))
     n, levels = len(theta), contest.efforts.shape[0]
-    return aot_steps.StepSpec(designer.sweep_deltas, args, (), None, 0,
-                              f"N {n} providers x {levels} effort levels, {len(deltas)} deltas "
-                              f"(payoff tensor {n} x {levels}^{n} per delta)")
+    return aot_steps.StepSpec.of(step, model_flops=None, params=0,
+                                 shape=f"N {n} providers x {levels} effort levels, {len(deltas)} "
+                                 f"deltas (payoff tensor {n} x {levels}^{n} per delta)")
 
 
 def paper_steps():

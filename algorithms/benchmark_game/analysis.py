@@ -17,6 +17,7 @@ from algorithms.benchmark_game.designer import (
     fidelity,
     refine_delta_star,
     sweep_deltas,
+    sweep_step,
     zero_effort_margin,
 )
 from algorithms.benchmark_game.game import (
@@ -70,7 +71,8 @@ def analyse(score: ScoreFamily, cost, contest: Contest, theta, rewards, deltas, 
       ``br_cycle_length_at_zero``, ``br_converged_at_zero``.
     """
     deltas = np.asarray(deltas, np.float64)
-    sweep = sweep_deltas(score, contest, deltas.astype(np.float32))
+    step = sweep_step(score, contest, deltas)
+    sweep = step.fn(*step.args)
     zero_unique = np.asarray(sweep.zero_effort_unique)
     numeric = delta_star_numeric(deltas, zero_unique)
     taus, source = fidelity(score, contest, deltas, sweep, max_rounds)

@@ -41,6 +41,7 @@ from algorithms.benchmark_game.game import (
     cycle_taus,
     pure_equilibria,
 )
+from core import sharding, steps
 
 
 def pair_thresholds(score: ScoreFamily, cost, theta, rewards) -> np.ndarray:
@@ -111,6 +112,19 @@ def sweep_deltas(score: ScoreFamily, contest: Contest, deltas: jax.Array,
     if not isinstance(max_equilibria, (int, np.integer)) or max_equilibria < 1:
         raise ValueError(f"max_equilibria must be an integer >= 1, got {max_equilibria!r}")
     return _sweep_deltas(score, contest, jnp.asarray(deltas, jnp.float32), int(max_equilibria))
+
+
+def sweep_step(score: ScoreFamily, contest: Contest, deltas,
+               mesh: jax.sharding.Mesh | None = None) -> steps.Step:
+    """:func:`sweep_deltas` over the grid ``deltas`` [G] rounded to float32 (where the sweep
+    computes), as a ``core.steps.Step``: its arguments as given (``mesh`` None: the analysis
+    calls it), or abstract and replicated on ``mesh`` (an ahead-of-time compile; a Python number
+    among the score's parameters becomes a float32 scalar)."""
+    args = (score, contest, np.asarray(deltas, np.float64).astype(np.float32))
+    if mesh is not None:
+        args = steps.place(jax.tree.map(jnp.asarray, args), sharding.replicated(mesh),
+                           as_abstract=True)
+    return steps.Step(sweep_deltas, args)
 
 
 @functools.partial(jax.jit, static_argnames=("max_equilibria",))

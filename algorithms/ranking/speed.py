@@ -12,12 +12,11 @@ compilation is timed apart. :func:`fit_step_spec` is the same fit as an ahead-of
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from algorithms.ranking import btl, data, simulate
 from algorithms.ranking.studies import Comparisons, winner_loser_pairs
-from core import aot_steps, sharding, timing
+from core import aot_steps, sharding, steps, timing
 
 CHOIX_ESTIMATORS = ("ilsr", "mm", "opt")
 
@@ -54,20 +53,19 @@ def aot_precision(platform: str) -> tuple[bool, tuple[str, str] | None]:
 
 def fit_step_spec(num_models: int, num_judges: int, devices) -> aot_steps.StepSpec:
     """The Newton fit the timing study times (:func:`solve`: judge-aware BTL, float64,
-    :data:`FIT_CONFIG`) as an ahead-of-time compile row: every (i < j, judge) cell of N =
-    ``num_models`` models and J = ``num_judges`` judges a row (:func:`table_rows`), abstract
-    arguments replicated on ``devices`` (one small dense solve); in float32 on TPU
+    :data:`FIT_CONFIG`) as an ahead-of-time compile row: the table :func:`speed_comparison`
+    aggregates for N = ``num_models`` models and J = ``num_judges`` judges (padded to every
+    (i < j, judge) cell, :func:`table_rows`; ``data.aggregate`` of one comparison gives its
+    layout), abstract and replicated on ``devices`` (one small dense solve); in float32 on TPU
     (:func:`aot_precision`). Returns a ``core.aot_steps.StepSpec``."""
     n, nj = num_models, num_judges
     rows = table_rows(n, nj)
     rep = sharding.replicated(sharding.make_mesh(1, devices=devices))
     x64, fallback = aot_precision(devices[0].platform)
-    with jax.enable_x64(x64):
-        ints = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rep)
-        counts = jax.ShapeDtypeStruct((rows,), jnp.float64 if x64 else jnp.float32, sharding=rep)
-    table = data.ComparisonTable(ints, ints, ints, counts, counts, counts, n, nj)
-    return aot_steps.StepSpec(solve, (table,), (), None, n + nj + 1,
-                              f"{n} models x {nj} judges, {rows} rows, "
+    table = data.aggregate([0], [1], [data.LEFT], [0], n_models=n, n_judges=nj, pad_to=rows,
+                           dtype=np.float64 if x64 else np.float32)
+    return aot_steps.StepSpec(solve, steps.place((table,), rep, as_abstract=True), (), None,
+                              n + nj + 1, f"{n} models x {nj} judges, {rows} rows, "
                               f"float{64 if x64 else 32} Newton", x64=x64, fallback=fallback)
 
 

@@ -335,3 +335,30 @@ def test_ffd_all_pages_row_declares_every_page_kept():
     every, every_shape = ratio("llama3_8b/decode-ffd-all-pages@128k-b1")
     assert "kept fraction 0.0615" in rule_shape and "kept fraction 1.0" in every_shape
     assert rule < 0.2 and (4.72 + 55.05) / 67.1 <= every <= 1.1
+
+
+def test_decode_steps_build_their_caches_through_get_backend(monkeypatch):
+    """Every lm decode row's cache backend comes from ``models.kv_cache.get_backend`` with the
+    experiments' paper options (FFD: sparse_decode's page size and delta; QVG: the quantizer
+    kv_quant runs, ``kernels.kv_quant.reference.quantizer_configs`` of its paper config, at the
+    lm model's head dim)."""
+    from algorithms.lm import training
+    from core.data import ByteTokenizer
+    from experiments import sparse_decode
+    from experiments.configs import kv_quant as kq_cfg
+    from experiments.configs import lm as lm_cfg
+    from experiments.configs import sparse_decode as sd_cfg
+    from kernels.kv_quant.reference import quantizer_configs
+    from models import kv_cache as kvc
+
+    calls = []
+    real = kvc.get_backend
+    monkeypatch.setattr(kvc, "get_backend",
+                        lambda name, **o: calls.append((name, o)) or real(name, **o))
+    for backend in ("dense", "ffd", "qvg"):  # the rows' builders at a small cache
+        sparse_decode.lm_decode_spec(backend, jax.devices()[:1], context=1024, batch=2)
+    assert [c[0] for c in calls] == ["dense", "ffd", "qvg"]
+    sd = sd_cfg.get_config("paper")
+    assert (calls[1][1]["page_size"], calls[1][1]["delta"]) == (sd.page_size, sd.delta)
+    d = training.model_config(lm_cfg.get_config("paper"), ByteTokenizer().vocab_size).dim_per_head
+    assert calls[2][1]["config"] == quantizer_configs(kq_cfg.get_config("paper"), d)["qvg"]
