@@ -57,12 +57,35 @@ def tpu_block_bytes(shape, dtype) -> int:
     return _nbytes((*lead, -(-x // pack) * pack, -(-y // 128) * 128), dtype)
 
 
+TPU_ASSIGN_ROWS = 32  # chunks per block of the TPU kernel's assignments: one uint8 (32, 128) tile
+
+
+def tpu_chunks_per_block(num_chunks: int, chunk: int, target_tokens: int = 2048) -> int:
+    """CB, the chunks per grid step of the TPU kernel: the largest divisor of NC with
+    CB N <= max(N, ``target_tokens``) and CB a divisor of 128."""
+    cap = max(1, target_tokens // chunk)
+    return max(c for c in range(1, min(cap, num_chunks) + 1)
+               if num_chunks % c == 0 and 128 % c == 0)
+
+
 def tpu_chunk_bytes(code) -> int:
-    """:func:`chunk_bytes` in :func:`tpu_block_bytes`: what the TPU kernel moves per chunk of one
-    (row, kv head) (at N = 256, D = 128, INT2, block 64, S = 1, C = 16: 8192 + 1024 + 1024 + 4096
-    = 14336 bytes, the assignments padded from 256)."""
+    """:func:`chunk_bytes` in :func:`tpu_block_bytes` without the assignments: what the TPU
+    kernel moves per chunk of one (row, kv head) for codes, scales and centroids (at N = 256,
+    D = 128, INT2, block 64, S = 1, C = 16: 8192 + 1024 + 4096 = 13312 bytes); the assignments
+    come in blocks of several chunks (:func:`tpu_assign_bytes`)."""
     return sum(tpu_block_bytes(x.shape[3:], x.dtype)
-               for x in (code.codes, code.scales, code.assign, code.centroids))
+               for x in (code.codes, code.scales, code.centroids))
+
+
+def tpu_assign_bytes(code) -> int:
+    """Bytes the TPU kernel moves for the assignments of one (row, kv head): the kernel reads
+    them chunks second-minor ([S, NC, N], a free view of the store), in ``ceil(NC / AR)`` blocks
+    [S, AR, N] of AR = min(NC, 32) chunks, each in :func:`tpu_block_bytes` (at NC = 512, N = 256,
+    S = 1: 16 blocks of 8192 bytes, 256 per chunk, where chunk-major [S, N] blocks moved
+    [4, N], 1024 per chunk)."""
+    nc, s, n = code.assign.shape[2:]
+    rows = min(nc, TPU_ASSIGN_ROWS)
+    return -(-nc // rows) * tpu_block_bytes((s, rows, n), code.assign.dtype) if s else 0
 
 
 def dequant_flops(tokens: int, head_dim: int, stages: int, num_centroids: int,
@@ -83,6 +106,13 @@ def rope_flops(tokens: int, head_dim: int, terms: int) -> int:
     return tokens * (head_dim // 2) * (17 + 4 * terms + 6)
 
 
+def rope_from_start_flops(tokens: int, head_dim: int, terms: int) -> int:
+    """:func:`rope_flops` of a kernel whose query carries the chunk start's rotation
+    (:func:`kernels.kv_quant.pallas_common.rope_cos_sin_from_start`): ``11 + 4 m`` per token
+    and frequency for the angle less the start's, plus the pair's rotation, 6."""
+    return tokens * (head_dim // 2) * (11 + 4 * terms + 6)
+
+
 def tile_flops(rows: int, tokens: int, head_dim: int, w: int) -> int:
     """FLOPs of attending ``tokens`` dequantized (and rotated) keys / values for ``rows`` query
     rows: the logits q K^T, 2 R N D, their D / W - 1 piece adds and the 1/sqrt(D) factor,
@@ -91,6 +121,12 @@ def tile_flops(rows: int, tokens: int, head_dim: int, w: int) -> int:
     probabilities x values 2 R N D, rescale and add 2 R D."""
     r, n, d = rows, tokens, head_dim
     return 4 * r * n * d + r * n * (d // w) + 3 * r * n + 4 * r + 2 * r * d
+
+
+def rope_start_rows_bytes(rows: int, head_dim: int) -> int:
+    """Bytes of ``rows`` rows of :func:`kernels.kv_quant.pallas_common.rope_start_rows` (the
+    chunk starts' cos and sin as query rows), float32: ``2 rows D``."""
+    return _F32 * 2 * rows * head_dim
 
 
 def rope_table_bytes(num_chunks: int, chunk: int, head_dim: int) -> tuple[int, int]:
@@ -113,24 +149,27 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
         rotated in the kernel (then the tables of :func:`rope_table_bytes` are read);
         rope_terms: the series terms m
         (:func:`kernels.kv_quant.pallas_common.rope_series_terms`; 1 up to 128k positions);
-        lanes: L, the chunk-start columns per block (default: NC up to 128, else 128).
+        lanes: L, the chunk-start rows per block (default: NC up to 128, else 128).
 
     Returns:
       ``pl.CostEstimate`` with, summed over the B K (row, kv head) pairs:
 
       * bytes: the queries ``R D`` once per pair; per chunk the key and value chunks as the
-        kernel moves them, in padded tiles (:func:`tpu_chunk_bytes`); with RoPE the chunk-start
-        table's lane groups, ``ceil(NC / L)``
-        blocks of ``3 (D / 2) L`` float32 (its block index changes once per group); the output
-        ``R D`` and log-sum-exp ``R`` float32 once per pair; once per call the row offsets ``R``
+        kernel moves them, in padded tiles (:func:`tpu_chunk_bytes`), and their assignments in
+        blocks of up to 32 chunks (:func:`tpu_assign_bytes`); with RoPE the chunk starts' cos
+        and sin rows in ``ceil(NC / L)`` blocks of L rows (:func:`rope_start_rows_bytes`; the
+        block index changes once per group); the output ``R D`` and log-sum-exp ``R`` float32
+        once per pair; once per call the row offsets ``R``
         int32, the scalar-prefetched ``start`` and ``num_quantized``, ``2 B`` int32, and with
         RoPE the frequencies and offsets' tables (their block index never changes, so they are
         fetched once).
       * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, one-hot matmul;
         the kernel gathers the values' centroids through the smaller products P onehot^T
         [R, N] x [N, C] and [R, C] x [C, D], counted here at the keys' rate: an upper bound),
-        with RoPE the rotation of N keys (:func:`rope_flops`) and the masked lane sums that pick
-        the chunk start's column, ``3 (D / 2) L``, and :func:`tile_flops` with R rows; per pair
+        with RoPE the rotation of N keys by their angles less the chunk start's
+        (:func:`rope_from_start_flops`), the start's angles ``D / 2`` and the query's rotation
+        by them ``3 R D``, and :func:`tile_flops` with R rows; with RoPE per grid step the
+        query's half swap, a signed permutation matmul of its three terms, ``6 R D^2``; per pair
         the final ``acc / l`` and ``m + log l``, R (D + 1).
       * transcendentals: per chunk R N + R exps; per pair R logs.
     """
@@ -140,13 +179,15 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
     lanes = (nc if nc <= 128 else 128) if lanes is None else lanes
     pairs = b * kh
     rope_once = rope_table_bytes(nc, n, d)[0] if rope else 0
-    starts = -(-nc // lanes) * _F32 * 3 * (d // 2) * lanes if rope else 0
+    starts = -(-nc // lanes) * rope_start_rows_bytes(lanes, d) if rope else 0
     chunks = tpu_chunk_bytes(k_code) + tpu_chunk_bytes(v_code)
-    per_pair = _nbytes((r, d), q.dtype) + nc * chunks + starts + _F32 * r * (d + 1)
+    assign = tpu_assign_bytes(k_code) + tpu_assign_bytes(v_code)
+    per_pair = _nbytes((r, d), q.dtype) + nc * chunks + assign + starts + _F32 * r * (d + 1)
     once = _nbytes((r,), jnp.int32) + _nbytes((2, b), jnp.int32) + rope_once
-    rot = rope_flops(n, d, rope_terms) + 3 * (d // 2) * lanes if rope else 0
+    rot = rope_from_start_flops(n, d, rope_terms) + d // 2 + 3 * r * d if rope else 0
+    swap = 2 * 3 * r * d * d if rope else 0  # q's half swap, once per grid step
     flops = nc * (2 * dequant_flops(n, d, s, c, onehot=True) + rot + tile_flops(r, n, d, w))
-    flops += r * (d + 1)
+    flops += r * (d + 1) + nc // tpu_chunks_per_block(nc, n) * swap
     return pl.CostEstimate(flops=int(pairs * flops),
                            transcendentals=int(pairs * (nc * (r * n + r) + r)),
                            bytes_accessed=int(pairs * per_pair + once))

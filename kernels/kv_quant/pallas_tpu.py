@@ -2,34 +2,45 @@
 in VMEM.
 
 Dimensions as in :mod:`kernels.kv_quant.reference` (B, K, R = G * T rows, D, N, NC, P, NB, S, C);
-CB chunks per grid step, L lanes of the chunk-start table per block.
+CB chunks per grid step, L rows of the chunk-start table per block, AR = min(NC, 32) chunks per
+block of the assignments.
 
 Layout. The cache stores each chunk tokens minor (codes [P, N], scales [NB, N], assignments
 [S, N]; :class:`~kernels.kv_quant.reference.QVGCode`), so with N a multiple of 128 every per-token
 array fills the 128 lanes and the kernel reads the cache as stored (no relayout copy per decode
-step); centroids [S, C, D] keep D on the lanes. A chunk is worked on channels by tokens.
+step); centroids [S, C, D] keep D on the lanes. The assignments are read as [S, NC, N] (a free
+view: XLA:TPU keeps the size-1 stage axis of the [NC, S, N] store major, the chunks on the
+sublanes of whole (32, 128) uint8 tiles), AR chunks per block, and widened to int32 rows once per
+grid step; read as [NC, S, N] they were copied into a layout with S on the sublanes, padded 4x,
+every decode step. A chunk is worked on channels by tokens.
 
 Keys: dequantized in float32 pieces [W, N] (:mod:`kernels.kv_quant.pallas_common`), a code plane
 masked in place rather than shifted (``code 2^(n j)`` times ``scale 2^(-n j)``, exact), plus the
 centroid rows from the bfloat16 one-hot product ``C_s^T [D, C] @ onehot [C, N]`` (exact); rotated
 (below); then ``q [R, D] @ K [D, N]`` as one matmul over the whole head dim with both factors
 split into three bfloat16 terms (float32 accuracy; Mosaic's float32 HIGHEST matmul on W-row
-pieces cost twice the bundles). Values are never dequantized in float32 beyond the exact
-``(code - 2^(n-1)) scale`` (a power of two times a bfloat16 scale for 2-bit codes, so exact in
-one bfloat16 term, in two otherwise): ``P V^T = P ((code - 2^(n-1)) scale)^T + (P onehot^T) C_s``,
-with P in three bfloat16 terms, so the centroid gather costs [R, N] x [N, C] and [R, C] x [C, D]
-products instead of a [D, N] one.
+pieces cost twice the bundles). A term is the remainder with its low 16 bits cleared (an and
+and an exact subtraction, no bfloat16 round trip), and the terms of one factor that meet the same
+term of the other enter the MXU as one stacked operand. Values are never dequantized in float32
+beyond the exact ``(code - 2^(n-1)) scale`` (a power of two times a bfloat16 scale for 2-bit
+codes, so exact in one bfloat16 term, in two otherwise): ``P V^T = P ((code - 2^(n-1)) scale)^T +
+(P onehot^T) C_s``, with P in three bfloat16 terms, so the centroid gather costs [R, N] x [N, C]
+and [R, C] x [C, D] products instead of a [D, N] one.
 
 Grid (B, K, NC / CB), chunk blocks innermost ("arbitrary"). ``start`` and ``num_quantized`` are
 prefetched into SMEM (``PrefetchScalarGridSpec``); the block index maps clamp the block index to
 the last block holding a quantized slot of the row, so later blocks issue no new DMA and are
-skipped by ``pl.when``; inside a block a loop over its CB chunks skips chunks past
-``num_quantized``. Keys stored before RoPE are rotated to their slot positions by angle addition
-from small tables (:func:`kernels.kv_quant.pallas_common.rope_cos_sin`): the in-chunk offsets'
-[3, D/2, N], one block for the whole grid, and the chunk starts' [3, D/2, L], the lane group of
-the block's chunks, from which a chunk's column is selected exactly by a masked lane sum. The
-online softmax (m, l, acc in VMEM scratch) runs over the chunks; the last block step writes
-(acc / l, m + log l).
+skipped by ``pl.when``. Inside a block the chunks go two at a time (``GROUP``), each pair one
+online-softmax step over its 2N slots, so the schedule overlaps one chunk's dequantization with
+the other's softmax chain; in a row's last block a chunk past ``num_quantized`` reads the last
+quantized chunk's data with every slot masked. Keys stored before RoPE are rotated to their slot
+positions by angle addition, the chunk start's rotation carried by the query:
+``q . R(B + a) k = (R(-B) q) . (R(a) k)``. Per chunk the query is rotated back by the start's
+angle B from its cos and sin rows (:func:`kernels.kv_quant.pallas_common.rope_start_rows`, [2, L,
+D], the row group of the block's chunks), and the keys by ``a = fl(p f) - B``, the reference's
+float32 angle less B (:func:`kernels.kv_quant.pallas_common.rope_cos_sin_from_start`, from the
+in-chunk offsets' table [3, D/2, N], one block for the whole grid). The online softmax (m, l, acc
+in VMEM scratch) runs over the chunks; the last block step writes (acc / l, m + log l).
 
 Constraints (checked before compiling, :func:`check_layout`): N a multiple of 128 (lane-dense
 chunks) and W a multiple of 8 (piece rows on whole sublane tiles).
@@ -56,7 +67,8 @@ _NT = (((1,), (1,)), ((), ()))  # [M, X] x [N, X] -> [M, N]
 
 LANES = 128  # TPU vector lanes: the token axis of a chunk fills whole lane tiles
 SUBLANES = 8  # float32 / int32 sublanes: a piece's W rows fill whole tiles
-TARGET_TOKENS = 2048  # tokens per grid step aimed at (CB = the largest divisor of NC in reach)
+ASSIGN_ROWS = cost.TPU_ASSIGN_ROWS  # chunks per block of the assignments (a uint8 tile's rows)
+GROUP = 2  # chunks per online-softmax step (their chains overlap in the schedule)
 
 
 def check_layout(chunk: int, d: int, cfg: QVGConfig, rope: bool) -> int:
@@ -86,36 +98,49 @@ def check_layout(chunk: int, d: int, cfg: QVGConfig, rope: bool) -> int:
 
 def chunks_per_block(num_chunks: int, chunk: int) -> int:
     """CB: the largest divisor of NC with CB N <= max(N, 2048) tokens and CB a divisor of 128
-    (a block's chunks then share one 128-lane group of the chunk-start table)."""
-    cap = max(1, TARGET_TOKENS // chunk)
-    return max(c for c in range(1, min(cap, num_chunks) + 1)
-               if num_chunks % c == 0 and LANES % c == 0)
+    (a block's chunks then share one 128-row group of the chunk-start table)
+    (:func:`kernels.kv_quant.cost.tpu_chunks_per_block`)."""
+    return cost.tpu_chunks_per_block(num_chunks, chunk)
 
 
 def _split(x: jax.Array, parts: int) -> list[jax.Array]:
     """float32 x as ``parts`` bfloat16 terms whose float32 sum approximates it (3 terms: exact,
-    24 significant bits; 2 terms: to 2^-17 relative), for MXU products at float32 accuracy."""
+    24 significant bits; 2 terms: to 2^-16 relative), for MXU products at float32 accuracy. Each
+    term but the last is the running remainder with its low 16 bits cleared (a bfloat16 value,
+    so its conversion is exact); the subtraction of it is exact."""
     out = []
     for i in range(parts):
-        hi = x.astype(jnp.bfloat16)
-        out.append(hi)
         if i + 1 < parts:
-            x = x - hi.astype(jnp.float32)
+            hi = lax.bitcast_convert_type(
+                lax.bitcast_convert_type(x, jnp.int32) & jnp.int32(-65536), jnp.float32)
+            out.append(hi.astype(jnp.bfloat16))
+            x = x - hi
+        else:
+            out.append(x.astype(jnp.bfloat16))
     return out
 
 
 def _dot_split(a_parts, b_parts, dims=None):
     """Sum of the bf16 products ``a_i b_j`` with i + j < max(len(a), len(b)) (float32
-    accumulation): the terms above float32's precision are left out."""
+    accumulation): the terms above float32's precision are left out. The a terms that meet one
+    b term are stacked on the rows (each padded to a whole bfloat16 tile of 16 rows), so each b
+    term enters the MXU once."""
     top = max(len(a_parts), len(b_parts))
+    rows = a_parts[0].shape[0]
+    rp = -(-rows // 16) * 16
     total = None
-    for i, a in enumerate(a_parts):
-        for j, b in enumerate(b_parts):
-            if i + j >= top:
-                continue
-            part = (jnp.dot(a, b, preferred_element_type=jnp.float32) if dims is None else
-                    lax.dot_general(a, b, dims, preferred_element_type=jnp.float32))
-            total = part if total is None else total + part
+    for j, b in enumerate(b_parts):
+        use = [a for i, a in enumerate(a_parts) if i + j < top]
+        if len(use) > 1:
+            pad = [jnp.zeros((rp - rows, use[0].shape[1]), use[0].dtype)] if rp > rows else []
+            a = jnp.concatenate([x for u in use for x in [u] + pad], axis=0)
+        else:
+            a = use[0]
+        part = (jnp.dot(a, b, preferred_element_type=jnp.float32) if dims is None else
+                lax.dot_general(a, b, dims, preferred_element_type=jnp.float32))
+        for i in range(len(use)):
+            x = part[i * rp:i * rp + rows]
+            total = x if total is None else total + x
     return total
 
 
@@ -126,7 +151,7 @@ def _code_planes(codes, bits, plane):
 
 
 def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: bool, w: int,
-            num_blocks: int, cb: int, lanes: int, rope_terms: int):
+            num_blocks: int, cb: int, lanes: int, rope_terms: int, arows: int):
     stages = cfg.stages
     bits = cfg.bits
     per_code = 4 if stages else 2
@@ -134,7 +159,8 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
     rest = refs[2 * per_code:]
     if rope:
         freq_ref, off_ref, st_ref, *rest = rest
-    out_ref, lse_ref, acc_ref, m_ref, l_ref = rest
+    out_ref, lse_ref, acc_ref, m_ref, l_ref, *ids_refs = rest
+    kid_ref, vid_ref = ids_refs if stages else (None, None)
     b, blk = pl.program_id(0), pl.program_id(2)
     n = k_refs[0].shape[-1]
     d = q_ref.shape[-1]
@@ -152,7 +178,9 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
         l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
 
     def onehots(code_refs, j, ls=slice(None)):
-        assign = code_refs[2][j, :, ls].astype(jnp.int32)  # [S, T]
+        row = lax.rem(blk * cb + j, arows)  # the chunk's row in the assignments' block
+        ids = kid_ref if code_refs is k_refs else vid_ref
+        assign = ids[:, pl.ds(row, 1), ls][:, 0, :]  # [S, T] int32
         cid = lax.broadcasted_iota(jnp.int32, (cfg.num_centroids, assign.shape[1]), 0)
         return [(assign[s:s + 1] == cid).astype(jnp.bfloat16) for s in range(stages)]
 
@@ -185,37 +213,44 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
         return pieces
 
     def key_logits(j, c, q_parts):
-        """Unscaled logits q K^T [R, N] at float32 accuracy: the keys dequantized (and rotated)
-        in float32 [D, N], both factors as three bfloat16 terms."""
+        """Unscaled logits q K^T [R, N] at float32 accuracy: the keys dequantized (and rotated
+        by their angles less the chunk start's, whose rotation the query carries) in float32
+        [D, N], both factors as three bfloat16 terms."""
         ls = slice(None)
         kp = key_pieces(j, ls)
         if rope:
             kpos = (c * n + lax.broadcasted_iota(jnp.int32, (1, n), 1)).astype(jnp.float32)
             zero = jnp.minimum(nq, 0)  # 0 at run time (num_quantized >= 0)
-            lane = lax.broadcasted_iota(jnp.int32, (h, lanes), 1)
-            here = lane == c % lanes
-            # the chunk start's cos, sin, angle [D/2, 1]: a masked lane sum (exact)
-            start = [jnp.sum(jnp.where(here, st_ref[i], 0.0), axis=1, keepdims=True)
-                     for i in range(3)]
+            # the chunk start's angle fl(c N f) [D/2, 1], rounded as the tables' (one product)
+            sa = lax.bitcast_convert_type(lax.bitcast_convert_type(
+                (c * n).astype(jnp.float32) * freq_ref[...], jnp.int32) | zero, jnp.float32)
 
             def rotation(c0, ww):
-                return pc.rope_cos_sin(
+                return pc.rope_cos_sin_from_start(
                     kpos, freq_ref[c0:c0 + ww, :],
                     tuple(off_ref[i, c0:c0 + ww, ls] for i in range(3)),
-                    tuple(x[c0:c0 + ww] for x in start), rope_terms, zero)
+                    sa[c0:c0 + ww], rope_terms, zero)
 
             kp = pc.rope_pieces(kp, rotation)
         keys = jnp.concatenate(kp, axis=0) if len(kp) > 1 else kp[0]  # [D, N] float32
         return _dot_split(q_parts, _split(keys, 3))
 
-    def chunk_step(j, q_parts):
+    def chunk_logits(j, jr, q_parts):
+        """Masked logits [R, N] of chunk j (its data read from chunk jr, below)."""
         c = blk * cb + j  # global chunk index
-        logits = key_logits(j, c, q_parts) * (1.0 / math.sqrt(d))  # [R, N]
+        if rope:  # q rotated back by the chunk start: R(-B) q = q cos B + [q_2, -q_1] sin B
+            q, qs = q_parts
+            row = lax.rem(c, lanes)
+            qr = q * st_ref[0, pl.ds(row, 1), :] + qs * st_ref[1, pl.ds(row, 1), :]
+            q_parts = _split(qr, 3)
+        logits = key_logits(jr, c, q_parts) * (1.0 / math.sqrt(d))  # [R, N]
         rows = logits.shape[0]
         slot = c * n + lax.broadcasted_iota(jnp.int32, (rows, n), 1)
         pos = start_ref[b] + rowoff_ref[...]  # [R, 1]
-        valid = (slot < nq) & (slot <= pos)
-        prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m_ref[...], l_ref[...])
+        return logits, (slot < nq) & (slot <= pos)
+
+    def chunk_values(j, prob):
+        """P V [R, D] of chunk j for its probabilities P [R, N]."""
         # values: P V^T = P (C[a])^T + P ((code - 2^(n-1)) scale)^T; the second factor is exact
         # in bfloat16 for 2-bit codes (a power of two times a bf16 scale) and in two bfloat16
         # terms otherwise; P in three terms
@@ -230,19 +265,47 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
                 cent = v_refs[3][j, s]  # [C, D] bfloat16
                 for a in _split(pa, 3):
                     pv = pv + jnp.dot(a, cent, preferred_element_type=jnp.float32)
+        return pv
+
+    def chunks_step(j0, k, q_parts):
+        """Chunks j0 .. j0 + k - 1 as one online-softmax step over their k N slots (their key
+        and value work is independent, so the schedule overlaps it). A chunk past the row's
+        quantized ones (in its last group) reads the last quantized chunk's data instead (every
+        slot of it masked: its weights are 0, and its values finite unless the row's are)."""
+        jr = [jnp.minimum(j0 + i, count - 1) for i in range(k)]
+        parts = [chunk_logits(j0 + i, jr[i], q_parts) for i in range(k)]
+        logits = jnp.concatenate([x for x, _ in parts], axis=1) if k > 1 else parts[0][0]
+        valid = jnp.concatenate([v for _, v in parts], axis=1) if k > 1 else parts[0][1]
+        prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m_ref[...], l_ref[...])
+        pv = None
+        for i in range(k):
+            x = chunk_values(jr[i], prob[:, i * n:(i + 1) * n])
+            pv = x if pv is None else pv + x
         acc_ref[...] = corr * acc_ref[...] + pv
         m_ref[...] = m_new
         l_ref[...] = l_new
 
     @pl.when(count > 0)
     def _attend():
-        # q [R, D] in three bfloat16 terms, once per block (the same for all its chunks)
-        q_parts = _split(q_ref[...].astype(jnp.float32), 3)
+        # q [R, D] in three bfloat16 terms, once per block (the same for all its chunks); with
+        # RoPE q and its half swap [q_2, -q_1], rotated and split per chunk
+        q = q_ref[...].astype(jnp.float32)
+        if rope:  # the half swap as q times a signed permutation (exact: one product each)
+            i = lax.broadcasted_iota(jnp.int32, (d, d), 0)
+            o = lax.broadcasted_iota(jnp.int32, (d, d), 1)
+            swap = jnp.where(i == o + h, 1.0, jnp.where(i + h == o, -1.0, 0.0))
+            q_parts = (q, _dot_split(_split(q, 3), [swap.astype(jnp.bfloat16)]))
+        else:
+            q_parts = _split(q, 3)
+        if stages:  # the block's assignments as int32 rows (a uint8 row cannot be indexed)
+            kid_ref[...] = k_refs[2][...].astype(jnp.int32)
+            vid_ref[...] = v_refs[2][...].astype(jnp.int32)
+        group = GROUP if cb % GROUP == 0 else 1
 
-        def body(j, carry):
-            pl.when(j < count)(lambda: chunk_step(j, q_parts))
+        def body(g, carry):
+            pl.when(g * group < count)(lambda: chunks_step(g * group, group, q_parts))
             return carry
-        lax.fori_loop(0, cb, body, 0)
+        lax.fori_loop(0, cb // group, body, 0)
 
     @pl.when(blk == num_blocks - 1)
     def _done():
@@ -282,6 +345,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     cb = chunks_per_block(nc, n)
     nblk = nc // cb
     lanes = LANES if nc > LANES else nc  # lanes of a chunk-start block
+    arows = ASSIGN_ROWS if nc > ASSIGN_ROWS else nc  # chunks per assignments' block
 
     def block(bi, ki, gi, start_ref, nq_ref):
         # lax.div: truncating division of non-negative ints (jnp's floor division needs sign)
@@ -296,7 +360,9 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     def code_specs():
         specs = [spec((p, n)), spec((nb, n))]
         if s:
-            specs += [spec((s, n)), spec((s, c, d))]
+            # assignments [B, K, S, NC, N]: AR chunks' rows per block, a whole uint8 tile
+            specs += [pl.BlockSpec((None, None, s, arows, n), lambda bi, ki, gi, *sr: (
+                bi, ki, 0, lax.div(block(bi, ki, gi, *sr) * cb, arows), 0)), spec((s, c, d))]
         return specs
 
     def code_args(code):
@@ -304,7 +370,8 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
         # XLA's memory-space assignment staged each whole store in VMEM around the kernel after
         # the cache update's chunk write, a copy of the cache in and out per decode step (v5e,
         # one layer at 128k: 154 MB accessed, 48 MB with it). Interpret mode has no HBM.
-        leaves = [code.codes, code.scales] + ([code.assign, code.centroids] if s else [])
+        leaves = [code.codes, code.scales] + (
+            [jnp.swapaxes(code.assign, 2, 3), code.centroids] if s else [])
         if interpret:
             return leaves
         return [pltpu.with_memory_space_constraint(x, pltpu.HBM) for x in leaves]
@@ -316,14 +383,15 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     args += code_args(k_code) + code_args(v_code)
     terms = pc.rope_series_terms(nc * n, d, rope_base) if rope else 0
     if rope:
-        # frequencies and offsets: one block for the whole grid, fetched once; chunk starts: the
-        # 128-lane group of the block's chunks (CB divides 128, so a block lies in one group)
+        # frequencies and offsets: one block for the whole grid, fetched once; chunk starts' cos
+        # and sin rows: the group of L rows of the block's chunks (CB divides L)
         h = d // 2
         in_specs += [pl.BlockSpec((h, 1), lambda *_: (0, 0)),
                      pl.BlockSpec((3, h, n), lambda *_: (0, 0, 0)),
-                     pl.BlockSpec((3, h, lanes), lambda bi, ki, gi, *sr: (
-                         0, 0, lax.div(block(bi, ki, gi, *sr) * cb, lanes)))]
-        args += list(pc.rope_tables(nc, n, d, rope_base, pad_to=lanes))
+                     pl.BlockSpec((2, lanes, d), lambda bi, ki, gi, *sr: (
+                         0, lax.div(block(bi, ki, gi, *sr) * cb, lanes), 0))]
+        tables = pc.rope_tables(nc, n, d, rope_base, pad_to=lanes)
+        args += [tables.freq, tables.offsets, pc.rope_start_rows(nc, n, d, rope_base, lanes)]
 
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2,
@@ -332,11 +400,12 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
         out_specs=[pl.BlockSpec((None, None, r, d), lambda bi, ki, gi, *_: (bi, ki, 0, 0)),
                    pl.BlockSpec((None, None, r, 1), lambda bi, ki, gi, *_: (bi, ki, 0, 0))],
         scratch_shapes=[pltpu.VMEM((r, d), jnp.float32), pltpu.VMEM((r, 1), jnp.float32),
-                        pltpu.VMEM((r, 1), jnp.float32)],
+                        pltpu.VMEM((r, 1), jnp.float32)]
+        + ([pltpu.VMEM((s, arows, n), jnp.int32)] * 2 if s else []),
     )
     out, lse = pl.pallas_call(
         functools.partial(_kernel, cfg=cfg, rope=rope, w=w, num_blocks=nblk, cb=cb, lanes=lanes,
-                          rope_terms=terms),
+                          rope_terms=terms, arows=arows),
         grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct((b, kh, r, d), jnp.float32),
                    jax.ShapeDtypeStruct((b, kh, r, 1), jnp.float32)],

@@ -335,16 +335,21 @@ def _qvg_structs(b, kh, r, d, nc, cfg):
 
 def _qvg_bytes_from_blocks(impl, q, code, rope, rows=None, ns=1):
     """Bytes summed over the blocks the kernel touches (every chunk), from zero arrays. With RoPE
-    the tables are those the kernel is passed (:func:`pc.rope_tables`): on TPU the chunk starts'
-    block [3, D/2, L] once per group of L chunk columns and pair, on GPU the chunk start's column
-    [3, D/2] per chunk and pair; the frequencies [D/2, 1] and offsets [3, D/2, N], whose block
-    index never changes, once per call (TPU) or once per program that holds a chunk (GPU)."""
+    the tables are those the kernel is passed (:func:`pc.rope_tables`, and on TPU
+    :func:`pc.rope_start_rows`): on TPU the chunk starts' cos and sin rows [2, L, D] once per
+    group of L chunks and pair, on GPU the chunk
+    start's column [3, D/2] per chunk and pair; the frequencies [D/2, 1] and offsets [3, D/2, N],
+    whose block index never changes, once per call (TPU) or once per program that holds a chunk
+    (GPU)."""
     fields = [np.zeros(x.shape, x.dtype) for x in code]
     b, kh, r, d = q.shape
     nc, n = code.codes.shape[2], code.codes.shape[4]
     lanes = nc if nc <= 128 else 128
     tables = jax.eval_shape(lambda: pc.rope_tables(nc, n, d, 10_000.0, pad_to=lanes))
     freq, offsets, starts = (np.zeros(t.shape, t.dtype) for t in tables)
+    start_rows = jax.eval_shape(lambda: pc.rope_start_rows(nc, n, d, 10_000.0, pad_to=lanes))
+    start_rows = np.zeros(start_rows.shape, start_rows.dtype)
+    assert start_rows.shape == (2, -(-nc // lanes) * lanes, d)
     assert offsets.shape == (3, d // 2, n) and freq.shape == (d // 2, 1)
     total = 0
     def moved(x):  # TPU: VMEM tiles, the minor dim padded to 128 lanes, the second-minor to
@@ -358,14 +363,20 @@ def _qvg_bytes_from_blocks(impl, q, code, rope, rows=None, ns=1):
     for bi in range(b):
         for ki in range(kh):
             for c in range(nc):
-                total += 2 * sum(moved(x[bi, ki, c]) for x in fields)  # keys and values
+                per_chunk = fields if impl == "gpu" else fields[:2] + fields[3:]
+                total += 2 * sum(moved(x[bi, ki, c]) for x in per_chunk)  # keys and values
                 if rope and impl == "gpu":
                     total += starts[:, :, c].nbytes
+            if impl == "tpu" and code.assign.shape[3]:
+                # assignments read chunks second-minor [S, NC, N], blocks of up to 32 chunks
+                at = np.swapaxes(fields[2][bi, ki], 0, 1)
+                rows = min(nc, 32)
+                total += 2 * sum(moved(at[:, g0:g0 + rows]) for g0 in range(0, nc, rows))
             if impl == "tpu":
                 total += np.zeros((r, d), q.dtype).nbytes + np.zeros((r, d + 1), np.float32).nbytes
                 if rope:
-                    for g0 in range(0, nc, lanes):  # one block per lane group
-                        total += starts[:, :, g0:g0 + lanes].nbytes
+                    for g0 in range(0, nc, lanes):  # one block per group of L chunks
+                        total += start_rows[:, g0:g0 + lanes].nbytes
             else:
                 active = -(-nc // -(-nc // ns))
                 total += active * np.zeros((rows, d), q.dtype).nbytes
@@ -415,8 +426,9 @@ def test_qvg_declared_estimate_is_the_analytic_count(impl, case):
         onehot = 2 * 2 * n * cfg.num_centroids * d * cfg.stages
     # matmuls: q K^T and P V (4 R N D per chunk) plus the one-hot centroid gathers; the
     # in-kernel RoPE of the keys: 17 + 4 m + 6 = 27 per token and frequency at m = 1 (below 128k)
+    # on GPU, 11 + 4 m + 6 = 21 on TPU (the query carries the chunk start's rotation)
     matmul = b * kh * nc * (4 * rows * n * d + onehot)
-    rot = b * kh * nc * n * (d // 2) * 27 if rope else 0
+    rot = b * kh * nc * n * (d // 2) * (21 if impl == "tpu" else 27) if rope else 0
     assert matmul + rot < est.flops < 1.5 * matmul + rot + b * kh * nc * 8 * n * d * (1 + cfg.stages)
 
 
@@ -454,12 +466,15 @@ def test_qvg_count_is_affine_in_context(impl):
                         q, code, code, start, nq))
     chunk = kq_cost.chunk_bytes(code) if impl == "gpu" else kq_cost.tpu_chunk_bytes(code)
     # per chunk: codes 128*8 + scales 128*2*2 + assignments 128 + centroids 4*32*2 = 1920 bytes
-    # (TPU tiles: assignments [4, 128] 512, centroids [4, 128] 1024: 3072), keys and values,
-    # plus the chunk start's RoPE cos, sin, angle 3 * 16 * 4 (a column per chunk; on TPU in
-    # blocks of 128 columns)
+    # (TPU tiles: centroids [4, 128] 1024, the assignments 128, in blocks [1, 32, 128] of 32
+    # chunks: 3072), keys and values, plus the chunk start's RoPE cos, sin, angle 3 * 16 * 4 (a
+    # column per chunk; on TPU its cos and sin as query rows, 2 * 32 * 4, in blocks of 128 rows)
     tpu = impl == "tpu"
-    assert chunk == 128 * 8 + 128 * 2 * 2 + (512 if tpu else 128) + (1024 if tpu else 4 * 32 * 2)
-    step = b * kh * 128 * (2 * chunk + 3 * 16 * 4)
+    if tpu:
+        assert kq_cost.tpu_assign_bytes(code) == (nc // 32) * 32 * 128  # 128 a chunk
+        chunk += 128
+    assert chunk == 128 * 8 + 128 * 2 * 2 + 128 + (1024 if tpu else 4 * 32 * 2)
+    step = b * kh * 128 * (2 * chunk + (2 * 32 * 4 if tpu else 3 * 16 * 4))
     for field in ("bytes_accessed", "flops", "transcendentals"):
         d1 = getattr(est[1], field) - getattr(est[0], field)
         d2 = getattr(est[2], field) - getattr(est[1], field)
