@@ -60,7 +60,7 @@ def tpu_block_bytes(shape, dtype) -> int:
 TPU_ASSIGN_ROWS = 32  # chunks per block of the TPU kernel's assignments: one uint8 (32, 128) tile
 
 
-def tpu_chunks_per_block(num_chunks: int, chunk: int, target_tokens: int = 2048) -> int:
+def tpu_chunks_per_block(num_chunks: int, chunk: int, target_tokens: int = 4096) -> int:
     """CB, the chunks per grid step of the TPU kernel: the largest divisor of NC with
     CB N <= max(N, ``target_tokens``) and CB a divisor of 128."""
     cap = max(1, target_tokens // chunk)

@@ -63,12 +63,14 @@ from kernels.kv_quant import reference as ref
 from kernels.kv_quant.reference import QVGConfig
 
 _NT = (((1,), (1,)), ((), ()))  # [M, X] x [N, X] -> [M, N]
+_TN = (((0,), (0,)), ((), ()))  # [X, M] x [X, N] -> [M, N]
 
 
 LANES = 128  # TPU vector lanes: the token axis of a chunk fills whole lane tiles
 SUBLANES = 8  # float32 / int32 sublanes: a piece's W rows fill whole tiles
 ASSIGN_ROWS = cost.TPU_ASSIGN_ROWS  # chunks per block of the assignments (a uint8 tile's rows)
 GROUP = 2  # chunks per online-softmax step (their chains overlap in the schedule)
+UNROLL = 4  # groups per trip of the block's loop
 
 
 def check_layout(chunk: int, d: int, cfg: QVGConfig, rope: bool) -> int:
@@ -97,7 +99,7 @@ def check_layout(chunk: int, d: int, cfg: QVGConfig, rope: bool) -> int:
 
 
 def chunks_per_block(num_chunks: int, chunk: int) -> int:
-    """CB: the largest divisor of NC with CB N <= max(N, 2048) tokens and CB a divisor of 128
+    """CB: the largest divisor of NC with CB N <= max(N, 4096) tokens and CB a divisor of 128
     (a block's chunks then share one 128-row group of the chunk-start table)
     (:func:`kernels.kv_quant.cost.tpu_chunks_per_block`)."""
     return cost.tpu_chunks_per_block(num_chunks, chunk)
@@ -166,7 +168,6 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
     d = q_ref.shape[-1]
     h = d // 2
     p = d * bits // 8
-    offset = float(2 ** (bits - 1))
     nq = nq_ref[b]
     # chunks of this block that hold a quantized slot (lax.div: non-negative ints)
     count = jnp.clip(lax.div(nq + n - 1, n) - blk * cb, 0, cb)
@@ -194,9 +195,10 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
             c0 = i * w
             plane, b0 = divmod(c0, p)
             sc = scales[c0 // cfg.block:c0 // cfg.block + 1]  # [1, N]
-            m = _code_planes(codes[b0:b0 + w], bits, plane).astype(jnp.float32)
-            # m = code 2^(bits plane): m (scale 2^-(bits plane)) - 2^(n-1) scale, both exact
-            pieces.append(m * (sc * 2.0 ** (-bits * plane)) - sc * offset)
+            # (code - 2^(n-1)) 2^(bits plane), an exact small integer, times scale 2^-(bits plane)
+            m = _code_planes(codes[b0:b0 + w], bits, plane) - jnp.int32(
+                (1 << (bits - 1)) << (bits * plane))
+            pieces.append(m.astype(jnp.float32) * (sc * 2.0 ** (-bits * plane)))
         return pieces
 
     def key_pieces(j, ls):
@@ -205,10 +207,9 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
             oh = onehots(k_refs, j, ls)
             cent_ref = k_refs[3]
             # C_s^T [D, C] @ onehot [C, N]: the tokens' centroid rows, exact (bf16 products)
-            cent_t = [cent_ref[j, s].astype(jnp.float32).T.astype(jnp.bfloat16)
-                      for s in range(stages)]
             for s in range(stages):
-                rows = jnp.dot(cent_t[s], oh[s], preferred_element_type=jnp.float32)  # [D, T]
+                rows = lax.dot_general(cent_ref[j, s], oh[s], _TN,
+                                       preferred_element_type=jnp.float32)  # [D, T]
                 pieces = [x + rows[i * w:(i + 1) * w] for i, x in enumerate(pieces)]
         return pieces
 
@@ -267,23 +268,23 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
                     pv = pv + jnp.dot(a, cent, preferred_element_type=jnp.float32)
         return pv
 
-    def chunks_step(j0, k, q_parts):
+    def chunks_step(j0, k, q_parts, carry):
         """Chunks j0 .. j0 + k - 1 as one online-softmax step over their k N slots (their key
-        and value work is independent, so the schedule overlaps it). A chunk past the row's
-        quantized ones (in its last group) reads the last quantized chunk's data instead (every
-        slot of it masked: its weights are 0, and its values finite unless the row's are)."""
+        and value work is independent, so the schedule overlaps it); ``carry`` = (acc, m, l).
+        A chunk past the row's quantized ones (in its last block) reads the last quantized
+        chunk's data instead, every slot of it masked: its weights are 0 and its values those
+        the row already attends."""
+        acc, m, l = carry
         jr = [jnp.minimum(j0 + i, count - 1) for i in range(k)]
         parts = [chunk_logits(j0 + i, jr[i], q_parts) for i in range(k)]
         logits = jnp.concatenate([x for x, _ in parts], axis=1) if k > 1 else parts[0][0]
         valid = jnp.concatenate([v for _, v in parts], axis=1) if k > 1 else parts[0][1]
-        prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m_ref[...], l_ref[...])
+        prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m, l)
         pv = None
         for i in range(k):
             x = chunk_values(jr[i], prob[:, i * n:(i + 1) * n])
             pv = x if pv is None else pv + x
-        acc_ref[...] = corr * acc_ref[...] + pv
-        m_ref[...] = m_new
-        l_ref[...] = l_new
+        return corr * acc + pv, m_new, l_new
 
     @pl.when(count > 0)
     def _attend():
@@ -302,10 +303,19 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
             vid_ref[...] = v_refs[2][...].astype(jnp.int32)
         group = GROUP if cb % GROUP == 0 else 1
 
+        # every group of the block, unconditionally (no branch between groups, so the schedule
+        # overlaps consecutive groups); (acc, m, l) carried in registers
+        unroll = UNROLL if cb % (group * UNROLL) == 0 else 1
+
         def body(g, carry):
-            pl.when(g * group < count)(lambda: chunks_step(g * group, group, q_parts))
+            for u in range(unroll):
+                carry = chunks_step((g * unroll + u) * group, group, q_parts, carry)
             return carry
-        lax.fori_loop(0, cb // group, body, 0)
+        acc, m, l = lax.fori_loop(0, cb // (group * unroll), body,
+                                  (acc_ref[...], m_ref[...], l_ref[...]))
+        acc_ref[...] = acc
+        m_ref[...] = m
+        l_ref[...] = l
 
     @pl.when(blk == num_blocks - 1)
     def _done():
