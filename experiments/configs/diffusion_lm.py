@@ -192,11 +192,11 @@ VARIANTS = {
     # evaluator trains 3x longer than tiny's so that it stays ahead of the AR model it scores.
     "small": {
         "sizes": ((8, 1, 1), (12, 1, 1), (16, 1, 1), (24, 1, 2), (32, 1, 2), (48, 1, 3)),
-        "reference_size": 4, "reference": (64, 2, 4), "reference_budget": 1.6e12,
+        "reference_size": 4, "reference": (64, 2, 4), "reference_budget": 3.2e12,
         "isoflop_families": ("mdlm", "mdlm_ce"), "budgets": (5e10, 1e11, 2e11),
         "optim.warmup_steps": 50, "eval_windows": 256, "eval_reps": 8,
         "final_eval_windows": 1024, "final_eval_reps": 8, "log_every": 50,
-        "bootstrap_samples": 1000, "evaluator.steps": 1200, "evaluator.checkpoint_every": 400,
+        "bootstrap_samples": 1000, "evaluator.steps": 2000, "evaluator.checkpoint_every": 500,
     },
     "paper": {
         # DiT-small backbone (12 layers, d=768, 12 heads), L=1024, AdamW 3e-4, warmup 2500, EMA.
