@@ -181,15 +181,16 @@ VARIANTS = {
         "evaluator.steps": 4, "evaluator.warmup_steps": 1, "evaluator.log_every": 2,
         "evaluator.checkpoint_every": 2,
     },
-    # CPU, about half an hour: decides the claim where tiny cannot. At tiny's budgets (1e10-4e10
+    # CPU, about 25 minutes idle (42 min of CPU time): decides the claim where tiny cannot. At tiny's budgets (1e10-4e10
     # FLOPs) every model sits at the unigram level and the smallest size learns that fastest
     # (MDLM at 1e10: 4.85 bits/byte at d_model 4, 4.90 at 16, unigram 4.89), so no grid brackets
     # an optimum there. Here the MDLM objectives' grid spends 5e10-2e11 FLOPs on one-layer
     # models of 5k-53k parameters, where the optimum moves from about d_model 16 to 32 (MDLM at
     # 2e11: 4.33 / 4.20 / 4.31 at d_model 24 / 32 / 48); every family is then compared at a
     # larger model (2 layers, d_model 64: 134k parameters, Duo and GIDD 200k) trained for
-    # 1.6e12 FLOPs (1,957 steps), far past the unigram level, on 1024 held-out windows; the
-    # evaluator trains 3x longer than tiny's so that it stays ahead of the AR model it scores.
+    # 3.2e12 FLOPs (3,909 steps), below the bigram level for every family (at 1.6e12 Duo sat at
+    # it), on 1024 held-out windows; the evaluator trains 5x longer than tiny's so that it stays
+    # ahead of the AR model it scores.
     "small": {
         "sizes": ((8, 1, 1), (12, 1, 1), (16, 1, 1), (24, 1, 2), (32, 1, 2), (48, 1, 3)),
         "reference_size": 4, "reference": (64, 2, 4), "reference_budget": 3.2e12,
