@@ -123,10 +123,10 @@ def tile_flops(rows: int, tokens: int, head_dim: int, w: int) -> int:
     return 4 * r * n * d + r * n * (d // w) + 3 * r * n + 4 * r + 2 * r * d
 
 
-def rope_start_rows_bytes(rows: int, head_dim: int) -> int:
-    """Bytes of ``rows`` rows of :func:`kernels.kv_quant.pallas_common.rope_start_rows` (the
-    chunk starts' cos and sin as query rows), float32: ``2 rows D``."""
-    return _F32 * 2 * rows * head_dim
+def rope_start_table_bytes(chunks: int, head_dim: int) -> int:
+    """Bytes of ``chunks`` columns of :func:`kernels.kv_quant.pallas_common.rope_start_table`
+    (the chunk starts' cos and sin over the head dim), float32: ``2 D chunks``."""
+    return _F32 * 2 * chunks * head_dim
 
 
 def rope_table_bytes(num_chunks: int, chunk: int, head_dim: int) -> tuple[int, int]:
@@ -149,7 +149,7 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
         rotated in the kernel (then the tables of :func:`rope_table_bytes` are read);
         rope_terms: the series terms m
         (:func:`kernels.kv_quant.pallas_common.rope_series_terms`; 1 up to 128k positions);
-        lanes: L, the chunk-start rows per block (default: NC up to 128, else 128).
+        lanes: L, the chunks per block of the chunk-start table (default 128).
 
     Returns:
       ``pl.CostEstimate`` with, summed over the B K (row, kv head) pairs:
@@ -157,7 +157,7 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
       * bytes: the queries ``R D`` once per pair; per chunk the key and value chunks as the
         kernel moves them, in padded tiles (:func:`tpu_chunk_bytes`), and their assignments in
         blocks of up to 32 chunks (:func:`tpu_assign_bytes`); with RoPE the chunk starts' cos
-        and sin rows in ``ceil(NC / L)`` blocks of L rows (:func:`rope_start_rows_bytes`; the
+        and sin in ``ceil(NC / L)`` blocks of L chunks (:func:`rope_start_table_bytes`; the
         block index changes once per group); the output ``R D`` and log-sum-exp ``R`` float32
         once per pair; once per call the row offsets ``R``
         int32, the scalar-prefetched ``start`` and ``num_quantized``, ``2 B`` int32, and with
@@ -176,10 +176,10 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
     b, kh, r, d = q.shape
     nc, n = k_code.codes.shape[2], k_code.codes.shape[4]
     s, c = cfg.stages, cfg.num_centroids
-    lanes = (nc if nc <= 128 else 128) if lanes is None else lanes
+    lanes = 128 if lanes is None else lanes
     pairs = b * kh
     rope_once = rope_table_bytes(nc, n, d)[0] if rope else 0
-    starts = -(-nc // lanes) * rope_start_rows_bytes(lanes, d) if rope else 0
+    starts = -(-nc // lanes) * rope_start_table_bytes(lanes, d) if rope else 0
     chunks = tpu_chunk_bytes(k_code) + tpu_chunk_bytes(v_code)
     assign = tpu_assign_bytes(k_code) + tpu_assign_bytes(v_code)
     per_pair = _nbytes((r, d), q.dtype) + nc * chunks + assign + starts + _F32 * r * (d + 1)

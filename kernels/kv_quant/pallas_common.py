@@ -214,19 +214,20 @@ def rope_cos_sin(pos: jax.Array, freq: jax.Array,
     return c1 * ce - s1 * se, s1 * ce + c1 * se
 
 
-def rope_start_rows(num_chunks: int, chunk: int, d: int, base: Any, pad_to: int = 1
-                    ) -> jax.Array:
-    """float32 [2, NCp, D]: the cos and sin of the chunk starts' angles ``fl(c N f)`` (those of
-    :attr:`RopeTables.starts`) as rows, each frequency's value in both halves of the row (D on the
-    lanes, as a query row). The chunk axis is padded to NCp, a multiple of ``pad_to``.
+def rope_start_table(num_chunks: int, chunk: int, d: int, base: Any, pad_to: int = 1
+                     ) -> jax.Array:
+    """float32 [2, D, NCp]: the cos and sin of the chunk starts' angles ``fl(c N f)`` (those of
+    :attr:`RopeTables.starts`), chunks on the last axis, each frequency's value at channel i and
+    i + D/2 (a kernel transposes a block of columns into query rows). The chunk axis is padded
+    to NCp, a multiple of ``pad_to``.
 
     A kernel rotates the query back by the chunk start instead of rotating every key forward by
     it: ``q . R(B + a) k = (R(-B) q) . (R(a) k)`` (2-D rotations commute), with
-    ``R(-B) q = q cos B + [q_2, -q_1] sin B`` for the halves ``q_1, q_2``. Bytes ``8 NCp D``."""
+    ``R(-B) q = q cos B + [q_2, -q_1] sin B`` for the halves ``q_1, q_2``. Bytes ``8 D NCp``."""
     ncp = -(-num_chunks // pad_to) * pad_to
     ang = rope_angles(jnp.arange(ncp, dtype=jnp.int32) * chunk, d, base)  # [NCp, D/2]
     both = jnp.concatenate([ang, ang], axis=-1)
-    return jnp.stack([jnp.cos(both), jnp.sin(both)], axis=0)
+    return jnp.stack([jnp.cos(both), jnp.sin(both)], axis=0).transpose(0, 2, 1)
 
 
 def rope_cos_sin_from_start(pos: jax.Array, freq: jax.Array,
@@ -234,7 +235,7 @@ def rope_cos_sin_from_start(pos: jax.Array, freq: jax.Array,
                             terms: int, zero: jax.Array) -> tuple[jax.Array, jax.Array]:
     """cos and sin float32 [w, T] of ``fl(p f) - B``, the reference's angle of T slots of one
     chunk less the chunk start's angle ``B = fl(c N f)`` (a query rotated back by B,
-    :func:`rope_start_rows`, supplies the rest).
+    :func:`rope_start_table`, supplies the rest).
 
     Args as :func:`rope_cos_sin`, with ``start_angle`` the float32 [w, 1] angle B (computed as
     :func:`kernels.rope.rope_angles` does, one float32 product) in place of the start's table.

@@ -2,8 +2,8 @@
 in VMEM.
 
 Dimensions as in :mod:`kernels.kv_quant.reference` (B, K, R = G * T rows, D, N, NC, P, NB, S, C);
-CB chunks per grid step, L rows of the chunk-start table per block, AR = min(NC, 32) chunks per
-block of the assignments.
+CB chunks per grid step, L = 128 chunks per block of the chunk-start table, AR = min(NC, 32)
+chunks per block of the assignments.
 
 Layout. The cache stores each chunk tokens minor (codes [P, N], scales [NB, N], assignments
 [S, N]; :class:`~kernels.kv_quant.reference.QVGCode`), so with N a multiple of 128 every per-token
@@ -31,16 +31,19 @@ Grid (B, K, NC / CB), chunk blocks innermost ("arbitrary"). ``start`` and ``num_
 prefetched into SMEM (``PrefetchScalarGridSpec``); the block index maps clamp the block index to
 the last block holding a quantized slot of the row, so later blocks issue no new DMA and are
 skipped by ``pl.when``. Inside a block the chunks go two at a time (``GROUP``), each pair one
-online-softmax step over its 2N slots, so the schedule overlaps one chunk's dequantization with
-the other's softmax chain; in a row's last block a chunk past ``num_quantized`` reads the last
-quantized chunk's data with every slot masked. Keys stored before RoPE are rotated to their slot
-positions by angle addition, the chunk start's rotation carried by the query:
-``q . R(B + a) k = (R(-B) q) . (R(a) k)``. Per chunk the query is rotated back by the start's
-angle B from its cos and sin rows (:func:`kernels.kv_quant.pallas_common.rope_start_rows`, [2, L,
-D], the row group of the block's chunks), and the keys by ``a = fl(p f) - B``, the reference's
-float32 angle less B (:func:`kernels.kv_quant.pallas_common.rope_cos_sin_from_start`, from the
-in-chunk offsets' table [3, D/2, N], one block for the whole grid). The online softmax (m, l, acc
-in VMEM scratch) runs over the chunks; the last block step writes (acc / l, m + log l).
+online-softmax step over its 2N slots, ``UNROLL`` pairs per trip of the block's loop with
+(acc, m, l) carried in registers and no branch between pairs, so the schedule overlaps one
+chunk's dequantization with another's softmax chain; in a row's last block a chunk past
+``num_quantized`` reads the last quantized chunk's data with every slot masked. Keys stored
+before RoPE are rotated to their slot positions by angle addition, the chunk start's rotation
+carried by the query: ``q . R(B + a) k = (R(-B) q) . (R(a) k)``. Per chunk the query is rotated
+back by the start's angle B from its cos and sin
+(:func:`kernels.kv_quant.pallas_common.rope_start_table`, [2, D, L] blocks of L = 128 chunks,
+transposed into query rows in VMEM once per block), and the keys by ``a = fl(p f) - B``, the
+reference's float32 angle less B (:func:`kernels.kv_quant.pallas_common.rope_cos_sin_from_start`,
+from the in-chunk offsets' table [3, D/2, N], one block for the whole grid). The online softmax
+runs over the chunks (m, l, acc kept in VMEM scratch between grid steps); the last block step
+writes (acc / l, m + log l).
 
 Constraints (checked before compiling, :func:`check_layout`): N a multiple of 128 (lane-dense
 chunks) and W a multiple of 8 (piece rows on whole sublane tiles).
@@ -161,8 +164,10 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
     rest = refs[2 * per_code:]
     if rope:
         freq_ref, off_ref, st_ref, *rest = rest
-    out_ref, lse_ref, acc_ref, m_ref, l_ref, *ids_refs = rest
-    kid_ref, vid_ref = ids_refs if stages else (None, None)
+    out_ref, lse_ref, acc_ref, m_ref, l_ref, *more = rest
+    if rope:
+        srow_ref, *more = more
+    kid_ref, vid_ref = more if stages else (None, None)
     b, blk = pl.program_id(0), pl.program_id(2)
     n = k_refs[0].shape[-1]
     d = q_ref.shape[-1]
@@ -242,7 +247,7 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
         if rope:  # q rotated back by the chunk start: R(-B) q = q cos B + [q_2, -q_1] sin B
             q, qs = q_parts
             row = lax.rem(c, lanes)
-            qr = q * st_ref[0, pl.ds(row, 1), :] + qs * st_ref[1, pl.ds(row, 1), :]
+            qr = q * srow_ref[0, pl.ds(row, 1), :] + qs * srow_ref[1, pl.ds(row, 1), :]
             q_parts = _split(qr, 3)
         logits = key_logits(jr, c, q_parts) * (1.0 / math.sqrt(d))  # [R, N]
         rows = logits.shape[0]
@@ -298,6 +303,13 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
             q_parts = (q, _dot_split(_split(q, 3), [swap.astype(jnp.bfloat16)]))
         else:
             q_parts = _split(q, 3)
+        if rope:
+            # the chunk starts' cos and sin as query rows [L, D]: the table's block [D, L]
+            # transposed when a grid step enters a new group of L chunks
+            @pl.when(lax.rem(blk * cb, lanes) == 0)
+            def _rows():
+                for i in range(2):
+                    srow_ref[i] = st_ref[i].T
         if stages:  # the block's assignments as int32 rows (a uint8 row cannot be indexed)
             kid_ref[...] = k_refs[2][...].astype(jnp.int32)
             vid_ref[...] = v_refs[2][...].astype(jnp.int32)
@@ -354,7 +366,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     s, c = cfg.stages, cfg.num_centroids
     cb = chunks_per_block(nc, n)
     nblk = nc // cb
-    lanes = LANES if nc > LANES else nc  # lanes of a chunk-start block
+    lanes = LANES  # chunks per block of the chunk-start table (128 lanes; CB divides it)
     arows = ASSIGN_ROWS if nc > ASSIGN_ROWS else nc  # chunks per assignments' block
 
     def block(bi, ki, gi, start_ref, nq_ref):
@@ -394,14 +406,14 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
     terms = pc.rope_series_terms(nc * n, d, rope_base) if rope else 0
     if rope:
         # frequencies and offsets: one block for the whole grid, fetched once; chunk starts' cos
-        # and sin rows: the group of L rows of the block's chunks (CB divides L)
+        # and sin [2, D, L]: the group of L = 128 chunks holding the block's (CB divides L)
         h = d // 2
         in_specs += [pl.BlockSpec((h, 1), lambda *_: (0, 0)),
                      pl.BlockSpec((3, h, n), lambda *_: (0, 0, 0)),
-                     pl.BlockSpec((2, lanes, d), lambda bi, ki, gi, *sr: (
-                         0, lax.div(block(bi, ki, gi, *sr) * cb, lanes), 0))]
-        tables = pc.rope_tables(nc, n, d, rope_base, pad_to=lanes)
-        args += [tables.freq, tables.offsets, pc.rope_start_rows(nc, n, d, rope_base, lanes)]
+                     pl.BlockSpec((2, d, lanes), lambda bi, ki, gi, *sr: (
+                         0, 0, lax.div(block(bi, ki, gi, *sr) * cb, lanes)))]
+        tables = pc.rope_tables(nc, n, d, rope_base)
+        args += [tables.freq, tables.offsets, pc.rope_start_table(nc, n, d, rope_base, lanes)]
 
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2,
@@ -411,6 +423,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
                    pl.BlockSpec((None, None, r, 1), lambda bi, ki, gi, *_: (bi, ki, 0, 0))],
         scratch_shapes=[pltpu.VMEM((r, d), jnp.float32), pltpu.VMEM((r, 1), jnp.float32),
                         pltpu.VMEM((r, 1), jnp.float32)]
+        + ([pltpu.VMEM((2, lanes, d), jnp.float32)] if rope else [])
         + ([pltpu.VMEM((s, arows, n), jnp.int32)] * 2 if s else []),
     )
     out, lse = pl.pallas_call(

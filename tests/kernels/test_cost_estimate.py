@@ -336,8 +336,8 @@ def _qvg_structs(b, kh, r, d, nc, cfg):
 def _qvg_bytes_from_blocks(impl, q, code, rope, rows=None, ns=1):
     """Bytes summed over the blocks the kernel touches (every chunk), from zero arrays. With RoPE
     the tables are those the kernel is passed (:func:`pc.rope_tables`, and on TPU
-    :func:`pc.rope_start_rows`): on TPU the chunk starts' cos and sin rows [2, L, D] once per
-    group of L chunks and pair, on GPU the chunk
+    :func:`pc.rope_start_table`): on TPU the chunk starts' cos and sin [2, D, 128] once per
+    group of 128 chunks and pair, on GPU the chunk
     start's column [3, D/2] per chunk and pair; the frequencies [D/2, 1] and offsets [3, D/2, N],
     whose block index never changes, once per call (TPU) or once per program that holds a chunk
     (GPU)."""
@@ -347,9 +347,9 @@ def _qvg_bytes_from_blocks(impl, q, code, rope, rows=None, ns=1):
     lanes = nc if nc <= 128 else 128
     tables = jax.eval_shape(lambda: pc.rope_tables(nc, n, d, 10_000.0, pad_to=lanes))
     freq, offsets, starts = (np.zeros(t.shape, t.dtype) for t in tables)
-    start_rows = jax.eval_shape(lambda: pc.rope_start_rows(nc, n, d, 10_000.0, pad_to=lanes))
-    start_rows = np.zeros(start_rows.shape, start_rows.dtype)
-    assert start_rows.shape == (2, -(-nc // lanes) * lanes, d)
+    start_cs = jax.eval_shape(lambda: pc.rope_start_table(nc, n, d, 10_000.0, pad_to=128))
+    start_cs = np.zeros(start_cs.shape, start_cs.dtype)
+    assert start_cs.shape == (2, d, -(-nc // 128) * 128)
     assert offsets.shape == (3, d // 2, n) and freq.shape == (d // 2, 1)
     total = 0
     def moved(x):  # TPU: VMEM tiles, the minor dim padded to 128 lanes, the second-minor to
@@ -375,8 +375,8 @@ def _qvg_bytes_from_blocks(impl, q, code, rope, rows=None, ns=1):
             if impl == "tpu":
                 total += np.zeros((r, d), q.dtype).nbytes + np.zeros((r, d + 1), np.float32).nbytes
                 if rope:
-                    for g0 in range(0, nc, lanes):  # one block per group of L chunks
-                        total += start_rows[:, g0:g0 + lanes].nbytes
+                    for g0 in range(0, nc, 128):  # one block per group of 128 chunks
+                        total += start_cs[:, :, g0:g0 + 128].nbytes
             else:
                 active = -(-nc // -(-nc // ns))
                 total += active * np.zeros((rows, d), q.dtype).nbytes
@@ -468,7 +468,7 @@ def test_qvg_count_is_affine_in_context(impl):
     # per chunk: codes 128*8 + scales 128*2*2 + assignments 128 + centroids 4*32*2 = 1920 bytes
     # (TPU tiles: centroids [4, 128] 1024, the assignments 128, in blocks [1, 32, 128] of 32
     # chunks: 3072), keys and values, plus the chunk start's RoPE cos, sin, angle 3 * 16 * 4 (a
-    # column per chunk; on TPU its cos and sin as query rows, 2 * 32 * 4, in blocks of 128 rows)
+    # column per chunk; on TPU its cos and sin over the head dim, 2 * 32 * 4, in blocks of 128)
     tpu = impl == "tpu"
     if tpu:
         assert kq_cost.tpu_assign_bytes(code) == (nc // 32) * 32 * 128  # 128 a chunk
