@@ -1,13 +1,11 @@
 """A step with its placed arguments, built by one recipe for the run and for ahead-of-time compiles.
 
 A method's recipe (``build_step`` in ``algorithms/<method>/``) takes its config and a mesh and
-returns a :class:`Step`: the pure step function, its arguments placed on the mesh, and the
-arguments it donates. The run builds it with real arrays and jits ``step.fn`` (through
-``core.training.train_loop`` for a train step); ``make aot`` builds the same recipe with
-``abstract=True`` on a pod's compile-only devices, where every argument is a
-``jax.ShapeDtypeStruct`` carrying its ``NamedSharding`` (``core.aot_steps``). The compiled program
-is therefore the run's by construction. An argument the run feeds anew at every call (a train
-step's batch) is a ``ShapeDtypeStruct`` in both: its shape, dtype and placement.
+returns a :class:`Step`. The run builds it with real arrays and jits ``step.fn``; ``make aot``
+builds it with abstract values on a pod's compile-only devices (every argument a
+``jax.ShapeDtypeStruct`` with its ``NamedSharding``; ``core.aot_steps``), so the compiled program
+is the run's by construction. An argument the run feeds anew at each call (a train step's batch)
+is a ``ShapeDtypeStruct`` in both.
 """
 
 from __future__ import annotations
@@ -60,28 +58,17 @@ def split(make: Callable[[], nnx.Module], abstract: bool) -> tuple[nnx.GraphDef,
     return nnx.split(nnx.eval_shape(make) if abstract else make())
 
 
-def abstract(tree: Any, shardings: Any) -> Any:
-    """``ShapeDtypeStruct``s of ``tree``'s leaves (arrays or structs) with the matching sharding
-    of ``shardings`` (a pytree of the same structure, or one sharding for every leaf)."""
+def place(tree: Any, shardings: Any, as_abstract: bool | None = None) -> Any:
+    """``tree`` on ``shardings`` (a pytree of the same structure, or one sharding for every
+    leaf): arrays are copied to their devices (``jax.device_put``); a tree of
+    ``ShapeDtypeStruct``s, or any tree when ``as_abstract`` is True, becomes
+    ``ShapeDtypeStruct``s with the shardings."""
+    if not (is_abstract(tree) if as_abstract is None else as_abstract):
+        return jax.device_put(tree, shardings)
     if isinstance(shardings, jax.sharding.Sharding):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings),
-                            tree)
+        shardings = jax.tree.map(lambda _: shardings, tree)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         tree, shardings)
-
-
-def abstract_key(placement: jax.sharding.Sharding) -> jax.ShapeDtypeStruct:
-    """An abstract PRNG key (``jax.random.key``'s dtype) placed by ``placement``."""
-    return abstract(jax.eval_shape(lambda: jax.random.key(0)), placement)
-
-
-def place(tree: Any, shardings: Any, as_abstract: bool | None = None) -> Any:
-    """``tree`` on ``shardings`` (as :func:`abstract` takes them): arrays are copied to their
-    devices (``jax.device_put``); a tree of ``ShapeDtypeStruct``s, or any tree when
-    ``as_abstract`` is True, becomes ``ShapeDtypeStruct``s with the shardings."""
-    if is_abstract(tree) if as_abstract is None else as_abstract:
-        return abstract(tree, shardings)
-    return jax.device_put(tree, shardings)
 
 
 def batch_shardings(batch: Any, mesh: jax.sharding.Mesh) -> Any:
@@ -91,33 +78,25 @@ def batch_shardings(batch: Any, mesh: jax.sharding.Mesh) -> Any:
                         else sharding.replicated(mesh), batch)
 
 
-def count_params(tree: Any) -> int:
-    """Number of scalars in a pytree of arrays or ``ShapeDtypeStruct``s."""
-    return int(sum(int(x.size) for x in jax.tree.leaves(tree)))
-
-
 def train_step(step_fn: Callable, params: Any, tx: optax.GradientTransformation,
                mesh: jax.sharding.Mesh, *, batch: Any, key: int | jax.Array,
                init_state: Callable = init_train_state,
                param_axes: Mapping[tuple[str, ...], tuple[str | None, ...]] | None = None,
                rules: str = "fsdp", logical_sizes: Mapping[str, int] | None = None,
                aux: Any = None) -> Step:
-    """A train step ``(state, batch, key) -> (state, metrics)`` with its arguments on ``mesh``.
-
-    The state is ``init_state(params, tx)``; with ``param_axes`` its parameters are placed by that
-    table under the rule set ``rules`` (``core.sharding.param_shardings``: FSDP over ``data``,
-    tensor parallelism over ``model``), the optimizer state like its parameters, and ``step_fn``
-    wrapped by ``core.sharding.constrain_step``; without, the state is replicated and ``step_fn``
-    is used as it is. The batch (``ShapeDtypeStruct``s) is split over ``data``
-    (:func:`batch_shardings`) and the key (``jax.random.key(key)`` of an int) replicated. The state is
-    donated. Abstract ``params`` give an abstract state and key.
+    """A train step ``(state, batch, key) -> (state, metrics)`` with its arguments on ``mesh``:
+    the state ``init_state(params, tx)``, placed by the parameter table ``param_axes`` under the
+    rule set ``rules`` (``core.sharding``: FSDP over ``data``, tensor parallelism over ``model``;
+    ``step_fn`` then wrapped by ``core.sharding.constrain_step``) or, without a table,
+    replicated; the batch (``ShapeDtypeStruct``s) split over ``data`` (:func:`batch_shardings`);
+    the key (``jax.random.key`` of an int) replicated. The state is donated. Abstract ``params``
+    give abstract arguments.
 
     Raises:
-      ValueError: as ``core.sharding.param_shardings`` (an unknown rule set, a parameter the table
-        does not name).
+      ValueError: as ``core.sharding.param_shardings``.
     """
-    abstract_ = is_abstract(params)
-    state = build(lambda p: init_state(p, tx), params, abstract=abstract_)
+    abstract = is_abstract(params)
+    state = build(lambda p: init_state(p, tx), params, abstract=abstract)
     rep = sharding.replicated(mesh)
     if param_axes is None:
         state_sh, fn = rep, step_fn
@@ -127,6 +106,6 @@ def train_step(step_fn: Callable, params: Any, tx: optax.GradientTransformation,
         state_sh = sharding.train_state_shardings(state, p_sh, tx, mesh)
         fn = sharding.constrain_step(step_fn, state_sh)
     if isinstance(key, int):
-        key = build(lambda: jax.random.key(key), abstract=abstract_)
-    return Step(fn, (place(state, state_sh), abstract(batch, batch_shardings(batch, mesh)),
+        key = build(lambda: jax.random.key(key), abstract=abstract)
+    return Step(fn, (place(state, state_sh), place(batch, batch_shardings(batch, mesh), True),
                      place(key, rep)), (0,), aux)

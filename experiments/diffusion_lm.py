@@ -346,14 +346,13 @@ def train_step_spec(config: ml_collections.ConfigDict, family: str, devices,
     ``config.sizes[size_index]`` (default the reference size), abstract, on a runner over
     ``devices``, with its model FLOPs and sizes: a ``core.aot_steps.StepSpec``."""
     from core import aot_steps
-    from core.steps import count_params
 
     runner = grid_lib.Runner(config, ByteTokenizer(), devices=devices)
     size = config.sizes[config.reference_size if size_index is None else size_index]
     spec, mcfg = runner.model_config(family, size)
     step = runner.build_step(family, size, abstract=True)
     b, L = config.batch_size, config.seq_len
-    n = count_params(step.args[0]["params"])
+    n = param_count(step.args[0]["params"])
     return aot_steps.StepSpec.of(
         step, model_flops=3.0 * runner.flops_per_token(spec, mcfg) * b * L, params=n,
         shape=(f"{family}, B {b} x L {L}, d {size[0]} x {size[1]} layers, {mcfg.dtype.name}, "

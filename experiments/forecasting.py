@@ -337,17 +337,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
 ETTH1_ROWS, ETTH1_CHANNELS = 17420, 7
 
 
-def train_step_spec(config: ml_collections.ConfigDict, devices, rows: int = ETTH1_ROWS,
-                    channels: int = ETTH1_CHANNELS, split: str = "ett_hour"):
+def train_step_spec(config: ml_collections.ConfigDict, devices):
     """:func:`algorithms.forecasting.training.build_step` of the PPM fit that
     :func:`~algorithms.forecasting.benchmark.run_horizon` runs at the config's longest horizon on
-    a series of ``rows`` x ``channels`` (the epoch length of that series' training windows),
-    abstract, on a mesh over ``devices``: a ``core.aot_steps.StepSpec`` (no analytic FLOP count,
-    so no MFU).
-
-    Raises:
-      ValueError: a series too short for the split (``data.split_borders``).
-    """
+    ETTh1 (the epoch length of its training windows), abstract, on a mesh over ``devices``: a
+    ``core.aot_steps.StepSpec`` (no analytic FLOP count, so no MFU)."""
     from flax import nnx
 
     from algorithms.forecasting import training
@@ -358,15 +352,15 @@ def train_step_spec(config: ml_collections.ConfigDict, devices, rows: int = ETTH
     h, L, b = max(config.horizons), bench.input_len, bench.batch_size
     cfg, loss = bench.ppm(h)
     fit = bench.fit_config(h, bench.learning_rate)
-    a, e = data.split_borders(rows, L, h, split)["train"]
+    a, e = data.split_borders(ETTH1_ROWS, L, h, "ett_hour")["train"]
     graphdef, params = steps.split(lambda: PPM(cfg, rngs=nnx.Rngs(0)), abstract=True)
     step = training.build_step(graphdef, params, loss, fit,
-                               training.epoch_steps(data.num_windows(e - a, L, h), fit), channels,
-                               sharding.make_mesh(1, devices=devices), key=0)
-    k = steps.count_params(params)
+                               training.epoch_steps(data.num_windows(e - a, L, h), fit),
+                               ETTH1_CHANNELS, sharding.make_mesh(1, devices=devices), key=0)
+    k = sum(x.size for x in jax.tree.leaves(params))
     return aot_steps.StepSpec.of(
         step, model_flops=None, params=k,
-        shape=f"PPM, B {b} windows x L {L} -> H {h} x {channels} channels, K "
+        shape=f"PPM, B {b} windows x L {L} -> H {h} x {ETTH1_CHANNELS} channels, K "
         f"{bench.train_samples} prior draws, d {bench.d_model}, {k / 1e6:.2f}M params")
 
 

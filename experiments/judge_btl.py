@@ -380,18 +380,13 @@ def _real_lines(config, llm) -> list[str]:
 aot_precision = speed.aot_precision  # the fit's precision per platform, named in experiments.aot
 
 
-def fit_step_spec(config: ml_collections.ConfigDict, devices):
-    """:func:`algorithms.ranking.speed.fit_step_spec` at the config's timing scale
-    (``timing.num_models`` models, ``timing.num_judges`` judges) on ``devices``."""
-    return speed.fit_step_spec(config.timing.num_models, config.timing.num_judges, devices)
-
-
 def paper_steps():
     """The AOT row of ``judge_btl``: the ``paper`` timing study's fit, as
     ``core.aot_steps.PaperSteps``."""
     from experiments.configs import judge_btl as jb_config
 
-    return {f"{NAME}/fit": (lambda devices: fit_step_spec(jb_config.get_config("paper"), devices),
+    t = jb_config.get_config("paper").timing
+    return {f"{NAME}/fit": (lambda devices: speed.fit_step_spec(t.num_models, t.num_judges, devices),
                             "judge-aware BTL Newton fit")}
 
 

@@ -279,21 +279,21 @@ def describe(config, cfg: sweep.SweepConfig, r: dict, warm_info: dict) -> str:
 # Ahead-of-time compile of the paper step (``experiments.aot``)
 
 
-def grpo_step_spec(config: ml_collections.ConfigDict, devices, rollouts_per_step: int | None = None):
+def grpo_step_spec(config: ml_collections.ConfigDict, devices):
     """:func:`algorithms.rl_scaling.sweep.group_step` of the sweep of :func:`settings` for the
-    lanes sharing R = ``rollouts_per_step`` (default the largest group), abstract, on a mesh over
+    lanes sharing the largest R (rollouts per step), abstract, on a mesh over
     ``devices``: every (n, B_p, seed) lane of the group samples R rollouts from the policy,
     scores them and takes ``inner_steps`` clipped-surrogate updates. A
     ``core.aot_steps.StepSpec`` (no analytic FLOP count, so no MFU).
 
     Raises:
-      ValueError: as :func:`settings`; R not a group of the sweep.
+      ValueError: as :func:`settings`.
     """
     from core import aot_steps, sharding, steps
 
     _, cfg = settings(config)
     groups = cfg.groups()
-    r = max(groups) if rollouts_per_step is None else rollouts_per_step
+    r = max(groups)
     prompt_len, answer_len = tasks.geometry(arithmetic_tasks(config))
     mcfg = trainer.policy_config(config.model, prompt_len, answer_len)
     gd, params = steps.split(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)), abstract=True)

@@ -258,15 +258,15 @@ def _body(config, results, scale) -> str:
 # Ahead-of-time compile of the paper step (``experiments.aot``)
 
 
-def train_step_spec(config: ml_collections.ConfigDict, devices, problem_name: str = "lsq_rotation"):
-    """:func:`algorithms.spf.training.build_step` of ``config`` on ``problem_name``, abstract, on
+def train_step_spec(config: ml_collections.ConfigDict, devices):
+    """:func:`algorithms.spf.training.build_step` of ``config`` on ``lsq_rotation``, abstract, on
     :func:`data_parallel_mesh` over ``devices``: a ``core.aot_steps.StepSpec`` (no analytic FLOP
     count, so no MFU). The step size (tuned on data in the experiment) is the default: it changes
     no shape."""
     from core import aot_steps
 
     settings = train_settings(config)
-    problem = make_problem(problem_name, config)
+    problem = make_problem("lsq_rotation", config)
     cfg = spf_config(config)
     step = training.build_step(problem, cfg, settings,
                                data_parallel_mesh(settings.episodes, devices), abstract=True)

@@ -204,15 +204,13 @@ class Runner:
         return init_state(params, self.tx, self.config.ema_decay)
 
     def build_step(self, family: str, size: Sequence[int], abstract: bool = False) -> steps.Step:
-        """The train-or-evaluate step the grid runs for ``family`` at ``size``, ``(state, batch,
-        key) -> (state, metrics)``, with its arguments on this runner's mesh
-        (``core.steps.train_step``): ``family``'s objective (``mdlm_ce`` runs ``mdlm``'s step, the
-        objective a traced flag) under this runner's optimizer; the train state (EMA when
-        ``ema_decay`` > 0) of a model initialised at ``seed``, placed by ``param_sharding``; the
-        batch ``{"x": int32 [B, L], "train", "ce": f32 flags}`` as :meth:`batch` places it; the
-        key ``jax.random.key(seed + 1)``. ``aux`` is the model's ``nnx.GraphDef``. One step
-        function per graph and objective, so ``jax.jit`` compiles it once. With ``abstract``
-        nothing is allocated (``make aot`` compiles it for a pod).
+        """The train-or-evaluate step the grid runs for ``family`` at ``size`` (``mdlm_ce`` runs
+        ``mdlm``'s: the objective is a traced flag), with its arguments on this runner's mesh
+        (``core.steps.train_step``): the state (EMA when ``ema_decay`` > 0) of a model
+        initialised at ``seed``, placed by ``param_sharding``; the batch as :meth:`batch` places
+        it; the key ``jax.random.key(seed + 1)``. ``aux``: the model's ``nnx.GraphDef``. One step
+        function per graph and objective (``jax.jit`` compiles it once). With ``abstract``
+        nothing is allocated (``make aot``).
 
         Raises:
           ValueError: as :meth:`model_config`.

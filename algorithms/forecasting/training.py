@@ -59,11 +59,10 @@ def epoch_steps(num_train_windows: int, config: FitConfig) -> int:
 def build_step(graphdef: nnx.GraphDef, params: Any, loss_fn, config: FitConfig,
                steps_per_epoch: int, channels: int, mesh: jax.sharding.Mesh,
                key: int | jax.Array) -> core_steps.Step:
-    """The train step :func:`fit_network` runs, ``(state, (x, y), key) -> (state, metrics)`` on
-    ``loss_fn`` under Adam with :func:`halving_schedule` (``steps_per_epoch`` steps per epoch),
-    with its arguments on ``mesh`` (``core.steps.train_step``): the train state of ``params``,
-    replicated; windows x f32 [B, L, N], y f32 [B, H, N] (``channels`` = N) split over ``data``;
-    ``key`` replicated. Abstract ``params`` give abstract arguments (``make aot``).
+    """The train step :func:`fit_network` runs, ``(state, (x, y), key) -> (state, metrics)``:
+    ``loss_fn`` under Adam with :func:`halving_schedule`, with its arguments on ``mesh``
+    (``core.steps.train_step``): the replicated state of ``params``; x f32 [B, L, N], y f32 [B, H,
+    N] (N = ``channels``); ``key``. Abstract ``params`` give abstract arguments (``make aot``).
 
     Raises:
       ValueError: as :func:`halving_schedule`.

@@ -75,12 +75,11 @@ def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation
 
 def build_step(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *,
                abstract: bool = False) -> steps.Step:
-    """The train step :func:`train` runs, ``(state, tokens, key) -> (state, metrics)``, with its
-    arguments on ``mesh`` (``core.steps.train_step``): :func:`lm_loss` under :func:`optimizer`;
-    the train state of a model initialised at ``seed``, placed by ``param_sharding`` over the
-    model's parameter table; int32 [batch_size, seq_len] tokens split over ``data``; the key
-    ``jax.random.key(seed)``. ``aux`` is the model's ``nnx.GraphDef``. With ``abstract`` nothing is
-    allocated (``make aot`` compiles it for a pod).
+    """The train step :func:`train` runs, ``(state, tokens, key) -> (state, metrics)``:
+    :func:`lm_loss` under :func:`optimizer`, with its arguments on ``mesh``
+    (``core.steps.train_step``): the state of a model initialised at ``seed``, placed by
+    ``param_sharding``; int32 [batch_size, seq_len] tokens; the key ``jax.random.key(seed)``.
+    ``aux``: the model's ``nnx.GraphDef``. With ``abstract`` nothing is allocated (``make aot``).
 
     Raises:
       ValueError: a ``model_parallelism`` that does not divide the heads or MLP width, or an

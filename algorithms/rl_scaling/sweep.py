@@ -188,10 +188,9 @@ def group_spec(cfg: SweepConfig, rollouts_per_step: int, answer_len: int) -> tra
 def sweep_step_fn(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                   spec: trainer.RLSpec):
     """The lane-vmapped step ``(params [L], opt_state [L], order_keys [L], rollout_keys [L], m,
-    n [L], pool, ref) -> (params, opt_state, metrics [L])``, not jitted (:func:`run_sweep`
-    jits :func:`group_step`'s, donating params and optimizer state); at step m lane i draws its batch with
-    ``fold_in(order_keys[i], m)`` and its rollouts with ``fold_in(rollout_keys[i], m)``
-    (:func:`lane_keys`)."""
+    n [L], pool, ref) -> (params, opt_state, metrics [L])``, not jitted (:func:`group_step`);
+    at step m lane i draws its batch with ``fold_in(order_keys[i], m)`` and its rollouts with
+    ``fold_in(rollout_keys[i], m)`` (:func:`lane_keys`)."""
     step = jax.vmap(trainer.make_rl_step(graphdef, tx, spec),
                     in_axes=(0, 0, 0, 0, None, None, 0))
     at_step = jax.vmap(jax.random.fold_in, in_axes=(0, None))
@@ -206,14 +205,12 @@ def sweep_step_fn(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
 def group_step(cfg: SweepConfig, graphdef: nnx.GraphDef, params0: nnx.State,
                pool: dict[str, jax.Array], rollouts_per_step: int,
                mesh: jax.sharding.Mesh) -> steps.Step:
-    """The step :func:`run_sweep` runs for the lanes sharing R = ``rollouts_per_step``
-    (:func:`sweep_step_fn` under :func:`optimizer` and :func:`group_spec`), with its arguments on
-    ``mesh``: the group's (n, B_p, seed, stream) lanes padded to a multiple of the ``data`` axis
-    (:func:`pad_lanes`; ``aux``), their stacked parameters ``params0``, Adam states, ``n``s and
-    :func:`lane_keys` split over ``data``; the step number m (a Python int at each call); ``pool``
-    and the KL reference ``params0`` (None when ``kl_beta`` is 0) replicated. Parameters and
-    optimizer state are donated. Abstract ``params0`` and ``pool`` give abstract arguments
-    (``make aot``).
+    """The step :func:`run_sweep` jits for the lanes sharing R = ``rollouts_per_step``
+    (:func:`sweep_step_fn`), with its arguments on ``mesh``: the group's lanes padded for the
+    ``data`` axis (:func:`pad_lanes`; ``aux``) with their stacked ``params0``, Adam states, ``n``s
+    and :func:`lane_keys` split over ``data``; m (an int at each call); ``pool`` and the KL
+    reference (None when ``kl_beta`` is 0) replicated. Params and Adam states are donated.
+    Abstract ``params0`` and ``pool`` give abstract arguments (``make aot``).
 
     Raises:
       ValueError: R is not a group of the sweep.

@@ -26,7 +26,13 @@ from kernels.sparse_decode import reference as ref
 from models import kv_cache as kvc
 from models.hf_checkpoint import config_from_hf
 from models.llama import Llama
-from models.transformer import PARAM_AXES, Transformer, TransformerConfig, forward_flops_per_token
+from models.transformer import (
+    PARAM_AXES,
+    Transformer,
+    TransformerConfig,
+    forward_flops_per_token,
+    param_count,
+)
 
 DECODE_CONTEXT = 65536  # cache slots of the lm rows: a sparse_decode paper context
 DECODE_BATCH = 16  # sequences per lm decode step: one per data shard on a 16-chip pod
@@ -156,12 +162,12 @@ def lm_decode_spec(backend_name: str, devices, *, model_config: TransformerConfi
         ok = len(x.shape) > 0 and x.shape[0] == batch and batch % n_data == 0
         return sharding.batch_sharding(mesh, len(x.shape)) if ok else sharding.replicated(mesh)
 
-    args = (steps.abstract(params, p_sh),
+    args = (steps.place(params, p_sh, True),
             jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows(x)),
                          cache),
             jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=rows(jnp.zeros((batch, 1)))),
             jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows(jnp.zeros((batch,)))))
-    n = steps.count_params(params)
+    n = param_count(params)
     return aot_steps.StepSpec(
         decode_step(graphdef, backend), args, (1,), forward_flops_per_token(mcfg, context) * batch,
         n, f"{what} cache, B {batch} x 1 new token over {context} slots, lm paper model "
@@ -247,10 +253,10 @@ def llama_decode_spec(backend_name: str, batch: int, devices, caches: DecodeCach
     # rows on data and kv heads on model for [B, K, ...] leaves; per-row leaves [B] (a backend's
     # requested capacity) on data alone
     cache_sh = jax.tree.map(lambda x: heads if x.ndim >= 2 else per_row, cache)
-    args = (steps.abstract(params, p_sh), steps.abstract(cache, cache_sh),
+    args = (steps.place(params, p_sh, True), steps.place(cache, cache_sh, True),
             jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=per_row),
             jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=per_row))
-    n = steps.count_params(params)
+    n = param_count(params)
     flops = 2.0 * n + 4.0 * cfg.num_layers * cfg.num_heads * cfg.dim_per_head * context
     dynamic_trips = None
     if backend_name == "ffd" and kernel == "pallas_tpu":

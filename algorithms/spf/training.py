@@ -52,7 +52,8 @@ def make_problem(name: str, settings: Mapping[str, Any], dim: int | None = None,
 
 
 def data_parallel_mesh(episodes: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """The mesh SPF trains on: a ``data`` axis over every device whose size divides ``episodes``.
+    """The mesh SPF trains on: a ``data`` axis over every device (of ``devices``, default all)
+    whose size divides ``episodes``.
 
     The training batch (``episodes`` simulated episodes per step) is split evenly over the ``data``
     axis, so its size must divide ``episodes``. In a single-process run whose device count does not
@@ -155,30 +156,23 @@ def training_problem(problem: P.Problem, settings: TrainSettings) -> P.Problem:
     return dataclasses.replace(problem, steps=settings.episode_steps)
 
 
-def train_step(graphdef: nnx.GraphDef, kind: str, cfg: S.SPFConfig, settings: TrainSettings):
-    """(train step, optimizer) of an SPF training run: Adam with global-norm clipping
-    (``settings``) on :func:`algorithms.spf.spf.make_episode_loss_fn` of problem ``kind``; the
-    step is ``(state, (theta, A, y), key) -> (state, metrics)`` (``core.training``)."""
-    tx = optax.chain(optax.clip_by_global_norm(settings.grad_clip),
-                     optax.adam(settings.learning_rate))
-    return make_train_step(graphdef, tx, S.make_episode_loss_fn(kind, cfg)), tx
-
-
 def build_step(problem: P.Problem, cfg: S.SPFConfig, settings: TrainSettings, mesh: Mesh, *,
                abstract: bool = False) -> core_steps.Step:
-    """The SPF train step ``(state, (theta, A, y), key) -> (state, metrics)`` (:func:`train_step`)
-    with its arguments on ``mesh`` (``core.steps.train_step``): the train state of a network
-    initialised at ``settings.seed``, replicated; a batch of ``settings.episodes`` episodes of
-    ``problem`` with ``settings.episode_steps`` steps (theta f32 [E, T, d], A [E, T, M, d], y
-    [E, T, M]) split over ``data``; the key ``jax.random.key(settings.seed)``. ``aux`` is the
-    network's ``nnx.GraphDef``. With ``abstract`` nothing is allocated (``make aot``)."""
+    """The SPF train step ``(state, (theta, A, y), key) -> (state, metrics)``: Adam with
+    global-norm clipping (``settings``) on :func:`algorithms.spf.spf.make_episode_loss_fn`, with
+    its arguments on ``mesh`` (``core.steps.train_step``): the replicated train state of a network
+    initialised at ``settings.seed``; ``settings.episodes`` episodes of ``problem`` with
+    ``settings.episode_steps`` steps (theta f32 [E, T, d], A [E, T, M, d], y [E, T, M]) split over
+    ``data``; the key ``jax.random.key(settings.seed)``. ``aux``: the network's ``nnx.GraphDef``.
+    With ``abstract`` nothing is allocated (``make aot``)."""
     graphdef, params = core_steps.split(
         lambda: S.CoordinateMLP(cfg, rngs=nnx.Rngs(settings.seed)), abstract)
-    step, tx = train_step(graphdef, problem.kind, cfg, settings)
+    tx = optax.chain(optax.clip_by_global_norm(settings.grad_clip),
+                     optax.adam(settings.learning_rate))
     batch = jax.eval_shape(lambda k: tuple(P.sample_episodes(
         k, training_problem(problem, settings), settings.episodes)[:3]), jax.random.key(0))
-    return core_steps.train_step(step, params, tx, mesh, batch=batch, key=settings.seed,
-                                 aux=graphdef)
+    return core_steps.train_step(make_train_step(graphdef, tx, S.make_episode_loss_fn(
+        problem.kind, cfg)), params, tx, mesh, batch=batch, key=settings.seed, aux=graphdef)
 
 
 def spf_training(problem: P.Problem, cfg: S.SPFConfig, settings: TrainSettings) -> SPFTraining:
