@@ -2,10 +2,11 @@
 
 Each experiment exports its own ``paper`` steps: ``paper_steps()`` in ``experiments/<name>.py``
 returns ``{step name: (builder(devices) -> core.aot_steps.StepSpec, description)}``, the builder
-making the step with the same factory the experiment runs (its optimizer, loss, grouping, cache
-backend). This module only orchestrates: :data:`STEPS` is assembled from every registered
-experiment (``experiments.registry``) that defines ``paper_steps``, in the registry's order (the
-decode rows, ``lm/decode-*`` and ``llama3_8b/*``, come from ``sparse_decode``). For each step and
+calling the recipe the run calls (``build_step`` in ``algorithms/<method>/``, a
+``core.steps.Step``) on the ``paper`` config with abstract values. This module only
+orchestrates: :data:`STEPS` is assembled from every registered experiment
+(``experiments.registry``) that defines ``paper_steps``, in the registry's order (the decode
+rows, ``lm/decode-*`` and ``llama3_8b/*``, come from ``sparse_decode``). For each step and
 pod topology (``core.aot_steps.POD_TOPOLOGIES``) the step is built from the experiment's ``paper``
 config with abstract values only (``nnx.eval_shape`` for the model, ``jax.eval_shape`` for the
 optimizer state: nothing is allocated), placed with the project's mesh and parameter sharding rules
