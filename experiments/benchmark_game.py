@@ -189,29 +189,25 @@ def _body(config, labels, res, gaps, mixed, seconds, objective, best) -> str:
 # Ahead-of-time compile of the paper step (``experiments.aot``)
 
 
-def sweep_step_spec(config: ml_collections.ConfigDict, game: str, devices):
-    """The pure-equilibrium sweep over the Delta grid that :func:`run` computes for ``game`` (a
-    name of :func:`games`; ``designer.sweep_step`` as ``bg.analyse`` runs it): one payoff tensor
-    [N, M**N] per Delta, abstract and replicated on ``devices``. Returns a
-    ``core.aot_steps.StepSpec``."""
+def paper_steps():
+    """The AOT rows of ``benchmark_game``, as ``core.aot_steps.PaperSteps``: the pure-equilibrium
+    sweeps over the Delta grid that :func:`run` computes for the ``paper`` 3- and 5-provider games
+    (``designer.sweep_step``, as ``bg.analyse`` runs it; one payoff tensor [N, M**N] per Delta),
+    abstract and replicated on the pod's devices."""
     from algorithms.benchmark_game import designer
     from core import aot_steps, sharding
-
-    score, contest, theta, _, deltas = games(config)[game]
-    step = designer.sweep_step(score, contest, deltas, sharding.make_mesh(1, devices=devices))
-    n, levels = len(theta), contest.efforts.shape[0]
-    return aot_steps.StepSpec.of(step, model_flops=None, params=0,
-                                 shape=f"N {n} providers x {levels} effort levels, {len(deltas)} "
-                                 f"deltas (payoff tensor {n} x {levels}^{n} per delta)")
-
-
-def paper_steps():
-    """The AOT rows of ``benchmark_game``: the ``paper`` pure-equilibrium sweeps of the 3- and
-    5-provider games, as ``core.aot_steps.PaperSteps``."""
     from experiments.configs import benchmark_game as bg_config
 
     def build(game):
-        return lambda devices: sweep_step_spec(bg_config.get_config("paper"), game, devices)
+        def builder(devices):
+            score, contest, theta, _, deltas = games(bg_config.get_config("paper"))[game]
+            step = designer.sweep_step(score, contest, deltas,
+                                       sharding.make_mesh(1, devices=devices))
+            n, levels = len(theta), contest.efforts.shape[0]
+            return aot_steps.StepSpec.of(
+                step, model_flops=None, params=0, shape=f"N {n} providers x {levels} effort "
+                f"levels, {len(deltas)} deltas (payoff tensor {n} x {levels}^{n} per delta)")
+        return builder
 
     return {f"{NAME}/n3": (build("main"), "pure-equilibrium sweep, 3 providers"),
             f"{NAME}/n5": (build("five"), "pure-equilibrium sweep, 5 providers")}

@@ -337,40 +337,37 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
 ETTH1_ROWS, ETTH1_CHANNELS = 17420, 7
 
 
-def train_step_spec(config: ml_collections.ConfigDict, devices):
-    """:func:`algorithms.forecasting.training.build_step` of the PPM fit that
-    :func:`~algorithms.forecasting.benchmark.run_horizon` runs at the config's longest horizon on
-    ETTh1 (the epoch length of its training windows), abstract, on a mesh over ``devices``: a
-    ``core.aot_steps.StepSpec`` (no analytic FLOP count, so no MFU)."""
+def paper_steps():
+    """The AOT row of ``forecasting``, as ``core.aot_steps.PaperSteps``: the run's
+    :func:`algorithms.forecasting.training.build_step` of the PPM fit that
+    :func:`~algorithms.forecasting.benchmark.run_horizon` runs at the ``paper`` config's longest
+    horizon on ETTh1 (the epoch length of its training windows), abstract, on a mesh over the
+    pod's devices (no analytic FLOP count, so no MFU)."""
     from flax import nnx
 
     from algorithms.forecasting import training
     from core import aot_steps, sharding, steps
+    from experiments.configs import forecasting as f_config
     from models.forecasting import PPM
 
-    bench = BenchmarkConfig.from_mapping(config)
-    h, L, b = max(config.horizons), bench.input_len, bench.batch_size
-    cfg, loss = bench.ppm(h)
-    fit = bench.fit_config(h, bench.learning_rate)
-    a, e = data.split_borders(ETTH1_ROWS, L, h, "ett_hour")["train"]
-    graphdef, params = steps.split(lambda: PPM(cfg, rngs=nnx.Rngs(0)), abstract=True)
-    step = training.build_step(graphdef, params, loss, fit,
-                               training.epoch_steps(data.num_windows(e - a, L, h), fit),
-                               ETTH1_CHANNELS, sharding.make_mesh(1, devices=devices), key=0)
-    k = sum(x.size for x in jax.tree.leaves(params))
-    return aot_steps.StepSpec.of(
-        step, model_flops=None, params=k,
-        shape=f"PPM, B {b} windows x L {L} -> H {h} x {ETTH1_CHANNELS} channels, K "
-        f"{bench.train_samples} prior draws, d {bench.d_model}, {k / 1e6:.2f}M params")
+    def build(devices):
+        config = f_config.get_config("paper")
+        bench = BenchmarkConfig.from_mapping(config)
+        h, L, b = max(config.horizons), bench.input_len, bench.batch_size
+        cfg, loss = bench.ppm(h)
+        fit = bench.fit_config(h, bench.learning_rate)
+        a, e = data.split_borders(ETTH1_ROWS, L, h, "ett_hour")["train"]
+        graphdef, params = steps.split(lambda: PPM(cfg, rngs=nnx.Rngs(0)), abstract=True)
+        step = training.build_step(graphdef, params, loss, fit,
+                                   training.epoch_steps(data.num_windows(e - a, L, h), fit),
+                                   ETTH1_CHANNELS, sharding.make_mesh(1, devices=devices), key=0)
+        k = sum(x.size for x in jax.tree.leaves(params))
+        return aot_steps.StepSpec.of(
+            step, model_flops=None, params=k,
+            shape=f"PPM, B {b} windows x L {L} -> H {h} x {ETTH1_CHANNELS} channels, K "
+            f"{bench.train_samples} prior draws, d {bench.d_model}, {k / 1e6:.2f}M params")
 
-
-def paper_steps():
-    """The AOT row of ``forecasting``: the ``paper`` PPM train step at the longest horizon on
-    ETTh1's shape, as ``core.aot_steps.PaperSteps``."""
-    from experiments.configs import forecasting as f_config
-
-    return {f"{NAME}/train": (lambda devices: train_step_spec(f_config.get_config("paper"), devices),
-                              "PPM train step, longest horizon")}
+    return {f"{NAME}/train": (build, "PPM train step, longest horizon")}
 
 
 if __name__ == "__main__":

@@ -279,45 +279,38 @@ def describe(config, cfg: sweep.SweepConfig, r: dict, warm_info: dict) -> str:
 # Ahead-of-time compile of the paper step (``experiments.aot``)
 
 
-def grpo_step_spec(config: ml_collections.ConfigDict, devices):
-    """:func:`algorithms.rl_scaling.sweep.group_step` of the sweep of :func:`settings` for the
-    lanes sharing the largest R (rollouts per step), abstract, on a mesh over
-    ``devices``: every (n, B_p, seed) lane of the group samples R rollouts from the policy,
-    scores them and takes ``inner_steps`` clipped-surrogate updates. A
-    ``core.aot_steps.StepSpec`` (no analytic FLOP count, so no MFU).
-
-    Raises:
-      ValueError: as :func:`settings`.
-    """
-    from core import aot_steps, sharding, steps
-
-    _, cfg = settings(config)
-    groups = cfg.groups()
-    r = max(groups)
-    prompt_len, answer_len = tasks.geometry(arithmetic_tasks(config))
-    mcfg = trainer.policy_config(config.model, prompt_len, answer_len)
-    gd, params = steps.split(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)), abstract=True)
-    n = config.num_train
-    pool = {"prompts": jax.ShapeDtypeStruct((n, prompt_len), jnp.int32),
-            "targets": jax.ShapeDtypeStruct((n, answer_len), jnp.int32),
-            "lens": jax.ShapeDtypeStruct((n,), jnp.int32)}
-    step = sweep.group_step(cfg, gd, params, pool, r, sharding.make_mesh(1, devices=devices))
-    k = param_count(params)
-    return aot_steps.StepSpec.of(
-        step, model_flops=None, params=k,
-        shape=f"{len(step.aux)} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x "
-        f"{cfg.num_seeds} seeds" + (f" x {cfg.num_streams} streams" if cfg.num_streams > 1 else "")
-        + f", padded), prompt {prompt_len} + {answer_len} tokens, d {mcfg.d_model} x "
-        f"{mcfg.num_layers} layers, {mcfg.dtype.name}, remat {mcfg.remat}, {k / 1e6:.0f}M params")
-
-
 def paper_steps():
-    """The AOT row of ``rl_scaling``: the ``paper`` sweep's GRPO step at its largest
-    rollouts-per-step group, as ``core.aot_steps.PaperSteps``."""
+    """The AOT row of ``rl_scaling``, as ``core.aot_steps.PaperSteps``: the run's
+    :func:`algorithms.rl_scaling.sweep.group_step` of the ``paper`` sweep (:func:`settings`) for
+    the lanes sharing the largest R (rollouts per step), abstract, on a mesh over the pod's
+    devices: every (n, B_p, seed) lane of the group samples R rollouts from the policy, scores
+    them and takes ``inner_steps`` clipped-surrogate updates (no analytic FLOP count, so no
+    MFU)."""
+    from core import aot_steps, sharding, steps
     from experiments.configs import rl_scaling as rl_config
 
-    return {f"{NAME}/grpo": (lambda devices: grpo_step_spec(rl_config.get_config("paper"), devices),
-                             "GRPO step, largest rollouts-per-step group")}
+    def build(devices):
+        config = rl_config.get_config("paper")
+        _, cfg = settings(config)
+        groups = cfg.groups()
+        r = max(groups)
+        prompt_len, answer_len = tasks.geometry(arithmetic_tasks(config))
+        mcfg = trainer.policy_config(config.model, prompt_len, answer_len)
+        gd, params = steps.split(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)), abstract=True)
+        n = config.num_train
+        pool = {"prompts": jax.ShapeDtypeStruct((n, prompt_len), jnp.int32),
+                "targets": jax.ShapeDtypeStruct((n, answer_len), jnp.int32),
+                "lens": jax.ShapeDtypeStruct((n,), jnp.int32)}
+        step = sweep.group_step(cfg, gd, params, pool, r, sharding.make_mesh(1, devices=devices))
+        k = param_count(params)
+        return aot_steps.StepSpec.of(
+            step, model_flops=None, params=k,
+            shape=f"{len(step.aux)} lanes x R {r} rollouts ({len(groups[r])} (n, B_p) x "
+            f"{cfg.num_seeds} seeds" + (f" x {cfg.num_streams} streams" if cfg.num_streams > 1 else "")
+            + f", padded), prompt {prompt_len} + {answer_len} tokens, d {mcfg.d_model} x "
+            f"{mcfg.num_layers} layers, {mcfg.dtype.name}, remat {mcfg.remat}, {k / 1e6:.0f}M params")
+
+    return {f"{NAME}/grpo": (build, "GRPO step, largest rollouts-per-step group")}
 
 
 if __name__ == "__main__":

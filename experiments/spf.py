@@ -258,33 +258,29 @@ def _body(config, results, scale) -> str:
 # Ahead-of-time compile of the paper step (``experiments.aot``)
 
 
-def train_step_spec(config: ml_collections.ConfigDict, devices):
-    """:func:`algorithms.spf.training.build_step` of ``config`` on ``lsq_rotation``, abstract, on
-    :func:`data_parallel_mesh` over ``devices``: a ``core.aot_steps.StepSpec`` (no analytic FLOP
-    count, so no MFU). The step size (tuned on data in the experiment) is the default: it changes
-    no shape."""
-    from core import aot_steps
-
-    settings = train_settings(config)
-    problem = make_problem("lsq_rotation", config)
-    cfg = spf_config(config)
-    step = training.build_step(problem, cfg, settings,
-                               data_parallel_mesh(settings.episodes, devices), abstract=True)
-    k = S.param_count(step.args[0]["params"])
-    return aot_steps.StepSpec.of(
-        step, model_flops=None, params=k,
-        shape=f"{settings.episodes} episodes x {settings.episode_steps} steps x batch "
-        f"{problem.batch}, d {problem.dim}, hidden {cfg.hidden} x depth {cfg.depth}, {k} params")
-
-
 def paper_steps():
-    """The AOT row of ``spf``: the ``paper`` train step on drifting least squares (rotation
-    drift), as ``core.aot_steps.PaperSteps``."""
+    """The AOT row of ``spf``, as ``core.aot_steps.PaperSteps``: the run's
+    :func:`algorithms.spf.training.build_step` of the ``paper`` config on drifting least squares
+    (rotation drift), abstract, on :func:`data_parallel_mesh` over the pod's devices (no analytic
+    FLOP count, so no MFU). The step size (tuned on data in the experiment) is the default: it
+    changes no shape."""
+    from core import aot_steps
     from experiments.configs import spf as spf_config_module
 
-    return {f"{NAME}/train": (
-        lambda devices: train_step_spec(spf_config_module.get_config("paper"), devices),
-        "SPF train step")}
+    def build(devices):
+        config = spf_config_module.get_config("paper")
+        settings = train_settings(config)
+        problem = make_problem("lsq_rotation", config)
+        cfg = spf_config(config)
+        step = training.build_step(problem, cfg, settings,
+                                   data_parallel_mesh(settings.episodes, devices), abstract=True)
+        k = S.param_count(step.args[0]["params"])
+        return aot_steps.StepSpec.of(
+            step, model_flops=None, params=k,
+            shape=f"{settings.episodes} episodes x {settings.episode_steps} steps x batch "
+            f"{problem.batch}, d {problem.dim}, hidden {cfg.hidden} x depth {cfg.depth}, {k} params")
+
+    return {f"{NAME}/train": (build, "SPF train step")}
 
 
 if __name__ == "__main__":

@@ -162,11 +162,9 @@ def lm_decode_spec(backend_name: str, devices, *, model_config: TransformerConfi
         ok = len(x.shape) > 0 and x.shape[0] == batch and batch % n_data == 0
         return sharding.batch_sharding(mesh, len(x.shape)) if ok else sharding.replicated(mesh)
 
-    args = (steps.place(params, p_sh, True),
-            jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows(x)),
-                         cache),
-            jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=rows(jnp.zeros((batch, 1)))),
-            jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows(jnp.zeros((batch,)))))
+    rest = (cache, jax.ShapeDtypeStruct((batch, 1), jnp.int32),
+            jax.ShapeDtypeStruct((batch,), jnp.int32))
+    args = steps.place((params, *rest), (p_sh, *jax.tree.map(rows, rest)), True)
     n = param_count(params)
     return aot_steps.StepSpec(
         decode_step(graphdef, backend), args, (1,), forward_flops_per_token(mcfg, context) * batch,
