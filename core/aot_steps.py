@@ -338,8 +338,7 @@ class StepSpec:
 
     @classmethod
     def of(cls, step: steps.Step, **row: Any) -> StepSpec:
-        """The row of an abstract ``core.steps.Step`` (its function, arguments and donation),
-        described by ``row`` (the other fields)."""
+        """The row of an abstract ``core.steps.Step``, described by ``row`` (the other fields)."""
         return cls(step.fn, step.args, step.donate_argnums, **row)
 
 

@@ -24,15 +24,10 @@ from core.training import init_train_state
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """A pure step function and its placed arguments.
-
-    Attributes:
-      fn: the step (not jitted).
-      args: pytrees of arrays placed on a mesh, or of ``jax.ShapeDtypeStruct``s with
-        ``NamedSharding``s (abstract; nothing allocated).
-      donate_argnums: arguments whose buffers the step reuses (a train state, a cache).
-      aux: what else the recipe built that its caller needs (a model's ``nnx.GraphDef``), or None.
-    """
+    """A pure step ``fn`` (not jitted); its ``args``, pytrees of arrays placed on a mesh or of
+    ``jax.ShapeDtypeStruct``s with ``NamedSharding``s; the ``donate_argnums`` whose buffers it
+    reuses (a train state, a cache); ``aux``: what else the recipe built that its caller needs
+    (a model's ``nnx.GraphDef``), or None."""
 
     fn: Callable
     args: tuple
@@ -47,14 +42,12 @@ def is_abstract(tree: Any) -> bool:
 
 
 def build(fn: Callable, *args: Any, abstract: bool) -> Any:
-    """``fn(*args)``, or its ``ShapeDtypeStruct``s (``jax.eval_shape``: nothing computed) when
-    ``abstract``."""
+    """``fn(*args)``, or with ``abstract`` its ``ShapeDtypeStruct``s (``jax.eval_shape``)."""
     return jax.eval_shape(fn, *args) if abstract else fn(*args)
 
 
 def split(make: Callable[[], nnx.Module], abstract: bool) -> tuple[nnx.GraphDef, nnx.State]:
-    """``nnx.split(make())``; with ``abstract`` the module is built under ``nnx.eval_shape``, so its
-    parameters are ``ShapeDtypeStruct``s."""
+    """``nnx.split(make())``, the module built under ``nnx.eval_shape`` with ``abstract``."""
     return nnx.split(nnx.eval_shape(make) if abstract else make())
 
 

@@ -142,9 +142,8 @@ def family_spec(config: ml_collections.ConfigDict, name: str,
 
 @dataclasses.dataclass
 class Model:
-    """One model of the comparison: its family, size (d_model, layers, heads), ``nnx.split``
-    graph, train state (placed on the mesh), sharded train step (:meth:`Runner.build_step`) and
-    analytic cost."""
+    """One model of the comparison: its family, size (d_model, layers, heads), ``nnx.split`` graph,
+    train state (placed on the mesh), train step (:meth:`Runner.build_step`) and analytic cost."""
 
     spec: FamilySpec
     size: tuple[int, int, int]
