@@ -7,8 +7,9 @@
 
 ``tiny`` is the reduced sweep run by the main job (4 budgets x n in {2,4,8,16} x B_p in {4,8} x 3
 seeds x 2 rollout streams); ``full`` is the whole CPU sweep (7 budgets, C = 64..4096, n up to 32,
-B_p up to 16, 4 seeds x 3 streams); ``small`` sizes the sweep to decide the slope of n*(C) in
-about 25 min (C = 64..4096, n up to 32, B_p = 4, 12 seeds x 3 streams); ``smoke``
+B_p up to 16, 4 seeds x 3 streams); ``small`` is a larger sweep meant to decide the slope of
+n*(C) in about half an hour (C = 64..4096, n up to 32, B_p = 4, 12 seeds x 3 streams; it read "not
+resolved" on 2026-12-04: with one B_p, n* sits near the top of the n grid from C = 128 on); ``smoke``
 runs every code path in seconds with meaningless numbers:
 
     python -m experiments.rl_scaling --config=experiments/configs/rl_scaling.py:smoke --workdir=workdir
@@ -182,14 +183,16 @@ VARIANTS = {
         "problems_per_batch": (2,), "num_seeds": 2, "num_streams": 2, "pass_k": 2,
         "sampled_eval": 2, "cosine_problems": 2, "num_boot": 10, "fit_boot": 4,
     },
-    # Sized to decide the slope of log2 n* in log2 C that `tiny` leaves undecided, in about 25 min
-    # on an idle 2-core CPU: the budgets of `full` (C = 64..4096; easy n* rose only above C = 512
-    # there), n up to 32, one B_p (4: every n runs from C = 128, so the slope's bootstrap spans
-    # 5 octaves) and 12 seeds x 3 rollout streams per n. Process CPU time per lane and step is
-    # about 16 ms + 0.63 ms per rollout here, so the sweep costs ~28 s per replicate of the five
-    # n (~17 min) plus ~2 min compiling; the warm start and the rest take ~4 min. The
-    # bootstraps draw 400 replicates (35 ms each for the fit) so that their 5% / 95% points move
-    # little from one draw to the next.
+    # Meant to decide the slope of log2 n* in log2 C that `tiny` leaves undecided, within about
+    # half an hour on a 2-core CPU: the budgets of `full` (C = 64..4096; easy n* rose only above
+    # C = 512 there), n up to 32, one B_p (4: every n runs from C = 128, so the slope's bootstrap
+    # spans 5 octaves) and 12 seeds x 3 rollout streams per n. Process CPU time per lane and step
+    # is about 16 ms + 0.63 ms per rollout here, so the sweep costs ~28 s per replicate of the
+    # five n (~17 min) plus ~2 min compiling. The bootstraps draw 400 replicates (35 ms each for
+    # the fit) so that their 5% / 95% points move little from one draw to the next. Measured
+    # 2026-12-04: 1,600 s of process CPU time (32 min wall beside another job of the same
+    # priority); verdict "not resolved": with B_p fixed at 4, small n trains on 8-rollout batches
+    # and loses accuracy, so n* sits near the grid's top (16-32) from C = 128 on.
     "small": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4,),
               "num_seeds": 12, "num_streams": 3, "num_boot": 400, "fit_boot": 400},
     "full": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
