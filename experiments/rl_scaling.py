@@ -213,9 +213,10 @@ def n_star_slope(fit_result: dict) -> dict:
     whether n* grows), else 0. Without a bootstrap (fewer than 3 budgets where every n ran, or
     ``fit_boot = 0``) ``lo`` and ``hi`` are None and ``excludes_zero`` is 0: nothing shows that
     the sweep can tell."""
-    slope = fit_result["power"]["b"]
     if "slope_ci" not in fit_result:
-        return {"slope": slope, "lo": None, "hi": None, "excludes_zero": 0}
+        return {"slope": fit_result["power"]["b"], "lo": None, "hi": None, "excludes_zero": 0}
+    # the interval bootstraps only the budgets where every n ran: its point is the fit over those
+    slope = fit_result.get("slope_at_boot_budgets", fit_result["power"]["b"])
     lo, hi = fit_result["slope_ci"]
     return {"slope": slope, "lo": lo, "hi": hi, "excludes_zero": int(lo > 0 or hi < 0)}
 

@@ -88,7 +88,9 @@ def fit_n_star(records: Sequence[dict], rows: Sequence[dict], ns: Sequence[int],
       {"power": {a, b}, "sigmoid": {hi, x0, w, lo}, "loo_mse_power", "loo_mse_sigmoid", "winner",
       "loo_diff" (power minus sigmoid) and its 90% interval "loo_diff_ci", "decisive" (the interval
       excludes 0), "slope_ci" (the power law's exponent), "onset_log2c" / "onset_ci" (log2 C where
-      the sigmoid reaches 90% of its rise), "boot_budgets"}.
+      the sigmoid reaches 90% of its rise), "boot_budgets", "slope_at_boot_budgets" (the power
+      law's exponent over the bootstrapped budgets only: the point that belongs with
+      "slope_ci")}.
     """
     lo, hi_max = np.log2(min(ns)), np.log2(2 * max(ns))
     x = np.log2([r["budget"] for r in rows])
@@ -106,9 +108,12 @@ def fit_n_star(records: Sequence[dict], rows: Sequence[dict], ns: Sequence[int],
                      axis=-1) for r in full])  # [C, S, T, Q]
         boot = fit.bootstrap_scaling(np.log2([r["budget"] for r in full]), np.log2(ns), rewards,
                                      num_boot, seed, lo, hi_max)
+        x_full = np.log2([r["budget"] for r in full])
+        y_full = np.log2([r["n_star"] for r in full])
         out.update(loo_diff_ci=boot.interval("loo_diff"), decisive=boot.decisive,
                    slope_ci=boot.interval("slope"), onset_ci=boot.interval("onset"),
-                   boot_budgets=[r["budget"] for r in full])
+                   boot_budgets=[r["budget"] for r in full],
+                   slope_at_boot_budgets=float(np.polyfit(x_full, y_full, 1)[0]))
     return out
 
 

@@ -185,16 +185,16 @@ VARIANTS = {
     },
     # Meant to decide the slope of log2 n* in log2 C that `tiny` leaves undecided, within about
     # half an hour on a 2-core CPU: the budgets of `full` (C = 64..4096; easy n* rose only above
-    # C = 512 there), n up to 32, one B_p (4: every n runs from C = 128, so the slope's bootstrap
-    # spans 5 octaves) and 12 seeds x 3 rollout streams per n. Process CPU time per lane and step
-    # is about 16 ms + 0.63 ms per rollout here, so the sweep costs ~28 s per replicate of the
-    # five n (~17 min) plus ~2 min compiling. The bootstraps draw 400 replicates (35 ms each for
-    # the fit) so that their 5% / 95% points move little from one draw to the next. Measured
-    # 2026-12-04: 1,600 s of process CPU time (32 min wall beside another job of the same
-    # priority); verdict "not resolved": with B_p fixed at 4, small n trains on 8-rollout batches
-    # and loses accuracy, so n* sits near the grid's top (16-32) from C = 128 on.
-    "small": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4,),
-              "num_seeds": 12, "num_streams": 3, "num_boot": 400, "fit_boot": 400},
+    # C = 512 there), n up to 32 (every n runs from C = 128, so the slope's bootstrap spans 5
+    # octaves), B_p 4 and 16 with the better one chosen at each (C, n) as the paper does, and 6
+    # seeds x 3 rollout streams per (n, B_p). Process CPU time per lane and step is about 16 ms +
+    # 0.63 ms per rollout here, so the sweep costs about as much as 12 seeds x 3 streams at one
+    # B_p (~17 min) plus compiling. The bootstraps draw 400 replicates (35 ms each for the fit)
+    # so that their 5% / 95% points move little from one draw to the next. With B_p fixed at 4
+    # (12 x 3; 1,600 s of CPU time) the verdict was "not resolved": small n then trains on
+    # 8-rollout batches and loses accuracy, so n* sat near the grid's top (16-32) from C = 128 on.
+    "small": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 16),
+              "num_seeds": 6, "num_streams": 3, "num_boot": 400, "fit_boot": 400},
     "full": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
              "num_seeds": 4, "num_streams": 3},
     "paper": {

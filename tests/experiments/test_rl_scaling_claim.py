@@ -21,6 +21,11 @@ def test_n_star_slope_excludes_zero_only_when_the_interval_lies_on_one_side(ci, 
     assert s == {"slope": 0.33, "lo": ci[0], "hi": ci[1], "excludes_zero": expected}
 
 
+def test_n_star_slope_reads_its_point_on_the_bootstrapped_budgets():
+    f = {**_fit(-0.1, (0.2, 0.6)), "slope_at_boot_budgets": 0.4}
+    assert rl_scaling.n_star_slope(f) == {"slope": 0.4, "lo": 0.2, "hi": 0.6, "excludes_zero": 1}
+
+
 def test_n_star_slope_without_a_bootstrap_does_not_resolve():
     assert rl_scaling.n_star_slope(_fit(0.33)) == {"slope": 0.33, "lo": None, "hi": None,
                                                    "excludes_zero": 0}

@@ -139,3 +139,18 @@ def test_warm_start_config_checks():
         warmstart.WarmStartConfig(max_easy_steps=10, max_steps=10)
     with pytest.raises(ValueError, match="easy_target"):
         warmstart.WarmStartConfig(easy_target=0.0)
+
+
+def test_slope_interval_and_its_point_use_the_same_budgets():
+    # n = 16 did not run at C = 64, whose n* (2^3.5) lies off the line 2^(1.5 + 0.5 j) that the
+    # other budgets follow: the bootstrapped interval covers C = 128..512 only, and so must its point.
+    budgets, ns, bps = (64, 128, 256, 512), (2, 4, 8, 16), (4,)
+    vertices = [3.5, 2.0, 2.5, 3.0]
+    recs = [r for r in _records(vertices, budgets, ns, bps, 3)
+            if not (r["budget"] == 64 and r["n"] == 16)]
+    rows = analysis.n_star_by_budget(recs, budgets, ns, "easy_pass1", 3, 10, 0)
+    f = analysis.fit_n_star(recs, rows, ns, "easy_pass1", 3, 5, 0)
+    assert f["boot_budgets"] == [128, 256, 512]
+    assert f["power"]["b"] < 0.25  # the all-budget fit is pulled down by C = 64
+    assert f["slope_at_boot_budgets"] == pytest.approx(0.5)
+    assert len(f["slope_ci"]) == 2
