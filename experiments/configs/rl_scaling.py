@@ -193,6 +193,8 @@ VARIANTS = {
     # so that their 5% / 95% points move little from one draw to the next. With B_p fixed at 4
     # (12 x 3; 1,600 s of CPU time) the verdict was "not resolved": small n then trains on
     # 8-rollout batches and loses accuracy, so n* sat near the grid's top (16-32) from C = 128 on.
+    # Measured 2026-12-04: 1,392 s of CPU time; hard's slope decided (0.29 [0.02, 0.68]), easy's
+    # n* flat at 8-11 (0.02 [-0.11, 0.14]), so the verdict stays "not resolved at this size".
     "small": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 16),
               "num_seeds": 6, "num_streams": 3, "num_boot": 400, "fit_boot": 400},
     "full": {"num_budgets": 7, "ns": (2, 4, 8, 16, 32), "problems_per_batch": (4, 8, 16),
