@@ -203,12 +203,7 @@ def rope_cos_sin(pos: jax.Array, freq: jax.Array,
     """
     oc, os_, oa = offset
     sc, ss, sa = start
-    bits = lax.bitcast_convert_type(pos * freq, jnp.int32) | zero
-    ang = lax.bitcast_convert_type(bits, jnp.float32)  # fl(p f), rounded before the subtractions
-    e = (ang - sa) - oa
-    e2 = e * e
-    ce = _series(e2, [(-1.0) ** i / math.factorial(2 * i) for i in range(1, terms + 1)])
-    se = e * _series(e2, [(-1.0) ** i / math.factorial(2 * i + 1) for i in range(1, terms + 1)])
+    ce, se = _cos_sin_series((_rounded_angle(pos, freq, zero) - sa) - oa, terms)
     c1 = sc * oc - ss * os_  # cos(B + b)
     s1 = ss * oc + sc * os_  # sin(B + b)
     return c1 * ce - s1 * se, s1 * ce + c1 * se
@@ -246,13 +241,23 @@ def rope_cos_sin_from_start(pos: jax.Array, freq: jax.Array,
     ``11 + 4 m`` (6 fewer than :func:`rope_cos_sin`: no addition formula for the start).
     """
     oc, os_, oa = offset
+    ce, se = _cos_sin_series((_rounded_angle(pos, freq, zero) - start_angle) - oa, terms)
+    return oc * ce - os_ * se, os_ * ce + oc * se
+
+
+def _rounded_angle(pos: jax.Array, freq: jax.Array, zero: jax.Array) -> jax.Array:
+    """fl(p f) as float32, its bits OR-ed with the runtime ``zero`` so that no floating-point
+    contraction folds the product into the subtractions that follow."""
     bits = lax.bitcast_convert_type(pos * freq, jnp.int32) | zero
-    ang = lax.bitcast_convert_type(bits, jnp.float32)  # fl(p f), rounded before the subtractions
-    e = (ang - start_angle) - oa
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _cos_sin_series(e: jax.Array, terms: int) -> tuple[jax.Array, jax.Array]:
+    """The m-term Taylor series of cos e and sin e (``terms`` = m)."""
     e2 = e * e
     ce = _series(e2, [(-1.0) ** i / math.factorial(2 * i) for i in range(1, terms + 1)])
     se = e * _series(e2, [(-1.0) ** i / math.factorial(2 * i + 1) for i in range(1, terms + 1)])
-    return oc * ce - os_ * se, os_ * ce + oc * se
+    return ce, se
 
 
 def check_inputs(q, k_code, v_code, cfg, num_new: int) -> None:
