@@ -383,6 +383,12 @@ def paper_steps():
             f"Llama-3-8B decode, FFD cache at the kept fraction measured on SmolLM2-135M and "
             f"extrapolated to 128k, batch {n}")
            for n in (1, 8)},
+        # QVG with keys stored after RoPE: the kernel attends the codes without dequantizing
+        # them (no per-key rotation)
+        **{f"llama3_8b/decode-qvg-post-rope@128k-b{n}": (
+            lambda devices, n=n: llama("qvg", n, devices, qvg_pre_rope=False),
+            f"Llama-3-8B decode, QVG cache with keys stored after RoPE, batch {n}, 128k context")
+           for n in (1, 8)},
         # QVG's chunk quantization, out of the decode step: once per chunk of N tokens
         **{f"llama3_8b/flush-qvg@128k-b{n}": (
             lambda devices, n=n: llama("qvg", n, devices, flush=True),

@@ -93,7 +93,8 @@ def flush_step(graphdef, backend):
 
 def cache_backend(name: str, caches: DecodeCaches, head_dim: int, rope_base: Any, *,
                   mesh: jax.sharding.Mesh | None = None, kernel: str = "xla",
-                  kept_fraction: float | None = None, ffd_note: str = "") -> tuple[Any, str]:
+                  kept_fraction: float | None = None, ffd_note: str = "",
+                  qvg_pre_rope: bool = True) -> tuple[Any, str]:
     """The cache backend ``name`` (``"dense"``, ``"ffd"``, ``"qvg"``) of a decode row and the
     phrase describing it.
 
@@ -103,6 +104,8 @@ def cache_backend(name: str, caches: DecodeCaches, head_dim: int, rope_base: Any
     ``"xla"`` is its reference path) inside ``shard_map``, and FFD's kernels declare
     ``kept_fraction`` of the pages attended (``pl.CostEstimate``). ``ffd_note`` is appended to
     FFD's phrase. ``rope_base``: the model's RoPE, as the QVG backend takes it.
+    ``qvg_pre_rope``: QVG stores keys before RoPE (the paper's format, rotated in the kernel) or,
+    when False, after it (``QVGConfig.pre_rope``).
 
     Raises:
       ValueError: an unknown ``name``.
@@ -120,7 +123,8 @@ def cache_backend(name: str, caches: DecodeCaches, head_dim: int, rope_base: Any
                                       mesh=mesh, assumed_kept_fraction=kept_fraction)
         return backend, f"FFD (page {caches.page_size}, delta {caches.delta} nats, {where}{ffd_note})"
     if name == "qvg":
-        qcfg = quantizer_configs(caches.quantizers, head_dim)["qvg"]
+        qcfg = dataclasses.replace(quantizer_configs(caches.quantizers, head_dim)["qvg"],
+                                   pre_rope=qvg_pre_rope)
         if mesh is None:
             backend = kvc.get_backend("qvg", config=qcfg, rope_base=rope_base,
                                       implementation="reference")
@@ -128,7 +132,8 @@ def cache_backend(name: str, caches: DecodeCaches, head_dim: int, rope_base: Any
             backend = kvc.get_backend("qvg_sharded", config=qcfg, rope_base=rope_base, mesh=mesh,
                                       implementation="reference" if kernel == "xla" else kernel)
         return backend, (f"QVG ({qcfg.bits}-bit, block {qcfg.block}, {qcfg.num_centroids} "
-                         f"centroids, chunk {qcfg.chunk}, {where})")
+                         f"centroids, chunk {qcfg.chunk}, keys stored "
+                         f"{'before' if qvg_pre_rope else 'after'} RoPE, {where})")
     raise ValueError(f"cache_backend: backend {name!r} is not one of {', '.join(BACKENDS)}")
 
 
@@ -208,7 +213,7 @@ def ffd_analytic(batch: int, context: int, kept_fraction: float, mesh) -> str:
 
 def llama_decode_spec(backend_name: str, batch: int, devices, caches: DecodeCaches, *,
                       kept_fraction: float, context: int = LLAMA_CONTEXT, flush: bool = False,
-                      kept_note: str = "") -> aot_steps.StepSpec:
+                      kept_note: str = "", qvg_pre_rope: bool = True) -> aot_steps.StepSpec:
     """One-token decode of a Llama-3-8B-shaped model (bfloat16, :data:`LLAMA3_8B`) over a
     ``context``-slot cache of ``backend_name`` (:func:`cache_backend`, sharded), on ``devices``.
     Parameters are placed by ``core.sharding``'s FSDP + tensor-parallel rules on
@@ -220,7 +225,8 @@ def llama_decode_spec(backend_name: str, batch: int, devices, caches: DecodeCach
     they attend: it changes the cost XLA reports, not the program. With ``flush`` the step is the
     cache's flush (:func:`flush_step`: for QVG the k-means and chunk write of every full window,
     once per chunk of N tokens) instead of the decode step. ``kept_note`` (FFD) says where
-    ``kept_fraction`` comes from, in the row's description.
+    ``kept_fraction`` comes from, in the row's description. ``qvg_pre_rope``: QVG's key format
+    (:func:`cache_backend`).
 
     Raises:
       ValueError: an unknown ``backend_name``.
@@ -236,7 +242,8 @@ def llama_decode_spec(backend_name: str, batch: int, devices, caches: DecodeCach
         note = (f"; kernel costs at kept fraction {f}{kept_note}, "
                 f"{ffd_analytic(batch, context, f, mesh)}")
     backend, what = cache_backend(backend_name, caches, cfg.dim_per_head, cfg.rope, mesh=mesh,
-                                  kernel=kernel, kept_fraction=f, ffd_note=note)
+                                  kernel=kernel, kept_fraction=f, ffd_note=note,
+                                  qvg_pre_rope=qvg_pre_rope)
     if backend_name == "dense":
         what = "dense bf16"
     model = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))

@@ -60,7 +60,7 @@ def tpu_block_bytes(shape, dtype) -> int:
 TPU_ASSIGN_ROWS = 32  # chunks per block of the TPU kernel's assignments: one uint8 (32, 128) tile
 
 
-def tpu_chunks_per_block(num_chunks: int, chunk: int, target_tokens: int = 4096) -> int:
+def tpu_chunks_per_block(num_chunks: int, chunk: int, target_tokens: int = 8192) -> int:
     """CB, the chunks per grid step of the TPU kernel: the largest divisor of NC with
     CB N <= max(N, ``target_tokens``) and CB a divisor of 128."""
     cap = max(1, target_tokens // chunk)
@@ -123,6 +123,29 @@ def tile_flops(rows: int, tokens: int, head_dim: int, w: int) -> int:
     return 4 * r * n * d + r * n * (d // w) + 3 * r * n + 4 * r + 2 * r * d
 
 
+def code_logits_flops(rows: int, tokens: int, head_dim: int, blocks: int, stages: int,
+                      num_centroids: int) -> int:
+    """FLOPs of the TPU kernel's logits over keys stored after RoPE, read as codes
+    (:mod:`kernels.kv_quant.pallas_tpu`): the codes' offsets ``code - 2^(n-1)``, N D; the
+    query against the codes, 2 R N D; each scale block's row times its partial products and
+    their sum, R N (2 NB - 1); per stage ``q C_s^T`` 2 R C D, its one-hot gather 2 R C N and
+    the add, R N; the 1/sqrt(D) factor, R N."""
+    r, n, d, c = rows, tokens, head_dim, num_centroids
+    return (n * d + 2 * r * n * d + r * n * (2 * blocks - 1)
+            + stages * (2 * r * c * d + 2 * r * c * n + r * n) + r * n)
+
+
+def code_values_flops(rows: int, tokens: int, head_dim: int, blocks: int, stages: int,
+                      num_centroids: int) -> int:
+    """FLOPs of the TPU kernel's ``P V`` over value codes: the offsets, N D; the probabilities
+    times each block's scales, NB R N; their product with the codes, 2 R N D; each block's
+    columns times its constant row and their sum, R D (2 NB - 1); per stage ``P onehot^T``
+    2 R N C, its product with the centroids 2 R C D and the add, R D."""
+    r, n, d, c = rows, tokens, head_dim, num_centroids
+    return (n * d + blocks * r * n + 2 * r * n * d + r * d * (2 * blocks - 1)
+            + stages * (2 * r * n * c + 2 * r * c * d + r * d))
+
+
 def rope_start_table_bytes(chunks: int, head_dim: int) -> int:
     """Bytes of ``chunks`` columns of :func:`kernels.kv_quant.pallas_common.rope_start_table`
     (the chunk starts' cos and sin over the head dim), float32: ``2 D chunks``."""
@@ -163,14 +186,16 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
         int32, the scalar-prefetched ``start`` and ``num_quantized``, ``2 B`` int32, and with
         RoPE the frequencies and offsets' tables (their block index never changes, so they are
         fetched once).
-      * flops: per chunk, keys and values dequantized (:func:`dequant_flops`, one-hot matmul;
-        the kernel gathers the values' centroids through the smaller products P onehot^T
-        [R, N] x [N, C] and [R, C] x [C, D], counted here at the keys' rate: an upper bound),
-        with RoPE the rotation of N keys by their angles less the chunk start's
-        (:func:`rope_from_start_flops`), the start's angles ``D / 2`` and the query's rotation
-        by them ``3 R D``, and :func:`tile_flops` with R rows; with RoPE per grid step the
-        query's half swap, a signed permutation matmul of its three terms, ``6 R D^2``; per pair
-        the final ``acc / l`` and ``m + log l``, R (D + 1).
+      * flops: per chunk the values' ``P V`` from their codes (:func:`code_values_flops`), the
+        online softmax, ``3 R N + 4 R``, and the accumulator's rescale and add, ``2 R D``; the
+        logits: keys stored after RoPE read as codes (:func:`code_logits_flops`, and per grid
+        step the query's block rows, ``NB R D``), or with RoPE the keys dequantized
+        (:func:`dequant_flops`, one-hot matmul), rotated by their angles less the chunk
+        start's (:func:`rope_from_start_flops`), the start's angles ``D / 2``, the query's
+        rotation by them ``3 R D`` and ``q K^T`` with its piece adds and 1/sqrt(D) factor,
+        ``2 R N D + R N D / W``, and per grid step the query's half swap, a signed
+        permutation matmul of its three terms, ``6 R D^2``; per pair the final ``acc / l``
+        and ``m + log l``, R (D + 1).
       * transcendentals: per chunk R N + R exps; per pair R logs.
     """
     b, kh, r, d = q.shape
@@ -184,10 +209,17 @@ def qvg_tpu_cost(q, k_code, v_code, cfg: QVGConfig, *, w: int, rope: bool,
     assign = tpu_assign_bytes(k_code) + tpu_assign_bytes(v_code)
     per_pair = _nbytes((r, d), q.dtype) + nc * chunks + assign + starts + _F32 * r * (d + 1)
     once = _nbytes((r,), jnp.int32) + _nbytes((2, b), jnp.int32) + rope_once
-    rot = rope_from_start_flops(n, d, rope_terms) + d // 2 + 3 * r * d if rope else 0
-    swap = 2 * 3 * r * d * d if rope else 0  # q's half swap, once per grid step
-    flops = nc * (2 * dequant_flops(n, d, s, c, onehot=True) + rot + tile_flops(r, n, d, w))
-    flops += r * (d + 1) + nc // tpu_chunks_per_block(nc, n) * swap
+    nb = d // cfg.block
+    if rope:
+        keys = (dequant_flops(n, d, s, c, onehot=True) + rope_from_start_flops(n, d, rope_terms)
+                + d // 2 + 3 * r * d + 2 * r * n * d + r * n * (d // w))
+        per_step = 2 * 3 * r * d * d  # q's half swap
+    else:
+        keys = code_logits_flops(r, n, d, nb, s, c)
+        per_step = nb * r * d  # q's block rows
+    softmax = 3 * r * n + 4 * r + 2 * r * d
+    flops = nc * (keys + code_values_flops(r, n, d, nb, s, c) + softmax)
+    flops += r * (d + 1) + nc // tpu_chunks_per_block(nc, n) * per_step
     return pl.CostEstimate(flops=int(pairs * flops),
                            transcendentals=int(pairs * (nc * (r * n + r) + r)),
                            bytes_accessed=int(pairs * per_pair + once))

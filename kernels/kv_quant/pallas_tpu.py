@@ -14,27 +14,39 @@ sublanes of whole (32, 128) uint8 tiles), AR chunks per block, and widened to in
 grid step; read as [NC, S, N] they were copied into a layout with S on the sublanes, padded 4x,
 every decode step. A chunk is worked on channels by tokens.
 
-Keys: dequantized in float32 pieces [W, N] (:mod:`kernels.kv_quant.pallas_common`), a code plane
-masked in place rather than shifted (``code 2^(n j)`` times ``scale 2^(-n j)``, exact), plus the
-centroid rows from the bfloat16 one-hot product ``C_s^T [D, C] @ onehot [C, N]`` (exact); rotated
-(below); then ``q [R, D] @ K [D, N]`` as one matmul over the whole head dim with both factors
-split into three bfloat16 terms (float32 accuracy; Mosaic's float32 HIGHEST matmul on W-row
-pieces cost twice the bundles). A term is the remainder with its low 16 bits cleared (an and
-and an exact subtraction, no bfloat16 round trip), and the terms of one factor that meet the same
-term of the other enter the MXU as one stacked operand. Values are never dequantized in float32
-beyond the exact ``(code - 2^(n-1)) scale`` (a power of two times a bfloat16 scale for 2-bit
-codes, so exact in one bfloat16 term, in two otherwise): ``P V^T = P ((code - 2^(n-1)) scale)^T +
-(P onehot^T) C_s``, with P in three bfloat16 terms, so the centroid gather costs [R, N] x [N, C]
-and [R, C] x [C, D] products instead of a [D, N] one.
+Codes as an MXU operand. A plane of the planar-packed codes masked in place (not shifted) less
+its offset is ``(code - 2^(n-1)) 2^(n plane)``, a small integer exact in bfloat16, so the codes of
+a chunk enter the MXU as one exact [D, N] bfloat16 operand and are never dequantized in float32:
+
+* values: ``sum_t p_t v_ct = 2^(-n plane(c)) sum_t (p_t scale_bt) (code_ct - 2^(n-1)) 2^(n plane(c))
+  + sum_s (P onehot_s^T) C_s`` for channel c in scale block b: the probabilities times each
+  block's scale row, stacked [NB R, N], against the codes ([NB R, N] x [D, N]^T), each block's
+  columns then kept and rescaled by a constant row, plus the centroids through the small products
+  P onehot^T [R, C] and [R, C] x [C, D];
+* keys stored after RoPE (``rope_base=None``): ``q . k_t = sum_b scale_bt sum_{c in b} q_c 2^(-n
+  plane(c)) (code_ct - 2^(n-1)) 2^(n plane(c)) + sum_s (q C_s^T)[a_st]``: the query's rows masked
+  to each block and plane-scaled, [NB R, D] (built once per grid step), against the codes, then
+  the scale rows, plus ``q C_s^T`` [R, C] gathered by a one-hot product;
+* keys stored before RoPE: dequantized in float32 pieces [W, N]
+  (:mod:`kernels.kv_quant.pallas_common`; plus the centroid rows from the one-hot product ``C_s^T
+  [D, C] @ onehot [C, N]``), rotated (below), then ``q K^T`` with the keys in three bfloat16 terms.
+
+Every float32 factor (query, probabilities, their block-scaled rows, ``q C^T``, ``P onehot^T``)
+enters the MXU as three bfloat16 terms stacked on the rows without padding (:func:`_split_rows`;
+a term is the remainder with its low 16 bits cleared, an and and an exact subtraction), whose
+exact products the MXU sums in float32: float32 accuracy, and with R = 4 query rows one 16-row
+operand tile and one [16, N] result per product instead of a padded tile per term (the result
+rows of the terms are then added).
 
 Grid (B, K, NC / CB), chunk blocks innermost ("arbitrary"). ``start`` and ``num_quantized`` are
 prefetched into SMEM (``PrefetchScalarGridSpec``); the block index maps clamp the block index to
 the last block holding a quantized slot of the row, so later blocks issue no new DMA and are
-skipped by ``pl.when``. Inside a block the chunks go two at a time (``GROUP``), each pair one
-online-softmax step over its 2N slots, ``UNROLL`` pairs per trip of the block's loop with
-(acc, m, l) carried in registers and no branch between pairs, so the schedule overlaps one
-chunk's dequantization with another's softmax chain; in a row's last block a chunk past
-``num_quantized`` reads the last quantized chunk's data with every slot masked. Keys stored
+skipped by ``pl.when``. Inside a block the chunks go four at a time (``GROUP``), each group one
+online-softmax step over its 4N slots, ``UNROLL`` groups per trip of the block's loop with
+(acc, m, l) carried in registers and no branch between groups; a trip computes its groups'
+logits first and then their softmax steps, so the schedule overlaps one group's products with
+another's softmax chain; in a row's last block a chunk past ``num_quantized`` reads the last
+quantized chunk's data with every slot masked. Keys stored
 before RoPE are rotated to their slot positions by angle addition, the chunk start's rotation
 carried by the query: ``q . R(B + a) k = (R(-B) q) . (R(a) k)``. Per chunk the query is rotated
 back by the start's angle B from its cos and sin
@@ -72,8 +84,8 @@ _TN = (((0,), (0,)), ((), ()))  # [X, M] x [X, N] -> [M, N]
 LANES = 128  # TPU vector lanes: the token axis of a chunk fills whole lane tiles
 SUBLANES = 8  # float32 / int32 sublanes: a piece's W rows fill whole tiles
 ASSIGN_ROWS = cost.TPU_ASSIGN_ROWS  # chunks per block of the assignments (a uint8 tile's rows)
-GROUP = 2  # chunks per online-softmax step (their chains overlap in the schedule)
-UNROLL = 4  # groups per trip of the block's loop
+GROUP = 4  # chunks per online-softmax step (their chains overlap in the schedule)
+UNROLL = 2  # groups per trip of the block's loop
 
 
 def check_layout(chunk: int, d: int, cfg: QVGConfig, rope: bool) -> int:
@@ -102,7 +114,7 @@ def check_layout(chunk: int, d: int, cfg: QVGConfig, rope: bool) -> int:
 
 
 def chunks_per_block(num_chunks: int, chunk: int) -> int:
-    """CB: the largest divisor of NC with CB N <= max(N, 4096) tokens and CB a divisor of 128
+    """CB: the largest divisor of NC with CB N <= max(N, 8192) tokens and CB a divisor of 128
     (a block's chunks then share one 128-row group of the chunk-start table)
     (:func:`kernels.kv_quant.cost.tpu_chunks_per_block`)."""
     return cost.tpu_chunks_per_block(num_chunks, chunk)
@@ -149,6 +161,37 @@ def _dot_split(a_parts, b_parts, dims=None):
     return total
 
 
+def _split_rows(x: jax.Array, parts: int = 3) -> jax.Array:
+    """The ``parts`` bfloat16 terms of float32 x [M, K] (:func:`_split`) stacked on the rows
+    without padding between them, [parts M rounded up to 16, K] (a bfloat16 tile has 16 rows):
+    the MXU then reads one operand row per query row and term, not a padded tile per term."""
+    terms, rest = [], x
+    for i in range(parts):
+        if i + 1 < parts:
+            hi = lax.bitcast_convert_type(
+                lax.bitcast_convert_type(rest, jnp.int32) & jnp.int32(-65536), jnp.float32)
+            terms.append(hi)
+            rest = rest - hi
+        else:
+            terms.append(rest)
+    m = x.shape[0] * parts
+    pad = -(-m // 16) * 16 - m
+    if pad:
+        terms.append(jnp.zeros((pad, x.shape[1]), jnp.float32))
+    return jnp.concatenate(terms, axis=0).astype(jnp.bfloat16)
+
+
+def _dot_rows(a: jax.Array, rows: int, b: jax.Array, dims=None, parts: int = 3) -> jax.Array:
+    """``sum_i a_i b`` [rows, N] for the terms a_i stacked by :func:`_split_rows` and an exact
+    bfloat16 b: one MXU product (float32 accumulation), then the terms' rows added."""
+    out = (jnp.dot(a, b, preferred_element_type=jnp.float32) if dims is None else
+           lax.dot_general(a, b, dims, preferred_element_type=jnp.float32))
+    total = out[:rows]
+    for i in range(1, parts):
+        total = total + out[i * rows:(i + 1) * rows]
+    return total
+
+
 def _code_planes(codes, bits, plane):
     """Plane ``plane`` of planar-packed codes int32 [P, T], masked in place (not shifted):
     ``code * 2^(bits * plane)``, an exact small integer in float32 and bfloat16."""
@@ -174,6 +217,15 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
     h = d // 2
     p = d * bits // 8
     nq = nq_ref[b]
+    nb = d // cfg.block
+    # per scale block, the row [1, D] that keeps its channels and undoes their planes' in-place
+    # factor 2^(n plane(c)) (code_matrix; a power of two: exact)
+    ch = lax.broadcasted_iota(jnp.int32, (1, d), 1)
+    plane_factor = 1.0
+    for pl_ in range(1, 8 // bits):
+        plane_factor = jnp.where(ch >= pl_ * p, 2.0 ** (-bits * pl_), plane_factor)
+    col_factor = [jnp.where((ch >= bi * cfg.block) & (ch < (bi + 1) * cfg.block),
+                            plane_factor, 0.0) for bi in range(nb)]
     # chunks of this block that hold a quantized slot (lax.div: non-negative ints)
     count = jnp.clip(lax.div(nq + n - 1, n) - blk * cb, 0, cb)
 
@@ -218,28 +270,65 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
                 pieces = [x + rows[i * w:(i + 1) * w] for i, x in enumerate(pieces)]
         return pieces
 
+    def code_matrix(code_refs, j):
+        """``(code - 2^(n-1)) 2^(n plane)`` [D, N] bfloat16 of chunk j, channels by tokens
+        (channel ``plane P + row``): each plane masked in place, an exact small integer."""
+        # read as int8 (a free bitcast): the sign extension to int32 needs no mask of the low
+        # byte, and each plane's mask keeps bits of that byte only
+        codes = lax.bitcast_convert_type(code_refs[0][j], jnp.int8).astype(jnp.int32)  # [P, N]
+        planes = [_code_planes(codes, bits, pl_) - jnp.int32((1 << (bits - 1)) << (bits * pl_))
+                  for pl_ in range(8 // bits)]
+        m = jnp.concatenate(planes, axis=0) if len(planes) > 1 else planes[0]
+        return m.astype(jnp.float32).astype(jnp.bfloat16)
+
     def key_logits(j, c, q_parts):
-        """Unscaled logits q K^T [R, N] at float32 accuracy: the keys dequantized (and rotated
-        by their angles less the chunk start's, whose rotation the query carries) in float32
-        [D, N], both factors as three bfloat16 terms."""
+        """Unscaled logits q K^T [R, N] at float32 accuracy.
+
+        Keys stored after RoPE are never dequantized: ``q . k_t = sum_b scale_bt sum_{c in b}
+        q_c (code_ct - 2^(n-1)) + sum_s (q C_s^T)[a_st]``, the first sum one matmul of the
+        query's block-masked, plane-scaled rows (three bfloat16 terms, built once per grid step)
+        with the chunk's exact bfloat16 codes, the second a [R, C] x [C, N] one-hot product.
+        Keys stored before RoPE are dequantized in float32 [D, N] and rotated by their angles
+        less the chunk start's (whose rotation the query carries), then ``q K^T`` with both
+        factors as three bfloat16 terms."""
+        if not rope:
+            q_rows, qb_rows = q_parts
+            r = q_ref.shape[0]
+            dots = _dot_rows(qb_rows, nb * r, code_matrix(k_refs, j))  # [NB R, N]
+            scales = k_refs[1][j].astype(jnp.float32)  # [NB, N]
+            logits = None
+            for bi in range(nb):
+                x = scales[bi:bi + 1] * dots[bi * r:(bi + 1) * r]
+                logits = x if logits is None else logits + x
+            if stages:
+                oh = onehots(k_refs, j)
+                for s in range(stages):
+                    qc = _dot_rows(q_rows, r, k_refs[3][j, s], _NT)  # q C_s^T [R, C]
+                    logits = logits + _dot_rows(_split_rows(qc), r, oh[s])
+            return logits
         ls = slice(None)
         kp = key_pieces(j, ls)
-        if rope:
-            kpos = (c * n + lax.broadcasted_iota(jnp.int32, (1, n), 1)).astype(jnp.float32)
-            zero = jnp.minimum(nq, 0)  # 0 at run time (num_quantized >= 0)
-            # the chunk start's angle fl(c N f) [D/2, 1], rounded as the tables' (one product)
-            sa = lax.bitcast_convert_type(lax.bitcast_convert_type(
-                (c * n).astype(jnp.float32) * freq_ref[...], jnp.int32) | zero, jnp.float32)
+        kpos = (c * n + lax.broadcasted_iota(jnp.int32, (1, n), 1)).astype(jnp.float32)
+        zero = jnp.minimum(nq, 0)  # 0 at run time (num_quantized >= 0)
+        # the chunk start's angle fl(c N f) [D/2, 1], rounded as the tables' (one product)
+        sa = lax.bitcast_convert_type(lax.bitcast_convert_type(
+            (c * n).astype(jnp.float32) * freq_ref[...], jnp.int32) | zero, jnp.float32)
 
-            def rotation(c0, ww):
-                return pc.rope_cos_sin_from_start(
-                    kpos, freq_ref[c0:c0 + ww, :],
-                    tuple(off_ref[i, c0:c0 + ww, ls] for i in range(3)),
-                    sa[c0:c0 + ww], rope_terms, zero)
+        def rotation(c0, ww):
+            return pc.rope_cos_sin_from_start(
+                kpos, freq_ref[c0:c0 + ww, :],
+                tuple(off_ref[i, c0:c0 + ww, ls] for i in range(3)),
+                sa[c0:c0 + ww], rope_terms, zero)
 
-            kp = pc.rope_pieces(kp, rotation)
+        kp = pc.rope_pieces(kp, rotation)
         keys = jnp.concatenate(kp, axis=0) if len(kp) > 1 else kp[0]  # [D, N] float32
-        return _dot_split(q_parts, _split(keys, 3))
+        # q's terms stacked (one MXU product per key term), the terms above float32's precision
+        # left out of the sums
+        logits = None
+        for t, k_term in enumerate(_split(keys, 3)):
+            x = _dot_rows(q_parts, q_ref.shape[0], k_term, parts=3 - t)
+            logits = x if logits is None else logits + x
+        return logits
 
     def chunk_logits(j, jr, q_parts):
         """Masked logits [R, N] of chunk j (its data read from chunk jr, below)."""
@@ -248,7 +337,7 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
             q, qs = q_parts
             row = lax.rem(c, lanes)
             qr = q * srow_ref[0, pl.ds(row, 1), :] + qs * srow_ref[1, pl.ds(row, 1), :]
-            q_parts = _split(qr, 3)
+            q_parts = _split_rows(qr)
         logits = key_logits(jr, c, q_parts) * (1.0 / math.sqrt(d))  # [R, N]
         rows = logits.shape[0]
         slot = c * n + lax.broadcasted_iota(jnp.int32, (rows, n), 1)
@@ -256,38 +345,46 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
         return logits, (slot < nq) & (slot <= pos)
 
     def chunk_values(j, prob):
-        """P V [R, D] of chunk j for its probabilities P [R, N]."""
-        # values: P V^T = P (C[a])^T + P ((code - 2^(n-1)) scale)^T; the second factor is exact
-        # in bfloat16 for 2-bit codes (a power of two times a bf16 scale) and in two bfloat16
-        # terms otherwise; P in three terms
-        vx = jnp.concatenate(code_rows(v_refs, j), axis=0)  # [D, N] float32
-        v_parts = _split(vx, 1 if bits == 2 else 2)
-        p_parts = _split(prob, 3)
-        pv = _dot_split(p_parts, v_parts, _NT)  # [R, D]
+        """P V [R, D] of chunk j for its probabilities P [R, N], without dequantizing the values:
+        ``sum_t p_t v_ct = 2^(-n plane(c)) sum_t (p_t scale_bt) (code_ct - 2^(n-1)) 2^(n plane(c))
+        + sum_s (P onehot_s^T) C_s`` for c in block b, the first sum one matmul of the
+        block-scaled probabilities' rows (three bfloat16 terms) with the exact bfloat16 codes,
+        each block's columns then kept and scaled by a constant row."""
+        r = prob.shape[0]
+        scales = v_refs[1][j].astype(jnp.float32)  # [NB, N]
+        pw = jnp.concatenate([prob * scales[bi:bi + 1] for bi in range(nb)], axis=0) if (
+            nb > 1) else prob * scales  # [NB R, N]
+        res = _dot_rows(_split_rows(pw), nb * r, code_matrix(v_refs, j), _NT)  # [NB R, D]
+        pv = None
+        for bi in range(nb):
+            x = res[bi * r:(bi + 1) * r] * col_factor[bi]
+            pv = x if pv is None else pv + x
         if stages:
+            p_rows = _split_rows(prob)
             oh = onehots(v_refs, j)
             for s in range(stages):
-                pa = _dot_split(p_parts, [oh[s]], _NT)  # P onehot^T [R, C], float32
-                cent = v_refs[3][j, s]  # [C, D] bfloat16
-                for a in _split(pa, 3):
-                    pv = pv + jnp.dot(a, cent, preferred_element_type=jnp.float32)
+                pa = _dot_rows(p_rows, r, oh[s], _NT)  # P onehot^T [R, C], float32
+                pv = pv + _dot_rows(_split_rows(pa), r, v_refs[3][j, s])  # (P onehot^T) C_s
         return pv
 
-    def chunks_step(j0, k, q_parts, carry):
-        """Chunks j0 .. j0 + k - 1 as one online-softmax step over their k N slots (their key
-        and value work is independent, so the schedule overlaps it); ``carry`` = (acc, m, l).
-        A chunk past the row's quantized ones (in its last block) reads the last quantized
+    def group_logits(j0, k, q_parts):
+        """Masked logits [R, k N] of chunks j0 .. j0 + k - 1 and the chunks their data are read
+        from. A chunk past the row's quantized ones (in its last block) reads the last quantized
         chunk's data instead, every slot of it masked: its weights are 0 and its values those
         the row already attends."""
-        acc, m, l = carry
         jr = [jnp.minimum(j0 + i, count - 1) for i in range(k)]
         parts = [chunk_logits(j0 + i, jr[i], q_parts) for i in range(k)]
         logits = jnp.concatenate([x for x, _ in parts], axis=1) if k > 1 else parts[0][0]
         valid = jnp.concatenate([v for _, v in parts], axis=1) if k > 1 else parts[0][1]
+        return jr, logits, valid
+
+    def group_update(jr, logits, valid, carry):
+        """One online-softmax step over a group's slots; ``carry`` = (acc, m, l)."""
+        acc, m, l = carry
         prob, corr, m_new, l_new = pc.online_softmax_step(logits, valid, m, l)
         pv = None
-        for i in range(k):
-            x = chunk_values(jr[i], prob[:, i * n:(i + 1) * n])
+        for i, j in enumerate(jr):
+            x = chunk_values(j, prob[:, i * n:(i + 1) * n])
             pv = x if pv is None else pv + x
         return corr * acc + pv, m_new, l_new
 
@@ -301,8 +398,10 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
             o = lax.broadcasted_iota(jnp.int32, (d, d), 1)
             swap = jnp.where(i == o + h, 1.0, jnp.where(i + h == o, -1.0, 0.0))
             q_parts = (q, _dot_split(_split(q, 3), [swap.astype(jnp.bfloat16)]))
-        else:
-            q_parts = _split(q, 3)
+        else:  # and q's rows masked to each scale block and plane-scaled, stacked [NB R, D]
+            qb = jnp.concatenate([q * f for f in col_factor], axis=0) if nb > 1 else (
+                q * col_factor[0])
+            q_parts = (_split_rows(q), _split_rows(qb))
         if rope:
             # the chunk starts' cos and sin as query rows [L, D]: the table's block [D, L]
             # transposed when a grid step enters a new group of L chunks
@@ -320,8 +419,13 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
         unroll = UNROLL if cb % (group * UNROLL) == 0 else 1
 
         def body(g, carry):
-            for u in range(unroll):
-                carry = chunks_step((g * unroll + u) * group, group, q_parts, carry)
+            # every group's logits first (independent of the softmax state), then the online
+            # softmax steps: in this program order the schedule starts the next groups'
+            # products while a step waits on its own
+            groups = [group_logits((g * unroll + u) * group, group, q_parts)
+                      for u in range(unroll)]
+            for jr, logits, valid in groups:
+                carry = group_update(jr, logits, valid, carry)
             return carry
         acc, m, l = lax.fori_loop(0, cb // (group * unroll), body,
                                   (acc_ref[...], m_ref[...], l_ref[...]))

@@ -414,7 +414,12 @@ def test_qvg_declared_estimate_is_the_analytic_count(impl, case):
         assert est == kq_cost.qvg_tpu_cost(q, code, code, cfg, w=w, rope=rope)
         assert est.bytes_accessed == _qvg_bytes_from_blocks("tpu", q, code, rope)
         assert est.transcendentals == b * kh * (nc * (r * n + r) + r)
-        rows, onehot = r, 2 * 2 * n * cfg.num_centroids * d * cfg.stages
+        # centroids per stage: values P onehot^T and its product with C_s, 2 R N C + 2 R C D;
+        # keys with RoPE dequantized by the one-hot product C_s^T onehot, 2 N C D, keys after
+        # RoPE as q C_s^T and its one-hot gather, 2 R C D + 2 R C N
+        c = cfg.num_centroids
+        keys = 2 * n * c * d if rope else 2 * r * c * d + 2 * r * c * n
+        rows, onehot = r, cfg.stages * (2 * r * n * c + 2 * r * c * d + keys)
     else:
         rows, bn = max(16, 1 << (r - 1).bit_length()), min(n, 64)
         ns = kq_gpu.default_splits(b * kh, nc)
@@ -424,7 +429,7 @@ def test_qvg_declared_estimate_is_the_analytic_count(impl, case):
         assert est.bytes_accessed == _qvg_bytes_from_blocks("gpu", q, code, rope, rows, ns)
         assert est.transcendentals == b * kh * nc * (n // bn) * (rows * bn + rows)
         onehot = 2 * 2 * n * cfg.num_centroids * d * cfg.stages
-    # matmuls: q K^T and P V (4 R N D per chunk) plus the one-hot centroid gathers; the
+    # matmuls: q K^T and P V (4 R N D per chunk) plus the centroid products; the
     # in-kernel RoPE of the keys: 17 + 4 m + 6 = 27 per token and frequency at m = 1 (below 128k)
     # on GPU, 11 + 4 m + 6 = 21 on TPU (the query carries the chunk start's rotation)
     matmul = b * kh * nc * (4 * rows * n * d + onehot)
@@ -443,11 +448,14 @@ def test_qvg_tpu_count_by_hand():
     # 1024 (3072, keys and values: 6144); out and lse (32+1)*4 = 132; row offset 4 and the
     # prefetched start, num_quantized 8
     assert est.bytes_accessed == 128 + 6144 + 132 + 4 + 8
-    # dequantize, per tensor: 2*128*32 = 8192 + centroid add 128*32 = 4096 + one-hot matmul
-    # 2*128*4*32 = 32768; attend: matmuls 4*128*32 = 16384, logit piece adds and 1/sqrt(D)
-    # 128*4 = 512, softmax 3*128 = 384 and 4 per row, accumulator rescale 2*32 = 64; final
-    # acc / l, m + log l: 33
-    assert est.flops == 2 * (8192 + 4096 + 32768) + (16384 + 512 + 384 + 4 + 64) + 33
+    # keys read as codes: offsets 128*32 = 4096, q against the codes 2*128*32 = 8192, two
+    # blocks' scales and their sum 128*3 = 384, q C^T 2*4*32 = 256, its one-hot gather
+    # 2*4*128 = 1024 and add 128, 1/sqrt(D) 128: 14208; values: offsets 4096, P times the two
+    # blocks' scales 256, P against the codes 8192, the blocks' column rows and sum 32*3 = 96,
+    # P onehot^T 2*128*4 = 1024, times the centroids 2*4*32 = 256 and add 32: 13952; softmax
+    # 3*128 = 384 and 4 per row, accumulator rescale 2*32 = 64; the query's block rows once
+    # per grid step 2*32 = 64; final acc / l, m + log l: 33
+    assert est.flops == 14208 + 13952 + (384 + 4 + 64) + 64 + 33
     assert est.transcendentals == 128 + 1 + 1
 
 
