@@ -16,6 +16,12 @@ One bundle issues per cycle when nothing stalls, so the bundles a program issues
 on its cycles (no stalls, no DMA or memory latency): :attr:`KernelSchedule.cycles` weights each
 bundle by the trip counts of the loops around it, read from the constant bound of each loop's exit
 test (a loop whose bound is a register has no static trip count: the kernel then has none either).
+A Pallas grid runs as a software-pipelined loop of G + 2 trips for G grid steps (the first trip
+only starts the first block's copies, the last only finishes the last block's writes); the
+kernel body sits in a region the loop skips unless its iteration index i satisfies ``a <= i < b``
+(a branch on ``pnand(i >= a, i < b)`` over it), so that region's bundles are counted ``b - a``
+times per entry (:attr:`Loop.guards`), not once per trip. Other conditionals (``pl.when`` on
+program ids) are counted on every trip, both sides: an upper bound for those bundles.
 For the XLA part of a step, each instruction of the compiled TPU HLO carries the compiler's own
 ``"estimated_cycles"`` in its backend config (:func:`xla_estimated_cycles`), counted once per
 execution: a ``while`` loop's body once per trip (:func:`while_trip_count`); Pallas kernels
@@ -68,6 +74,9 @@ class Loop:
       trips: iterations per entry, from the constant bound of its exit test; None if the bound
         is not a constant.
       utilization: per unit, the fraction of its slots the loop's bundles use, in [0, 1].
+      guards: (start, end exclusive, runs) of regions of its bundles that run on ``runs`` of its
+        trips only: a branch skips them unless the loop's iteration index lies in a constant
+        range (the pipeline's compute stage of a Pallas grid; module docstring).
     """
 
     start: int
@@ -75,6 +84,7 @@ class Loop:
     bundles: int
     trips: int | None
     utilization: dict[str, float]
+    guards: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def bound_unit(self) -> str:
@@ -113,8 +123,11 @@ class KernelSchedule:
             trips = lp.trips if lp.trips is not None else dynamic_trips
             if trips is None:
                 return None
+            runs = [trips] * lp.bundles
+            for start, end, n in lp.guards:
+                runs[start - lp.start:end - lp.start] = [min(n, trips)] * (end - start)
             for i in range(lp.start, lp.start + lp.bundles):
-                weight[i] *= trips
+                weight[i] *= runs[i - lp.start]
         return sum(weight)
 
     @property
@@ -255,6 +268,48 @@ def _trip_counts(bundles: list[_Bundle], extents: list[tuple[int, int, int]]) ->
     return trips
 
 
+_OP_DEF = re.compile(r"%(p\w+) = (?:scmp\.(ge|lt)\.s32\.totalorder %(s\w+), (\d+)\b"
+                     r"|pnand %(p\w+), %(p\w+))")
+_BRANCH = re.compile(r"sbr\.rel \(%(p\w+)\) target = \$region(\d+)")
+_ITERATION_INDEX = re.compile(r"%(s\w+) = sphi [^;]*?iteration index, stage = 0\b")
+
+
+def _guards(bundles: list[_Bundle], extents: list[tuple[int, int, int]],
+            trips: list[int | None]) -> list[tuple[tuple[int, int, int], ...]]:
+    """Per loop, the regions of its bundles a forward branch skips unless the loop's iteration
+    index i is in ``[a, b)``: the branch's predicate is ``pnand(i >= a, i < b)`` (constant a, b)
+    and its target the bundle that opens the region it names. Each region runs
+    ``min(b, trips) - max(a, 0)`` times per entry of the loop."""
+    cmp: dict[str, tuple[str, str, int]] = {}  # predicate -> (ge / lt, register, bound)
+    nand: dict[str, tuple[str, str]] = {}
+    for b in bundles:
+        for m in _OP_DEF.finditer(b.text):
+            if m.group(2):
+                cmp[m.group(1)] = (m.group(2), m.group(3), int(m.group(4)))
+            else:
+                nand[m.group(1)] = (m.group(5), m.group(6))
+    out = []
+    for (s, e, _), t in zip(extents, trips):
+        index = _ITERATION_INDEX.search(bundles[s].text)
+        found = []
+        if index is not None and t is not None:
+            for i in range(s, e):
+                for m in _BRANCH.finditer(bundles[i].text):
+                    ops = [cmp.get(x) for x in nand.get(m.group(1), ())]
+                    if len(ops) != 2 or None in ops or {o[1] for o in ops} != {index.group(1)}:
+                        continue
+                    bounds = dict((o[0], o[2]) for o in ops)
+                    if set(bounds) != {"ge", "lt"}:
+                        continue
+                    label = re.compile(rf"\bregion {m.group(2)}\b")
+                    end = next((j for j in range(i + 1, e) if label.search(bundles[j].text)), None)
+                    if end is not None:
+                        runs = max(0, min(bounds["lt"], t) - max(bounds["ge"], 0))
+                        found.append((i + 1, end, runs))
+        out.append(tuple(found))
+    return out
+
+
 def kernel_schedule(name: str, bundles_text: str, utilization_text: str) -> KernelSchedule:
     """A :class:`KernelSchedule` from the texts of a kernel's ``final_bundles`` and
     ``final_hlo-static-per-bundle-utilization`` files.
@@ -268,8 +323,9 @@ def kernel_schedule(name: str, bundles_text: str, utilization_text: str) -> Kern
         raise ValueError(f"{name}: {len(bundles)} bundles but {len(rows)} utilization rows")
     extents = _loop_extents(bundles)
     trips = _trip_counts(bundles, extents)
-    loops = tuple(Loop(s, d, e - s, t, _utilization(capacity, rows[s:e]))
-                  for (s, e, d), t in zip(extents, trips))
+    guards = _guards(bundles, extents, trips)
+    loops = tuple(Loop(s, d, e - s, t, _utilization(capacity, rows[s:e]), g)
+                  for (s, e, d), t, g in zip(extents, trips, guards))
     return KernelSchedule(name, len(bundles), loops, _utilization(capacity, rows))
 
 

@@ -51,9 +51,38 @@ def test_nested_loops_multiply_their_trip_counts():
     assert grid.start < mid.start < inner.start
     assert inner.start + inner.bundles <= mid.start + mid.bundles <= grid.start + grid.bundles
     assert k.inner_loop == inner
-    expected = ((k.bundles - grid.bundles) + 5 * (grid.bundles - mid.bundles)
-                + 25 * (mid.bundles - inner.bundles) + 25 * 16 * inner.bundles)
-    assert k.cycles == expected == 4729
+    # the kernel body: the branch at 0x21 skips 0x22 .. 0x3f (up to region 24 at 0x40) unless
+    # 1 <= i < 4 (pnand of scmp.ge i, 1 and scmp.lt i, 4): 3 of the grid loop's 5 trips, the
+    # grid's 3 steps; the pipeline's copies around it run on all 5
+    assert grid.guards == ((0x22, 0x40, 3),) and mid.guards == inner.guards == ()
+    body = 0x40 - 0x22
+    assert mid.start >= 0x22 and mid.start + mid.bundles <= 0x40
+    expected = ((k.bundles - grid.bundles) + 5 * (grid.bundles - body)
+                + 3 * (body - mid.bundles) + 15 * (mid.bundles - inner.bundles)
+                + 15 * 16 * inner.bundles)
+    assert k.cycles == expected == 2923
+
+
+def test_a_guard_on_another_register_or_range_counts_every_trip():
+    """The body's branch is counted at its guard's range only for a predicate ``pnand(i >= a,
+    i < b)`` of the loop's own iteration index: the same dump with the lower bound read from
+    another register, or with a ``por`` in place of the ``pnand``, counts the body on all 5
+    trips; a range [0, 9) wider than the loop counts it on all 5."""
+    (src,) = (DATA / "nested").glob("*final_bundles.txt")
+    (util,) = (DATA / "nested").glob("*utilization.txt")
+    text = src.read_text()
+    cases = {"other register": text.replace("scmp.ge.s32.totalorder %s480_s9, 1",
+                                            "scmp.ge.s32.totalorder %s481_s9, 1"),
+             "por": text.replace("%p108_p1 = pnand", "%p108_p1 = por"),
+             "wide range": text.replace("scmp.ge.s32.totalorder %s480_s9, 1 ",
+                                        "scmp.ge.s32.totalorder %s480_s9, 0 ").replace(
+                                 "scmp.lt.s32.totalorder %s480_s9, 4", "scmp.lt.s32.totalorder %s480_s9, 9")}
+    for what, changed in cases.items():
+        assert changed != text, what
+        k = ts.kernel_schedule("tiny_grid.1", changed, util.read_text())
+        grid, mid, inner = k.loops
+        assert grid.guards in ((), ((0x22, 0x40, 5),)), what
+        assert k.cycles == 4729, what  # every grid trip: (80 - 71) + 5 * 71 + ... as before
 
 
 def test_static_step_adds_the_kernels_to_xla_estimated_cycles():
