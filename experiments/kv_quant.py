@@ -8,10 +8,10 @@ true compression (every scale, zero point, assignment and centroid counted, vs b
 attention-output relative error on the model's real keys / values / queries
 (:mod:`algorithms.kv_budget.quality`), held-out bits per token (per byte for the byte LM) and
 perplexity when decoding through each cache (teacher-forced, prompt prefilled then one token at a
-time),
-EntroKV vs uniform (SnapKV) budgets with the spread of the per-head entropies they come from, and
-the decode-time ratio quantized / full. The same error comparison on synthetic long-context keys
-with outlier channels (where the paper's 256 centroids amortise).
+time), both also for QVG with its keys stored after RoPE (``qvg_post_rope``, the same bits; the
+paper stores them before), EntroKV vs uniform (SnapKV) budgets with the spread of the per-head
+entropies they come from, and the decode-time ratio quantized / full. The same error comparison
+on synthetic long-context keys with outlier channels (where the paper's 256 centroids amortise).
 
     python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:tiny --workdir=workdir
     python -m experiments.kv_quant --config=experiments/configs/kv_quant.py:tiny --workdir=workdir \
@@ -44,10 +44,16 @@ from models import capture
 from models import kv_cache as kvc
 
 NAME = "kv_quant"
-METHODS = ("qvg", "qvg_pro", "kivi")
-LABELS = {"qvg": "QVG", "qvg_pro": "QVG-Pro", "kivi": "KIVI"}
+# the quantizers of kernels.kv_quant.reference.quantizer_configs; "qvg_post_rope" is QVG with its
+# keys stored after RoPE (the paper stores them before)
+METHODS = ("qvg", "qvg_post_rope", "qvg_pro", "kivi")
+# those measured on the synthetic keys too (they carry no RoPE: post-RoPE QVG would repeat QVG)
+SYNTHETIC_METHODS = ("qvg", "qvg_pro", "kivi")
+LABELS = {"qvg": "QVG", "qvg_pro": "QVG-Pro", "kivi": "KIVI", "qvg_post_rope": "QVG post-RoPE"}
+MARKERS = {"qvg": "o", "qvg_pro": "s", "kivi": "^", "qvg_post_rope": "D"}
 # One colour per cache in both panels; the full-precision cache in grey.
-COLORS = {**style.method_colors(("qvg", "qvg_pro", "kivi", "entrokv", "uniform")), "full": "0.55"}
+COLORS = {**style.method_colors(("qvg", "qvg_pro", "kivi", "entrokv", "uniform", "qvg_post_rope")),
+          "full": "0.55"}
 
 
 def _bpb(graphdef, params, windows, backend, prompt_len, keep=None):
@@ -78,8 +84,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         bits = ref.effective_bits(c, d)
         metrics[f"{m}_compression"], metrics[f"{m}_effective_bits"] = (bits["compression"],
                                                                        bits["effective"])
-        metrics[f"{m}_rel_err"] = quality.attention_error(acts, c, key,
-                                                          rope if m != "kivi" else None)
+        # the rope base makes QVG quantize the un-rotated keys (pre_rope); KIVI and post-RoPE QVG
+        # quantize the keys as the model rotated them
+        metrics[f"{m}_rel_err"] = quality.attention_error(
+            acts, c, key, rope if getattr(c, "pre_rope", False) else None)
     bar.update()
 
     # 2. Held-out bits per byte decoding through each cache, and the decode time.
@@ -92,16 +100,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         if config.decode_timing:
             seconds[m] = timing.seconds(lambda be=be: budget_cache.teacher_forced_nll(
                 graphdef, params, windows, be, prompt_len), repeats=1, warmup=0)
-    # QVG-Pro decodes through the same cache class with its own quantizer (held-out bpb only: it
-    # is not timed, the decode-time ratio reported is QVG's)
-    metrics["bpb_qvg_pro"] = _bpb(graphdef, params, windows, kvc.get_backend(
-        "qvg", config=cfgs["qvg_pro"], rope_base=rope, seed=config.seed), prompt_len)
+    # QVG-Pro and post-RoPE QVG decode through the same cache class with their own quantizers
+    # (held-out bpb only: they are not timed, the decode-time ratio reported is QVG's); the
+    # post-RoPE cache stores the rotated keys and attends them as stored (None: not decoded)
+    metrics["bpb_qvg_post_rope"] = None
+    for m in ("qvg_pro", "qvg_post_rope") if config.decode_post_rope else ("qvg_pro",):
+        metrics[f"bpb_{m}"] = _bpb(graphdef, params, windows, kvc.get_backend(
+            "qvg", config=cfgs[m], rope_base=rope, seed=config.seed), prompt_len)
     metrics["seconds"] = seconds
     metrics["dequant_overhead"] = seconds["qvg"] / seconds["full"] if seconds else None
     metrics["kivi_time_ratio"] = seconds["kivi"] / seconds["full"] if seconds else None
     # perplexity per token of the model's tokenizer (per byte for the byte lm): 2^(bits per token)
     for m in ("full", *METHODS):
-        metrics[f"ppl_{m}"] = 2.0 ** metrics[f"bpb_{m}"]
+        bpb = metrics[f"bpb_{m}"]
+        metrics[f"ppl_{m}"] = None if bpb is None else 2.0 ** bpb
     bar.update()
 
     # 3. EntroKV vs uniform budgets at the configured fraction of the prompt.
@@ -152,23 +164,29 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
 
 def _figure(config, metrics, unit):
     """Error vs true bits (LM and synthetic) and held-out bpb per cache (bars from 0, each with its
-    value, so a 0.01 difference looks as small as it is)."""
+    value, so a 0.01 difference looks as small as it is; post-RoPE QVG's bar only where it was
+    decoded)."""
     syn = metrics["synthetic"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for m, mk in zip(METHODS, "os^", strict=True):
-        axes[0].scatter(metrics[f"{m}_effective_bits"], metrics[f"{m}_rel_err"], marker=mk,
+    for m in METHODS:
+        axes[0].scatter(metrics[f"{m}_effective_bits"], metrics[f"{m}_rel_err"], marker=MARKERS[m],
                         color=COLORS[m], label=f"{LABELS[m]} (LM)")
-        axes[0].scatter(syn[m]["effective_bits"], syn[m]["rel_err"], marker=mk,
+    for m in SYNTHETIC_METHODS:
+        axes[0].scatter(syn[m]["effective_bits"], syn[m]["rel_err"], marker=MARKERS[m],
                         facecolors="none", edgecolors=COLORS[m], label=f"{LABELS[m]} (synthetic)")
     axes[0].set(xlabel="true bits per element", ylabel="attention relative error",
                 title=f"Error vs true bits (INT{config.bits})")
     style.legend_outside(axes[0])
     pct = round(100 * config.budget_fraction)
-    keys = ("full", "qvg", "kivi", "entrokv", "uniform")
-    names = ["full", "QVG", "KIVI", f"EntroKV\n{pct}%", f"uniform\n{pct}%"]
-    vals = [metrics[f"bpb_{m}"] for m in ("full", "qvg", "kivi", f"entrokv_{pct}pct",
-                                           f"uniform_{pct}pct")]
-    bars = axes[1].bar(names, vals, color=[COLORS[k] for k in keys])
+    # colour key: (bar name, its bits-per-byte metric)
+    caches = {"full": ("full", "bpb_full"), "qvg": ("QVG", "bpb_qvg"),
+              "qvg_post_rope": ("QVG\npost-RoPE", "bpb_qvg_post_rope"),
+              "kivi": ("KIVI", "bpb_kivi"),
+              "entrokv": (f"EntroKV\n{pct}%", f"bpb_entrokv_{pct}pct"),
+              "uniform": (f"uniform\n{pct}%", f"bpb_uniform_{pct}pct")}
+    shown = [k for k, (_, key) in caches.items() if metrics[key] is not None]
+    bars = axes[1].bar([caches[k][0] for k in shown], [metrics[caches[k][1]] for k in shown],
+                       color=[COLORS[k] for k in shown])
     axes[1].bar_label(bars, fmt="%.3f", fontsize=7)
     style.include_baseline(axes[1], 0.0)
     axes[1].set(ylabel=f"held-out {unit}", title="Decoding through each cache")
@@ -179,9 +197,14 @@ def _figure(config, metrics, unit):
 def _body(config, metrics, model, unit, cfgs):
     syn, heads = metrics["synthetic"], metrics["entrokv_heads"]
     pct = round(100 * config.budget_fraction)
+    # post-RoPE QVG has no synthetic cells: the synthetic keys carry no RoPE (it would repeat QVG)
+    # and no held-out ones where it was not decoded (decode_post_rope off)
     rows = [[m, cfgs[m].bits, metrics[f"{m}_effective_bits"], metrics[f"{m}_compression"],
-             metrics[f"{m}_rel_err"], metrics[f"bpb_{m}"], metrics[f"ppl_{m}"],
-             syn[m]["effective_bits"], syn[m]["compression"], syn[m]["rel_err"]] for m in METHODS]
+             metrics[f"{m}_rel_err"],
+             *((metrics[f"bpb_{m}"], metrics[f"ppl_{m}"]) if metrics[f"bpb_{m}"] is not None
+               else ("not decoded", "-")),
+             *((syn[m]["effective_bits"], syn[m]["compression"], syn[m]["rel_err"])
+               if m in syn else ("-", "-", "-"))] for m in METHODS]
     rows.append(["full (bf16)", 16, 16.0, 1.0, 0.0, metrics["bpb_full"], metrics["ppl_full"],
                  16.0, 1.0, 0.0])
     cfg = metrics["config"]
@@ -210,7 +233,13 @@ def _body(config, metrics, model, unit, cfgs):
         f"per chunk (the paper's 256 cannot amortise over a {config.chunk}-token chunk). "
         f"Synthetic: {config.synth_tokens} tokens per head, D={config.synth_head_dim}, "
         f"{config.synth_outlier_channels} outlier channels (x10), {config.synth_centroids} "
-        "centroids. " + (
+        "centroids. QVG post-RoPE is QVG's quantizer with the keys stored after RoPE (the paper "
+        "stores them before, un-rotating the model's keys to quantize them): the same bits per "
+        f"element, attention error {metrics['qvg_post_rope_rel_err']:.3f} against QVG's "
+        f"{metrics['qvg_rel_err']:.3f}" + (
+            f", perplexity {metrics['ppl_qvg_post_rope']:.4g} against {metrics['ppl_qvg']:.4g}. "
+            if metrics["ppl_qvg_post_rope"] is not None
+            else " (not decoded here: decode_post_rope = False). ") + (
             f"Decode time ratio QVG / full {metrics['dequant_overhead']:.2f}, KIVI / full "
             f"{metrics['kivi_time_ratio']:.2f} (fused XLA path on {jax.default_backend()}, one run "
             "of the whole teacher-forced decode)." if metrics["dequant_overhead"] is not None

@@ -208,9 +208,11 @@ class QuantizerSettings:
 
 
 def quantizer_configs(settings, head_dim: int) -> dict[str, QVGConfig | KIVIConfig]:
-    """The three quantizers of a run: ``"qvg"`` and ``"qvg_pro"`` (the paper presets,
-    :func:`qvg_preset`) and ``"kivi"``, at ``settings``' bits, chunk and k-means, with their blocks
-    clamped to ``head_dim``.
+    """The quantizers of a run: ``"qvg"`` and ``"qvg_pro"`` (the paper presets,
+    :func:`qvg_preset`, keys stored before RoPE), ``"qvg_post_rope"`` (the ``"qvg"`` preset with
+    ``pre_rope=False``: keys stored after RoPE, as the model computes them, at the same bits per
+    element) and ``"kivi"``, at ``settings``' bits, chunk and k-means, with their blocks clamped to
+    ``head_dim``.
 
     Args:
       settings: a :class:`QuantizerSettings`, or any object with its attributes (a run config).
@@ -221,7 +223,8 @@ def quantizer_configs(settings, head_dim: int) -> dict[str, QVGConfig | KIVIConf
     """
     common_qvg = dict(bits=settings.bits, num_centroids=settings.num_centroids,
                       chunk=settings.chunk, kmeans_iters=settings.kmeans_iters, seed=settings.seed)
-    return {"qvg": qvg_preset("qvg", block=min(settings.qvg_block, head_dim), **common_qvg),
+    qvg = qvg_preset("qvg", block=min(settings.qvg_block, head_dim), **common_qvg)
+    return {"qvg": qvg, "qvg_post_rope": dataclasses.replace(qvg, pre_rope=False),
             "qvg_pro": qvg_preset("qvg_pro", block=min(settings.qvg_pro_block, head_dim),
                                   stages=settings.qvg_pro_stages, **common_qvg),
             "kivi": KIVIConfig(bits=settings.bits, group=settings.kivi_group,

@@ -144,10 +144,15 @@ def test_kv_quant_measures_the_checkpoint(tiny_llama_checkpoint, tmp_path):
     assert _finite(metrics)
     assert metrics["config"]["head_dim"] == 16 and metrics["config"]["context"] == 64
     assert metrics["config"]["windows"] == config.windows
-    for m in ("full", "qvg", "qvg_pro", "kivi", "entrokv_30pct", "uniform_30pct"):
+    for m in ("full", "qvg", "qvg_post_rope", "qvg_pro", "kivi", "entrokv_30pct",
+              "uniform_30pct"):
         assert metrics[f"bpb_{m}"] > 0.0
-    for m in ("qvg", "qvg_pro", "kivi"):
+    for m in ("qvg", "qvg_post_rope", "qvg_pro", "kivi"):
         assert metrics[f"{m}_rel_err"] >= 0.0 and metrics[f"{m}_compression"] > 1.0
+    # keys stored after RoPE: the same bits, but other keys quantized (a different error)
+    assert metrics["qvg_post_rope_effective_bits"] == metrics["qvg_effective_bits"]
+    assert metrics["qvg_post_rope_rel_err"] != metrics["qvg_rel_err"]
+    assert "| qvg_post_rope |" in section.body
     # every cache of the table, QVG-Pro included, has its held-out number (no nan cell)
     assert "nan" not in section.body.lower()
     assert os.path.abspath(tiny_llama_checkpoint) in section.body

@@ -5,6 +5,7 @@ a method keeps its colour across panels."""
 
 import types
 
+import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -84,14 +85,15 @@ def _judge_btl():
             **{k: (v, ()) for k, v in real.items()}}
 
 
-def _kv_quant():
+def _kv_quant(post_rope_bpb=2.307):
     from experiments import kv_quant as e
 
     pct = 25
     metrics = {"synthetic": {m: {"effective_bits": 2.2 + i, "rel_err": 0.2 / (i + 1)} for i, m in enumerate(e.METHODS)}}
     for i, m in enumerate(e.METHODS):
         metrics |= {f"{m}_effective_bits": 2.1 + i, f"{m}_rel_err": 0.25 / (i + 1)}
-    bpb = {"full": 2.301, "qvg": 2.305, "kivi": 2.311, f"entrokv_{pct}pct": 2.32, f"uniform_{pct}pct": 2.33}
+    bpb = {"full": 2.301, "qvg": 2.305, "qvg_post_rope": post_rope_bpb, "kivi": 2.311,
+           f"entrokv_{pct}pct": 2.32, f"uniform_{pct}pct": 2.33}
     metrics |= {f"bpb_{k}": v for k, v in bpb.items()}
     config = types.SimpleNamespace(bits=2, budget_fraction=pct / 100)
     return {"kv_quant": (e._figure(config, metrics, "bits per byte"), [(1, 0.0)])}
@@ -196,5 +198,25 @@ def test_kv_quant_bars_start_at_zero_so_a_small_difference_stays_small():
     try:
         lo, hi = fig.axes[1].get_ylim()
         assert lo == 0.0 and hi >= 2.33
+    finally:
+        plt.close("all")
+
+
+@pytest.mark.parametrize("post_rope_bpb", [2.307, None])
+def test_kv_quant_bars_are_the_decoded_caches(post_rope_bpb):
+    """Post-RoPE QVG has its bar, in its own colour, only when it was decoded (``None``: not)."""
+    from experiments import kv_quant as e
+
+    fig, _ = _kv_quant(post_rope_bpb)["kv_quant"]
+    try:
+        ax = fig.axes[1]
+        names = [t.get_text() for t in ax.get_xticklabels()]
+        heights = [round(p.get_height(), 3) for p in ax.patches]
+        expected = ["full", "QVG", "KIVI", "EntroKV\n25%", "uniform\n25%"]
+        if post_rope_bpb is not None:
+            expected.insert(2, "QVG\npost-RoPE")
+            assert heights[2] == post_rope_bpb
+            assert ax.patches[2].get_facecolor() == mcolors.to_rgba(e.COLORS["qvg_post_rope"])
+        assert names == expected and len(heights) == len(expected)
     finally:
         plt.close("all")
