@@ -272,13 +272,41 @@ _OP_DEF = re.compile(r"%(p\w+) = (?:scmp\.(ge|lt)\.s32\.totalorder %(s\w+), (\d+
                      r"|pnand %(p\w+), %(p\w+))")
 _BRANCH = re.compile(r"sbr\.rel \(%(p\w+)\) target = \$region(\d+)")
 _ITERATION_INDEX = re.compile(r"%(s\w+) = sphi [^;]*?iteration index, stage = 0\b")
+_SPILL_STORE = re.compile(r"sst \[smem:\[#(allocation\w+_spill)\]\] %(s\w+)")
+_SPILL_LOAD = re.compile(r"%(s\w+) = sld \[smem:\[#(allocation\w+_spill)\]\]")
+_COPY = re.compile(r"%(s\w+) = smov %(s\w+)\s*(?:$|/\*)")
+
+
+def _copies(bundles: list[_Bundle], reg: str) -> set[str]:
+    """``reg`` and the scalar registers holding its value: unpredicated ``smov`` copies and
+    reloads of a spill slot that only ``reg`` or its copies are stored to."""
+    ops = [op.strip() for b in bundles for op in b.text.split(";;")]
+    stores: dict[str, set[str]] = {}
+    for op in ops:
+        m = _SPILL_STORE.search(op)
+        if m:
+            stores.setdefault(m.group(1), set()).add(m.group(2))
+    same = {reg}
+    while True:
+        grown = set(same)
+        for op in ops:
+            m = _COPY.search(op)
+            if m and m.group(2) in same:
+                grown.add(m.group(1))
+            m = _SPILL_LOAD.search(op)
+            if m and stores.get(m.group(2), {None}) <= same:
+                grown.add(m.group(1))
+        if grown == same:
+            return same
+        same = grown
 
 
 def _guards(bundles: list[_Bundle], extents: list[tuple[int, int, int]],
             trips: list[int | None]) -> list[tuple[tuple[int, int, int], ...]]:
     """Per loop, the regions of its bundles a forward branch skips unless the loop's iteration
-    index i is in ``[a, b)``: the branch's predicate is ``pnand(i >= a, i < b)`` (constant a, b)
-    and its target the bundle that opens the region it names. Each region runs
+    index i is in ``[a, b)``: the branch's predicate is ``pnand(i >= a, i < b)`` (constant a, b;
+    i or a copy of it, :func:`_copies`) and its target the bundle that opens the region it
+    names. Each region runs
     ``min(b, trips) - max(a, 0)`` times per entry of the loop."""
     cmp: dict[str, tuple[str, str, int]] = {}  # predicate -> (ge / lt, register, bound)
     nand: dict[str, tuple[str, str]] = {}
@@ -293,10 +321,11 @@ def _guards(bundles: list[_Bundle], extents: list[tuple[int, int, int]],
         index = _ITERATION_INDEX.search(bundles[s].text)
         found = []
         if index is not None and t is not None:
+            same = _copies(bundles, index.group(1))
             for i in range(s, e):
                 for m in _BRANCH.finditer(bundles[i].text):
                     ops = [cmp.get(x) for x in nand.get(m.group(1), ())]
-                    if len(ops) != 2 or None in ops or {o[1] for o in ops} != {index.group(1)}:
+                    if len(ops) != 2 or None in ops or not {o[1] for o in ops} <= same:
                         continue
                     bounds = dict((o[0], o[2]) for o in ops)
                     if set(bounds) != {"ge", "lt"}:

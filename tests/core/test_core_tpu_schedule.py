@@ -63,6 +63,34 @@ def test_nested_loops_multiply_their_trip_counts():
     assert k.cycles == expected == 2923
 
 
+def _spilled_index(text: str, other_store: bool = False) -> str:
+    """The nested dump with the guard's comparisons reading the iteration index back from a
+    spill slot (as libtpu does under register pressure); with ``other_store`` the slot also
+    holds another register's value."""
+    spill = "%777 = sst [smem:[#allocation9_spill]] %s480_s9  ;;  "
+    if other_store:
+        spill += "%778 = sst [smem:[#allocation9_spill]] %s88_s30  ;;  "
+    out = text.replace("{ %p574_p12 = pnand",
+                       "{ " + spill + "%s999_s1 = sld [smem:[#allocation9_spill]]  ;;  "
+                       "%s998_s2 = smov %s999_s1  ;;  %p574_p12 = pnand")
+    out = out.replace("scmp.ge.s32.totalorder %s480_s9, 1 ", "scmp.ge.s32.totalorder %s999_s1, 1 ")
+    return out.replace("scmp.lt.s32.totalorder %s480_s9, 4", "scmp.lt.s32.totalorder %s998_s2, 4")
+
+
+def test_the_guard_is_read_through_spills_and_copies():
+    """libtpu may spill the grid loop's index and compare a reload (or a copy of it): the body
+    still runs on 3 of the 5 trips; a slot that also holds another value is not the index."""
+    (src,) = (DATA / "nested").glob("*final_bundles.txt")
+    (util,) = (DATA / "nested").glob("*utilization.txt")
+    text = src.read_text()
+    spilled = _spilled_index(text)
+    assert spilled.count("%s999_s1") == 3 and "%s998_s2, 4" in spilled
+    k = ts.kernel_schedule("tiny_grid.1", spilled, util.read_text())
+    assert k.loops[0].guards == ((0x22, 0x40, 3),) and k.cycles == 2923
+    k = ts.kernel_schedule("tiny_grid.1", _spilled_index(text, other_store=True), util.read_text())
+    assert k.loops[0].guards == () and k.cycles == 4729
+
+
 def test_a_guard_on_another_register_or_range_counts_every_trip():
     """The body's branch is counted at its guard's range only for a predicate ``pnand(i >= a,
     i < b)`` of the loop's own iteration index: the same dump with the lower bound read from
