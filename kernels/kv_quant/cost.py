@@ -62,8 +62,9 @@ TPU_ASSIGN_ROWS = 32  # chunks per block of the TPU kernel's assignments: one ui
 
 def tpu_chunks_per_block(num_chunks: int, chunk: int, target_tokens: int = 8192) -> int:
     """CB, the chunks per grid step of the TPU kernel: the largest divisor of NC with
-    CB N <= max(N, ``target_tokens``) and CB a divisor of 128."""
-    cap = max(1, target_tokens // chunk)
+    CB N <= max(N, ``target_tokens``) and CB a divisor of 128 that is at most
+    :data:`TPU_ASSIGN_ROWS` (a block's chunks then share one block of the assignments)."""
+    cap = max(1, min(target_tokens // chunk, TPU_ASSIGN_ROWS))
     return max(c for c in range(1, min(cap, num_chunks) + 1)
                if num_chunks % c == 0 and 128 % c == 0)
 

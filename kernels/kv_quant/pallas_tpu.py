@@ -115,8 +115,8 @@ def check_layout(chunk: int, d: int, cfg: QVGConfig, rope: bool) -> int:
 
 def chunks_per_block(num_chunks: int, chunk: int) -> int:
     """CB: the largest divisor of NC with CB N <= max(N, 8192) tokens and CB a divisor of 128
-    (a block's chunks then share one 128-row group of the chunk-start table)
-    (:func:`kernels.kv_quant.cost.tpu_chunks_per_block`)."""
+    of at most 32 (a block's chunks then share one 128-row group of the chunk-start table and
+    one 32-row block of the assignments) (:func:`kernels.kv_quant.cost.tpu_chunks_per_block`)."""
     return cost.tpu_chunks_per_block(num_chunks, chunk)
 
 

@@ -40,11 +40,15 @@ def _case(seed, g, t, bits, stages, block, b, start, nq, kh=2, nc=3, n=128, d=32
 # (G, T, bits, stages, block, B, NC, start, num_quantized, rope): GQA 1, 2 and 4; ragged rows (one
 # with nothing quantized yet, ones whose window has just started, one ending mid-block, a full
 # cache); INT2 / INT4; S = 0, 1, 2 stages; with and without RoPE; chunks of N = 128 (the TPU
-# kernel's lanes); NC = 5 gives the GPU kernel uneven splits and the TPU kernel one chunk per step.
+# kernel's lanes); NC = 5 gives the GPU kernel uneven splits and the TPU kernel one chunk per step;
+# NC = 128 gives the TPU kernel four grid steps of 32 chunks (groups of 4 chunks, two per loop
+# trip), as many blocks of the assignments, and a row that ends inside its second block.
 CASES = [
     (1, 1, 2, 0, 16, 2, 3, [300, 128], [256, 128], None),
     (4, 2, 4, 1, 8, 3, 5, [240, 40, 632], [128, 0, 640], 10_000.0),
     (2, 1, 2, 2, 8, 2, 4, [376, 160], [384, 128], 500.0),
+    (4, 1, 2, 1, 16, 2, 128, [16390, 5000], [16384, 4992], None),
+    (4, 1, 2, 1, 16, 2, 128, [16390, 5000], [16384, 4992], 10_000.0),
 ]
 
 
