@@ -132,8 +132,8 @@ def cache_backend(name: str, caches: DecodeCaches, head_dim: int, rope_base: Any
             backend = kvc.get_backend("qvg_sharded", config=qcfg, rope_base=rope_base, mesh=mesh,
                                       implementation="reference" if kernel == "xla" else kernel)
         return backend, (f"QVG ({qcfg.bits}-bit, block {qcfg.block}, {qcfg.num_centroids} "
-                         f"centroids, chunk {qcfg.chunk}, keys stored "
-                         f"{'before' if qvg_pre_rope else 'after'} RoPE, {where})")
+                         f"centroids, chunk {qcfg.chunk}, "
+                         f"{'' if qvg_pre_rope else 'keys stored after RoPE, '}{where})")
     raise ValueError(f"cache_backend: backend {name!r} is not one of {', '.join(BACKENDS)}")
 
 
