@@ -120,21 +120,27 @@ def chunks_per_block(num_chunks: int, chunk: int) -> int:
     return cost.tpu_chunks_per_block(num_chunks, chunk)
 
 
-def _split(x: jax.Array, parts: int) -> list[jax.Array]:
-    """float32 x as ``parts`` bfloat16 terms whose float32 sum approximates it (3 terms: exact,
-    24 significant bits; 2 terms: to 2^-16 relative), for MXU products at float32 accuracy. Each
-    term but the last is the running remainder with its low 16 bits cleared (a bfloat16 value,
-    so its conversion is exact); the subtraction of it is exact."""
+def _split_terms(x: jax.Array, parts: int) -> list[jax.Array]:
+    """float32 x as ``parts`` float32 terms, each but the last exact in bfloat16, whose float32
+    sum approximates it (3 terms: exact, 24 significant bits; 2 terms: to 2^-16 relative). Each
+    term but the last is the running remainder with its low 16 bits cleared; the subtraction of
+    it is exact."""
     out = []
     for i in range(parts):
         if i + 1 < parts:
             hi = lax.bitcast_convert_type(
                 lax.bitcast_convert_type(x, jnp.int32) & jnp.int32(-65536), jnp.float32)
-            out.append(hi.astype(jnp.bfloat16))
+            out.append(hi)
             x = x - hi
         else:
-            out.append(x.astype(jnp.bfloat16))
+            out.append(x)
     return out
+
+
+def _split(x: jax.Array, parts: int) -> list[jax.Array]:
+    """:func:`_split_terms` as bfloat16 terms (the conversion of all but the last is exact), for
+    MXU products at float32 accuracy."""
+    return [t.astype(jnp.bfloat16) for t in _split_terms(x, parts)]
 
 
 def _dot_split(a_parts, b_parts, dims=None):
@@ -162,18 +168,11 @@ def _dot_split(a_parts, b_parts, dims=None):
 
 
 def _split_rows(x: jax.Array, parts: int = 3) -> jax.Array:
-    """The ``parts`` bfloat16 terms of float32 x [M, K] (:func:`_split`) stacked on the rows
-    without padding between them, [parts M rounded up to 16, K] (a bfloat16 tile has 16 rows):
-    the MXU then reads one operand row per query row and term, not a padded tile per term."""
-    terms, rest = [], x
-    for i in range(parts):
-        if i + 1 < parts:
-            hi = lax.bitcast_convert_type(
-                lax.bitcast_convert_type(rest, jnp.int32) & jnp.int32(-65536), jnp.float32)
-            terms.append(hi)
-            rest = rest - hi
-        else:
-            terms.append(rest)
+    """The ``parts`` bfloat16 terms of float32 x [M, K] (:func:`_split_terms`) stacked on the
+    rows without padding between them, [parts M rounded up to 16, K] (a bfloat16 tile has 16
+    rows): the MXU then reads one operand row per query row and term, not a padded tile per
+    term."""
+    terms = _split_terms(x, parts)
     m = x.shape[0] * parts
     pad = -(-m // 16) * 16 - m
     if pad:
