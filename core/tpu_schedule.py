@@ -268,6 +268,9 @@ def _trip_counts(bundles: list[_Bundle], extents: list[tuple[int, int, int]]) ->
     return trips
 
 
+BRANCH_DELAY_SLOTS = 4  # bundles after a scalar branch that issue whether it is taken or not
+# (libtpu 0.0.42.1, v5e and v6e: every `sbr.rel` in the dumps is followed by 4 such bundles)
+
 _OP_DEF = re.compile(r"%(p\w+) = (?:scmp\.(ge|lt)\.s32\.totalorder %(s\w+), (\d+)\b"
                      r"|pnand %(p\w+), %(p\w+))")
 _BRANCH = re.compile(r"sbr\.rel \(%(p\w+)\) target = \$region(\d+)")
@@ -306,7 +309,7 @@ def _guards(bundles: list[_Bundle], extents: list[tuple[int, int, int]],
     """Per loop, the regions of its bundles a forward branch skips unless the loop's iteration
     index i is in ``[a, b)``: the branch's predicate is ``pnand(i >= a, i < b)`` (constant a, b;
     i or a copy of it, :func:`_copies`) and its target the bundle that opens the region it
-    names. Each region runs
+    names, less the branch's delay slots (:data:`BRANCH_DELAY_SLOTS`). Each region runs
     ``min(b, trips) - max(a, 0)`` times per entry of the loop."""
     cmp: dict[str, tuple[str, str, int]] = {}  # predicate -> (ge / lt, register, bound)
     nand: dict[str, tuple[str, str]] = {}
@@ -332,9 +335,10 @@ def _guards(bundles: list[_Bundle], extents: list[tuple[int, int, int]],
                         continue
                     label = re.compile(rf"\bregion {m.group(2)}\b")
                     end = next((j for j in range(i + 1, e) if label.search(bundles[j].text)), None)
-                    if end is not None:
+                    start = i + 1 + BRANCH_DELAY_SLOTS  # the delay slots run on every trip
+                    if end is not None and start <= end:
                         runs = max(0, min(bounds["lt"], t) - max(bounds["ge"], 0))
-                        found.append((i + 1, end, runs))
+                        found.append((start, end, runs))
         out.append(tuple(found))
     return out
 

@@ -9,7 +9,8 @@ Implementations (``implementation=``):
   cache to float32, then attend;
 * ``"xla"``: dequantization fused into the attention (:mod:`kernels.kv_quant.xla`): one chunk of
   packed codes per loop step, no float copy of the cache; the CPU path;
-* ``"pallas_tpu"``, ``"pallas_gpu"``: QVG kernels that dequantize in VMEM / registers
+* ``"pallas_tpu"``, ``"pallas_gpu"``: QVG kernels that read the codes in VMEM / registers (the
+  TPU kernel feeds them to the MXU as exact bfloat16 operands, the GPU kernel dequantizes them)
   (:mod:`kernels.kv_quant.pallas_tpu`, :mod:`kernels.kv_quant.pallas_gpu`);
 * ``"auto"`` (or None): Pallas on TPU / GPU, ``"xla"`` elsewhere; KIVI has no Pallas kernel and
   uses ``"xla"`` on every backend.

@@ -1,5 +1,5 @@
-"""QVG decode attention on TPU: a Pallas kernel that dequantizes several chunks per grid step
-in VMEM.
+"""QVG decode attention on TPU: a Pallas kernel that attends up to 32 chunks per grid step from
+their codes in VMEM.
 
 Dimensions as in :mod:`kernels.kv_quant.reference` (B, K, R = G * T rows, D, N, NC, P, NB, S, C);
 CB chunks per grid step, L = 128 chunks per block of the chunk-start table, AR = min(NC, 32)
@@ -122,9 +122,11 @@ def chunks_per_block(num_chunks: int, chunk: int) -> int:
 
 def _split_terms(x: jax.Array, parts: int) -> list[jax.Array]:
     """float32 x as ``parts`` float32 terms, each but the last exact in bfloat16, whose float32
-    sum approximates it (3 terms: exact, 24 significant bits; 2 terms: to 2^-16 relative). Each
-    term but the last is the running remainder with its low 16 bits cleared; the subtraction of
-    it is exact."""
+    sum approximates it (3 terms: exact, 24 significant bits; 2 terms: to 2^-16 relative): the
+    split of Henry, Tang and Heinecke, "Leveraging the bfloat16 artificial intelligence datatype
+    for higher-precision computations" (ARITH 2019), for float32-accurate MXU products. Each term
+    but the last is the running remainder with its low 16 bits cleared; the subtraction of it is
+    exact."""
     out = []
     for i in range(parts):
         if i + 1 < parts:
@@ -444,7 +446,7 @@ def qvg_chunk_attention(q: jax.Array, k_code: ref.QVGCode, v_code: ref.QVGCode, 
                         start: jax.Array, num_quantized: jax.Array, num_new: int,
                         rope_base: float | None, interpret: bool = False
                         ) -> tuple[jax.Array, jax.Array]:
-    """Attention of q [B, K, R, D] over the QVG chunks, dequantized inside the kernel.
+    """Attention of q [B, K, R, D] over the QVG chunks, read from their codes inside the kernel.
 
     Same contract as :func:`kernels.kv_quant.api.qvg_chunk_attention`: row r of batch b sits at
     position ``start[b] + r % num_new`` and sees slots ``s < num_quantized[b]`` with ``s <= pos``;
