@@ -65,16 +65,31 @@ def _fan_figure(fan: dict, title: str, channel: int, channel_name: str) -> plt.F
     return fig
 
 
-def _crps_figure(results: dict, draws: int) -> plt.Figure:
+def _crps_figure(results: dict, draws: int, per_seed: dict | None = None) -> plt.Figure:
+    """Each method's fair CRPS per (data, H) case; with ``per_seed`` rows (:func:`_seed_row`) of
+    more than one seed, the bar is the mean over seeds and its whisker the seeds' range."""
     keys = [(d, h) for d in results for h in results[d]]
     methods = [m for m in METHODS if any(m in results[d][h] for d, h in keys)]
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(keys) + 2) + 2.0, 3.2))
     width = 0.8 / len(methods)
+    seeds = 1
     for j, m in enumerate(methods):
-        vals = [results[d][h].get(m, {}).get("crps", np.nan) for d, h in keys]
-        ax.bar(np.arange(len(keys)) + j * width, vals, width, label=LABELS[m])
+        vals, below, above = [], [], []
+        for d, h in keys:
+            xs = [r["crps"][m] for r in (per_seed or {}).get(d, {}).get(h, []) if m in r["crps"]]
+            seeds = max(seeds, len(xs))
+            mean = float(np.mean(xs)) if len(xs) > 1 else results[d][h].get(m, {}).get(
+                "crps", np.nan)
+            vals.append(mean)
+            below.append(mean - min(xs) if len(xs) > 1 else 0.0)
+            above.append(max(xs) - mean if len(xs) > 1 else 0.0)
+        spread = [below, above] if any(below) or any(above) else None
+        ax.bar(np.arange(len(keys)) + j * width, vals, width, yerr=spread, capsize=2,
+               error_kw={"lw": 0.8}, label=LABELS[m])
     ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2, [f"{d}\nH={h}" for d, h in keys], fontsize=8)
-    ax.set_ylabel(f"fair CRPS of {draws} draws\n(lower is better)")
+    ax.set_ylabel(f"fair CRPS of {draws} draws\n(lower is better)" if seeds == 1 else
+                  f"fair CRPS of {draws} draws\n(mean of {seeds} seeds, whisker: range;\n"
+                  f"lower is better)")
     style.legend_outside(ax)
     return fig
 
@@ -289,7 +304,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
                     ch = len(table.columns) - 1
                     figures[f"fan_{name}_{H}"] = _fan_figure(
                         r.fan, f"{name}, L={config.input_len}, H={H}", ch, table.columns[ch])
-    figures["crps"] = _crps_figure(results, config.eval_samples)
+    figures["crps"] = _crps_figure(results, config.eval_samples, per_seed)
     metrics = {"results": results, "datasets": info, "paper_etth1_96_192": PAPER_ETTH1_192,
                "units": "standardised scale; qice in percent; *_seconds wall-clock",
                "config": config.to_dict(), "histories": histories,

@@ -75,3 +75,31 @@ def test_small_is_tiny_with_more_seeds_and_every_test_window():
     assert small.benchmark.num_seeds > tiny.benchmark.num_seeds
     assert small.benchmark.max_steps_per_epoch == tiny.benchmark.max_steps_per_epoch
     assert small.claim.resolved == tiny.claim.resolved == ("crps_undecided == 0",)
+
+
+def test_crps_figure_draws_seed_means_with_their_range():
+    """With three seeds the bars are the seed means and the whiskers span the seeds' range; with
+    one seed the bar is the single run's CRPS (no whisker)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    crps = {"ppm": [0.20, 0.26, 0.23], "gaussian_prior": [0.30, 0.30, 0.36], "linear": [0.31] * 3}
+    rows = [forecasting._seed_row(_results(crps["ppm"][i])
+                                  | {"gaussian_prior": {"crps": crps["gaussian_prior"][i],
+                                                        "qice": 0.9, "coverage_90": 0.88}})
+            for i in range(3)]
+    results = {"data": {"24": {m: {"crps": v[0]} for m, v in crps.items()}}}
+    fig = forecasting._crps_figure(results, 8, {"data": {"24": rows}})
+    ax = fig.axes[0]
+    heights = sorted(round(p.get_height(), 12) for p in ax.patches)
+    assert heights == sorted(round(float(np.mean(v)), 12) for v in crps.values())
+    # whiskers: vertical segments from min to max of each seeded method with a spread
+    spans = sorted(tuple(round(float(y), 12) for y in sorted(seg[:, 1]))
+                   for c in ax.collections for seg in c.get_segments())
+    assert spans == sorted({(min(v), max(v)) for m, v in crps.items() if len(set(v)) > 1})
+    assert "3 seeds" in ax.get_ylabel()
+    one = forecasting._crps_figure(results, 8)
+    assert sorted(round(p.get_height(), 12) for p in one.axes[0].patches) == sorted(
+        v[0] for v in crps.values())
+    assert not any(c.get_segments() for c in one.axes[0].collections)
+    plt.close("all")
