@@ -77,9 +77,10 @@ def validate(config: ml_collections.ConfigDict) -> tuple[int, ...]:
     return settings(config)[1].budgets
 
 
-def plot_nstar(nstar: dict, fits: dict) -> plt.Figure:
+def plot_nstar(nstar: dict, fits: dict, n_max: float | None = None) -> plt.Figure:
     """n*(C) per split with its 90% interval and the two fitted laws (leave-one-out MSE of each in
-    the panel's title)."""
+    the panel's title); ``n_max``, the largest n of the sweep's grid, drawn as the ceiling n* cannot
+    pass (an n* at it may be capped by the grid)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for ax, split in zip(axes, ("easy", "hard")):
         rows, f = nstar[split], fits[split]
@@ -90,6 +91,8 @@ def plot_nstar(nstar: dict, fits: dict) -> plt.Figure:
         grid = np.linspace(np.log2(c.min()), np.log2(c.max()), 50)
         ax.plot(2**grid, 2**fit.power_law(grid, **f["power"]), "--", label="power law")
         ax.plot(2**grid, 2**fit.sigmoid_law(grid, **f["sigmoid"]), "-", label="sigmoid")
+        if n_max is not None:
+            ax.axhline(n_max, color="0.5", ls=":", lw=1, label="largest n tried")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set(xlabel="rollout budget C", ylabel="best rollouts per problem $n^*$")
@@ -202,7 +205,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> report.Section:
         for s, v in result["n_star_slope"].items())
     return report.finish(out, title=TITLE, metrics=result, claim=config.claim,
                          body=describe(config, cfg, result, warm_info),
-                         figures={"n_star": plot_nstar(nstar, fits),
+                         figures={"n_star": plot_nstar(nstar, fits, max(cfg.ns)),
                                   "reward_vs_c": plot_curves(recs, cfg)})
 
 

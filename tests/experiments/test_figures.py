@@ -117,7 +117,7 @@ def _rl_scaling():
     records = [{"budget": c, "n": n, "bp": 4, "seed": s, "easy_pass1": 0.1 * np.log2(c) / n,
                 "hard_passk": 0.05 * np.log2(c) * n} for c in budgets for n in ns for s in range(2)]
     cfg = types.SimpleNamespace(ns=ns, budgets=budgets, num_seeds=2, num_streams=1, pass_k=8)
-    return {"nstar": (e.plot_nstar(nstar, {"easy": fit, "hard": fit}), ()),
+    return {"nstar": (e.plot_nstar(nstar, {"easy": fit, "hard": fit}, max(ns)), [(0, 8), (1, 8)]),
             "curves": (e.plot_curves(records, cfg), ())}
 
 
@@ -218,5 +218,25 @@ def test_kv_quant_bars_are_the_decoded_caches(post_rope_bpb):
             assert heights[2] == post_rope_bpb
             assert ax.patches[2].get_facecolor() == mcolors.to_rgba(e.COLORS["qvg_post_rope"])
         assert names == expected and len(heights) == len(expected)
+    finally:
+        plt.close("all")
+
+
+def test_rl_scaling_marks_the_n_grid_ceiling():
+    """The n* panels draw the largest n tried as a horizontal line at that n (an n* there may be
+    capped by the grid); without n_max there is none."""
+    from experiments import rl_scaling as e
+
+    builders = _rl_scaling()
+    try:
+        fig = builders["nstar"][0]
+        for ax in fig.axes[:2]:
+            (ceiling,) = [ln for ln in ax.lines if ln.get_label() == "largest n tried"]
+            assert set(np.asarray(ceiling.get_ydata(), float)) == {8.0}
+        nstar = {s: [{"budget": 32, "n_star": 2.0, "lo": 1.0, "hi": 4.0}] for s in ("easy", "hard")}
+        fit = {"power": {"a": 0.0, "b": 0.1}, "sigmoid": {"hi": 2.0, "x0": 6.0, "w": 0.7, "lo": 0.0},
+               "loo_mse_power": 0.1, "loo_mse_sigmoid": 0.1}
+        plain = e.plot_nstar(nstar, {"easy": fit, "hard": fit})
+        assert not any(ln.get_label() == "largest n tried" for ax in plain.axes for ln in ax.lines)
     finally:
         plt.close("all")
