@@ -123,8 +123,8 @@ def cache_backend(name: str, caches: DecodeCaches, head_dim: int, rope_base: Any
                                       mesh=mesh, assumed_kept_fraction=kept_fraction)
         return backend, f"FFD (page {caches.page_size}, delta {caches.delta} nats, {where}{ffd_note})"
     if name == "qvg":
-        qcfg = dataclasses.replace(quantizer_configs(caches.quantizers, head_dim)["qvg"],
-                                   pre_rope=qvg_pre_rope)
+        qcfg = quantizer_configs(caches.quantizers, head_dim)[
+            "qvg" if qvg_pre_rope else "qvg_post_rope"]
         if mesh is None:
             backend = kvc.get_backend("qvg", config=qcfg, rope_base=rope_base,
                                       implementation="reference")

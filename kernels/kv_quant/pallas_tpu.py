@@ -145,30 +145,6 @@ def _split(x: jax.Array, parts: int) -> list[jax.Array]:
     return [t.astype(jnp.bfloat16) for t in _split_terms(x, parts)]
 
 
-def _dot_split(a_parts, b_parts, dims=None):
-    """Sum of the bf16 products ``a_i b_j`` with i + j < max(len(a), len(b)) (float32
-    accumulation): the terms above float32's precision are left out. The a terms that meet one
-    b term are stacked on the rows (each padded to a whole bfloat16 tile of 16 rows), so each b
-    term enters the MXU once."""
-    top = max(len(a_parts), len(b_parts))
-    rows = a_parts[0].shape[0]
-    rp = -(-rows // 16) * 16
-    total = None
-    for j, b in enumerate(b_parts):
-        use = [a for i, a in enumerate(a_parts) if i + j < top]
-        if len(use) > 1:
-            pad = [jnp.zeros((rp - rows, use[0].shape[1]), use[0].dtype)] if rp > rows else []
-            a = jnp.concatenate([x for u in use for x in [u] + pad], axis=0)
-        else:
-            a = use[0]
-        part = (jnp.dot(a, b, preferred_element_type=jnp.float32) if dims is None else
-                lax.dot_general(a, b, dims, preferred_element_type=jnp.float32))
-        for i in range(len(use)):
-            x = part[i * rp:i * rp + rows]
-            total = x if total is None else total + x
-    return total
-
-
 def _split_rows(x: jax.Array, parts: int = 3) -> jax.Array:
     """The ``parts`` bfloat16 terms of float32 x [M, K] (:func:`_split_terms`) stacked on the
     rows without padding between them, [parts M rounded up to 16, K] (a bfloat16 tile has 16
@@ -398,7 +374,7 @@ def _kernel(start_ref, nq_ref, rowoff_ref, q_ref, *refs, cfg: QVGConfig, rope: b
             i = lax.broadcasted_iota(jnp.int32, (d, d), 0)
             o = lax.broadcasted_iota(jnp.int32, (d, d), 1)
             swap = jnp.where(i == o + h, 1.0, jnp.where(i + h == o, -1.0, 0.0))
-            q_parts = (q, _dot_split(_split(q, 3), [swap.astype(jnp.bfloat16)]))
+            q_parts = (q, _dot_rows(_split_rows(q), q.shape[0], swap.astype(jnp.bfloat16)))
         else:  # and q's rows masked to each scale block and plane-scaled, stacked [NB R, D]
             qb = jnp.concatenate([q * f for f in col_factor], axis=0) if nb > 1 else (
                 q * col_factor[0])
